@@ -1,0 +1,58 @@
+"""The one error tree of framefleet, shared by producer and worker.
+
+``RetryableError``: the job may succeed if run again (S3 throttling or 5xx, lost connection,
+CUDA out of memory). ``FatalJobError``: running again cannot help (bad input, unknown decoder);
+fatal errors fail the job at once and never loop. Builtins are inherited where they fit, so
+callers can also catch ``ValueError`` / ``FileNotFoundError``.
+
+This module lives in ``producer`` (not ``worker``) because Celery re-creates a task's exception
+on the client by importing its module: the client must be able to import it without torch.
+"""
+
+from __future__ import annotations
+
+
+class FramefleetError(Exception):
+    """Base of every error framefleet raises on purpose."""
+
+
+class RetryableError(FramefleetError):
+    """Transient: the task is retried with back-off, up to a cap."""
+
+
+class FatalJobError(FramefleetError):
+    """Permanent: the job fails at once with this message; no retry."""
+
+
+class InvalidJobError(FatalJobError, ValueError):
+    """The job spec or its input is invalid; the message names the field or file."""
+
+
+class InputNotFoundError(FatalJobError, FileNotFoundError):
+    """The latents object named by ``input.uri`` does not exist."""
+
+
+class JobConflictError(FatalJobError):
+    """A ``job_id`` was reused with a different spec."""
+
+
+class JobCancelled(FramefleetError):
+    """The job was cancelled by the client; it stopped between chunks and wrote no manifest."""
+
+
+class StorageError(RetryableError):
+    """An object store call failed in a way that may pass on retry (5xx, throttling, network)."""
+
+
+class DeviceOutOfMemory(RetryableError):
+    """The GPU ran out of memory; retried once with a smaller working set."""
+
+
+class JobFailed(FramefleetError):
+    """Raised by ``JobHandle.wait`` when the job ended in FAILURE; carries the worker's message."""
+
+    def __init__(self, job_id: str, kind: str, message: str) -> None:
+        super().__init__(f"job {job_id} failed: {kind}: {message}")
+        self.job_id = job_id
+        self.kind = kind
+        self.message = message

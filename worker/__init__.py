@@ -1,0 +1,1 @@
+"""framefleet worker: everything that touches a GPU, a codec or S3."""

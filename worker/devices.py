@@ -1,0 +1,40 @@
+"""Which device decodes, and what the job result says about it.
+
+Nothing here touches CUDA at import: a worker initialises CUDA only in the process that runs
+tasks, after any fork (DESIGN §5).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import torch
+
+from producer.errors import FatalJobError
+from producer.spec import WorkerInfo
+
+
+def resolve_device(requested: str) -> torch.device:
+    if requested == "cpu":
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda", 0)  # CUDA_VISIBLE_DEVICES pins one GPU per worker
+    if requested == "cuda":
+        raise FatalJobError("FRAMEFLEET_DEVICE=cuda but no CUDA device is visible")
+    return torch.device("cpu")
+
+
+def worker_info(device: torch.device, node: str | None = None) -> WorkerInfo:
+    name = uuid = None
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        try:
+            uuid = str(torch.cuda.get_device_properties(device).uuid)
+        except (AttributeError, RuntimeError):
+            uuid = None
+    host = socket.gethostname()
+    return WorkerInfo(
+        hostname=host, node=node or f"{os.getpid()}@{host}", pid=os.getpid(),
+        device=str(device), gpu_name=name, gpu_uuid=uuid,
+    )

@@ -1,0 +1,412 @@
+"""Prometheus series of a worker and of the fleet exporter: the only prometheus_client user.
+
+Worker series live in :data:`WORKER_REGISTRY` (served by :func:`start_metrics_server` in the
+process that runs tasks: with Celery's prefork pool that is the pool child, so start it from
+``worker_process_init``, where CUDA is initialised too). The queue-depth series lives in
+:data:`EXPORTER_REGISTRY`, served by :func:`run_exporter`, one per fleet: a worker must not
+report the fleet's backlog N times.
+
+Metric names follow Prometheus conventions (base units, ``_total`` counters, ``_ratio`` 0..1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Any
+from wsgiref.simple_server import WSGIServer
+
+import redis
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    start_http_server,
+)
+
+from producer.spec import JobResult, Prices
+
+log = logging.getLogger(__name__)
+
+STATUSES = ("success", "failure", "retry", "cancelled")
+STAGES = ("load", "decode", "postprocess", "d2h", "encode", "upload")
+#: kombu's Redis transport keeps priority step N > 0 of queue Q in the list ``Q\x06\x16N``
+#: (``Channel.sep``); ":" is summed too, for transports configured with ``sep=":"``.
+KOMBU_SEPARATORS = ("\x06\x16", ":")
+PRIORITY_STEPS = range(1, 10)
+
+WORKER_REGISTRY = CollectorRegistry()
+EXPORTER_REGISTRY = CollectorRegistry()
+ProcessCollector(registry=WORKER_REGISTRY)
+PlatformCollector(registry=WORKER_REGISTRY)
+
+_WALL_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
+_STAGE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+JOBS = Counter(
+    "framefleet_jobs_total",
+    "Jobs that ended, by outcome (success|failure|retry|cancelled) and tenant.",
+    ["status", "tenant"],
+    registry=WORKER_REGISTRY,
+)
+JOB_WALL = Histogram(
+    "framefleet_job_wall_seconds",
+    "Wall time of a successful job, from task start to result.",
+    buckets=_WALL_BUCKETS,
+    registry=WORKER_REGISTRY,
+)
+STAGE_SECONDS = Histogram(
+    "framefleet_stage_seconds",
+    "Seconds per pipeline stage and job (stages overlap in async mode).",
+    ["stage"],
+    buckets=_STAGE_BUCKETS,
+    registry=WORKER_REGISTRY,
+)
+FRAMES = Counter("framefleet_frames_total", "Frames decoded and encoded.", registry=WORKER_REGISTRY)
+OUTPUT_BYTES = Counter(
+    "framefleet_output_bytes_total", "Bytes of MP4 segments uploaded.", registry=WORKER_REGISTRY
+)
+VIDEO_SECONDS = Counter(
+    "framefleet_video_seconds_total",
+    "Seconds of output video produced (divide cost by it for $ per video-minute).",
+    registry=WORKER_REGISTRY,
+)
+GPU_BUSY = Gauge(
+    "framefleet_gpu_busy_ratio",
+    "GPU busy ratio of the last job (decode time over the decode window).",
+    registry=WORKER_REGISTRY,
+)
+GPU_UTILIZATION = Gauge(
+    "framefleet_gpu_utilization_ratio",
+    "NVML GPU utilization (share of time a kernel ran), sampled.",
+    ["gpu", "uuid"],
+    registry=WORKER_REGISTRY,
+)
+GPU_MEMORY = Gauge(
+    "framefleet_gpu_memory_used_bytes",
+    "NVML device memory used, all processes.",
+    ["gpu", "uuid"],
+    registry=WORKER_REGISTRY,
+)
+TORCH_VRAM = Gauge(
+    "framefleet_torch_vram_allocated_bytes",
+    "torch.cuda.memory_allocated of this process.",
+    ["device"],
+    registry=WORKER_REGISTRY,
+)
+COST = Counter(
+    "framefleet_cost_usd_total",
+    "Direct cost-to-serve of finished jobs (CostReport.total_usd).",
+    ["tenant"],
+    registry=WORKER_REGISTRY,
+)
+GPU_PRICE = Gauge(
+    "framefleet_gpu_cost_usd_per_hour",
+    "What this worker's GPU costs per hour held, busy or idle (instance $/h / GPUs).",
+    registry=WORKER_REGISTRY,
+)
+QUEUE_DEPTH = Gauge(
+    "framefleet_queue_depth",
+    "Messages waiting in a Celery queue, all priority steps summed.",
+    ["queue"],
+    registry=EXPORTER_REGISTRY,
+)
+
+for _stage in STAGES:  # every stage series exists from the start, so dashboards show zeros
+    STAGE_SECONDS.labels(stage=_stage)
+
+_SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "histogram": ("_bucket", "_count", "_sum", "_created"),
+    "gauge": ("",),
+}
+
+
+def metric_names() -> frozenset[str]:
+    """Every ``framefleet_*`` series name this module can expose (suffixes included)."""
+    names: set[str] = set()
+    for registry in (WORKER_REGISTRY, EXPORTER_REGISTRY):
+        for family in registry.collect():
+            if family.name.startswith("framefleet_"):
+                names.update(family.name + s for s in _SUFFIXES.get(family.type, ("",)))
+    return frozenset(names)
+
+
+# --- worker -----------------------------------------------------------------------------------
+
+_server_lock = threading.Lock()
+_server: WSGIServer | None = None
+
+
+def start_metrics_server(port: int, addr: str = "0.0.0.0") -> int:
+    """Serve the worker's /metrics on ``addr:port``; 0 means off. Returns the port (0: off).
+
+    Idempotent within a process: a second call returns the port already served.
+    """
+    global _server
+    if port == 0:
+        return 0
+    with _server_lock:
+        if _server is None:
+            _server, _thread = start_http_server(port, addr=addr, registry=WORKER_REGISTRY)
+        return int(_server.server_port)
+
+
+def stop_metrics_server() -> None:
+    """Stop the server of :func:`start_metrics_server` (tests, clean shutdown)."""
+    global _server
+    with _server_lock:
+        if _server is not None:
+            _server.shutdown()
+            _server.server_close()
+            _server = None
+
+
+def set_gpu_price(prices: Prices) -> None:
+    """Publish what this worker's GPU costs per hour (call at start; jobs refresh it)."""
+    GPU_PRICE.set(prices.instance_usd_per_hour / prices.gpus_per_instance)
+
+
+def observe_job(status: str, tenant: str, result: JobResult | None) -> None:
+    """Count one ended job; with a result, record its timings, output and cost.
+
+    A result whose output was ``reused`` did no work now: it is counted, but its (near zero)
+    timings would skew the latency histograms, so they and its frames are left out.
+    """
+    if status not in STATUSES:
+        raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
+    JOBS.labels(status=status, tenant=tenant).inc()
+    if result is None:
+        return
+    if not result.reused:
+        timings = result.timings
+        JOB_WALL.observe(timings.wall_s)
+        for stage in STAGES:
+            STAGE_SECONDS.labels(stage=stage).observe(getattr(timings, f"{stage}_s"))
+        FRAMES.inc(result.frames)
+        OUTPUT_BYTES.inc(sum(segment.bytes for segment in result.segments))
+        VIDEO_SECONDS.inc(result.video_seconds)
+        if timings.gpu_busy_ratio is not None:
+            GPU_BUSY.set(timings.gpu_busy_ratio)
+    if result.cost is not None:
+        COST.labels(tenant=tenant).inc(result.cost.total_usd)
+        set_gpu_price(result.cost.prices)
+
+
+def _visible_devices() -> list[str] | None:
+    """CUDA_VISIBLE_DEVICES entries (indices or GPU-/MIG- UUIDs); None when unset."""
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return None
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+class NvmlSampler(threading.Thread):
+    """Daemon thread sampling NVML utilization/memory and torch's VRAM every ``interval_s``.
+
+    Samples the GPUs in ``devices`` (NVML indices or UUIDs; default: CUDA_VISIBLE_DEVICES, or
+    all). NVML indices follow PCI bus order, so workers pinned by index should also set
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID``. Without an NVIDIA driver (or nvidia-ml-py) the NVML
+    series are simply absent. torch is read only if this process already imported it and
+    initialised CUDA: importing it here would cost seconds and could initialise CUDA before a
+    fork. Errors are logged (the first of each kind at WARNING) and sampling goes on.
+    """
+
+    def __init__(self, interval_s: float = 5.0, devices: Sequence[int | str] | None = None):
+        super().__init__(name="framefleet-nvml-sampler", daemon=True)
+        if interval_s <= 0:
+            raise ValueError(f"interval_s must be > 0, got {interval_s!r}")
+        self.interval_s = interval_s
+        self._devices = None if devices is None else [str(d) for d in devices]
+        self._stop_event = threading.Event()
+        self._nvml: Any = None
+        self._handles: list[tuple[str, str, Any]] | None = None
+        self._errors_seen: set[str] = set()
+
+    def run(self) -> None:
+        try:
+            while not self._stop_event.is_set():
+                self.sample_once()
+                self._stop_event.wait(self.interval_s)
+        finally:
+            self.close()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Ask the thread to stop and wait for it at most ``timeout`` seconds."""
+        self._stop_event.set()
+        if self.is_alive():
+            self.join(timeout)
+
+    def sample_once(self) -> None:
+        """Take one sample now (the thread calls this; tests may too)."""
+        try:
+            self._sample_nvml()
+        except Exception as e:  # a sampler must never take the worker down
+            self._log_error("NVML", e)
+        try:
+            self._sample_torch()
+        except Exception as e:
+            self._log_error("torch", e)
+
+    @property
+    def nvml_available(self) -> bool:
+        return bool(self._handles)
+
+    def close(self) -> None:
+        if self._nvml is not None and self._handles is not None:
+            try:
+                self._nvml.nvmlShutdown()
+            except Exception as e:
+                self._log_error("NVML shutdown", e)
+        self._handles = None
+
+    def _open(self) -> list[tuple[str, str, Any]]:
+        try:
+            import pynvml  # type: ignore[import-untyped]
+
+            pynvml.nvmlInit()
+        except Exception as e:  # ImportError, NVMLError_LibraryNotFound, NVMLError_DriverNotLoaded
+            log.info("NVML unavailable, GPU utilization/memory series are off: %s", e)
+            return []
+        self._nvml = pynvml
+        wanted = self._devices if self._devices is not None else _visible_devices()
+        if wanted is None:
+            wanted = [str(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        handles = []
+        for item in wanted:
+            if item.isdigit():
+                handle = pynvml.nvmlDeviceGetHandleByIndex(int(item))
+            else:
+                handle = pynvml.nvmlDeviceGetHandleByUUID(item)
+            uuid = pynvml.nvmlDeviceGetUUID(handle)
+            handles.append((str(pynvml.nvmlDeviceGetIndex(handle)), str(uuid), handle))
+        return handles
+
+    def _sample_nvml(self) -> None:
+        if self._handles is None:
+            self._handles = self._open()
+        for index, uuid, handle in self._handles:
+            rates = self._nvml.nvmlDeviceGetUtilizationRates(handle)
+            GPU_UTILIZATION.labels(gpu=index, uuid=uuid).set(rates.gpu / 100.0)
+            memory = self._nvml.nvmlDeviceGetMemoryInfo(handle)
+            GPU_MEMORY.labels(gpu=index, uuid=uuid).set(memory.used)
+
+    def _sample_torch(self) -> None:
+        torch = sys.modules.get("torch")
+        cuda = getattr(torch, "cuda", None)
+        if cuda is None or not cuda.is_initialized():
+            return
+        for i in range(cuda.device_count()):
+            TORCH_VRAM.labels(device=f"cuda:{i}").set(cuda.memory_allocated(i))
+
+    def _log_error(self, what: str, error: Exception) -> None:
+        key = f"{what}:{type(error).__name__}"
+        level = logging.DEBUG if key in self._errors_seen else logging.WARNING
+        self._errors_seen.add(key)
+        log.log(level, "metrics sampler: %s failed: %s", what, error, exc_info=error)
+
+
+# --- fleet exporter ---------------------------------------------------------------------------
+
+
+def queue_names(queue: str) -> list[str]:
+    """The Redis lists kombu uses for ``queue``: the plain name, then one per priority step."""
+    return [queue] + [f"{queue}{sep}{n}" for sep in KOMBU_SEPARATORS for n in PRIORITY_STEPS]
+
+
+def _depth(client: redis.Redis, queue: str) -> int:
+    pipe = client.pipeline(transaction=False)
+    for name in queue_names(queue):
+        pipe.llen(name)
+    # A key of another type under one of these names is not ours: skip it, do not fail.
+    sizes = pipe.execute(raise_on_error=False)
+    return sum(size for size in sizes if isinstance(size, int))
+
+
+def queue_depth(redis_url: str, queue: str = "video") -> int:
+    """Messages waiting in a Celery queue on a Redis broker, all priority steps summed."""
+    client = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=5)
+    try:
+        return _depth(client, queue)
+    finally:
+        client.close()
+
+
+def export_once(client: redis.Redis, queues: Iterable[str], cloudwatch: Any = None) -> None:
+    """Set ``framefleet_queue_depth`` per queue; with a CloudWatch client, also put it there."""
+    for queue in queues:
+        try:
+            depth = _depth(client, queue)
+        except redis.RedisError as e:
+            # No stale number: the series disappears while Redis cannot be read.
+            log.warning("queue depth of %r unavailable: %s", queue, e)
+            with contextlib.suppress(KeyError):
+                QUEUE_DEPTH.remove(queue)
+            continue
+        QUEUE_DEPTH.labels(queue=queue).set(depth)
+        if cloudwatch is not None:
+            try:
+                cloudwatch.put_metric_data(
+                    Namespace="Framefleet",
+                    MetricData=[
+                        {
+                            "MetricName": "QueueDepth",
+                            "Dimensions": [{"Name": "Queue", "Value": queue}],
+                            "Value": float(depth),
+                            "Unit": "Count",
+                        }
+                    ],
+                )
+            except Exception as e:  # botocore errors: keep serving Prometheus regardless
+                log.warning("CloudWatch put_metric_data failed: %s", e)
+
+
+def run_exporter(
+    redis_url: str,
+    port: int,
+    cloudwatch: bool,
+    interval_s: float,
+    *,
+    queues: Sequence[str] = ("video",),
+    addr: str = "0.0.0.0",
+    stop: threading.Event | None = None,
+    max_iterations: int | None = None,
+    cloudwatch_client: Any = None,
+) -> None:
+    """Serve ``framefleet_queue_depth`` on ``addr:port``, refreshed every ``interval_s``.
+
+    With ``cloudwatch`` the depth also goes to CloudWatch (namespace ``Framefleet``, metric
+    ``QueueDepth``, dimension ``Queue``) for the autoscaling group; ``cloudwatch_client``
+    replaces the default ``boto3.client("cloudwatch")``. Runs until ``stop`` is set or after
+    ``max_iterations`` refreshes; the HTTP server is stopped on the way out.
+    """
+    if interval_s <= 0:
+        raise ValueError(f"interval_s must be > 0, got {interval_s!r}")
+    stop = stop or threading.Event()
+    cw = cloudwatch_client
+    if cloudwatch and cw is None:
+        import boto3
+
+        cw = boto3.client("cloudwatch")
+    client = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=5)
+    server, _thread = start_http_server(port, addr=addr, registry=EXPORTER_REGISTRY)
+    log.info("exporter serving queue depth of %s on %s:%d", list(queues), addr, port)
+    try:
+        done = 0
+        while not stop.is_set():
+            export_once(client, queues, cw if cloudwatch else None)
+            done += 1
+            if max_iterations is not None and done >= max_iterations:
+                break
+            stop.wait(interval_s)
+    finally:
+        server.shutdown()
+        server.server_close()
+        client.close()

@@ -1,0 +1,182 @@
+"""Cutting the frame stream into MP4 segments, each encoded and handed to the sink.
+
+``Segmenter.add`` takes frames in global order. In threaded mode each segment gets its own
+encoder thread (segments are independent files, so segment k finishes while k+1 fills); at most
+``max_in_flight`` segments encode at once, the oldest is awaited first. In inline mode
+(the sequential baseline) encoding and the sink run on the caller's thread.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import av
+
+from producer.spec import VideoSpec
+from worker.encode import EncodedFile, SegmentEncoder
+from worker.pipeline.stats import PipelineStats
+
+
+@dataclass(frozen=True)
+class ClosedSegment:
+    index: int
+    first_frame: int
+    file: EncodedFile
+
+
+#: Receives each finished segment file (e.g. uploads it). Runs on an encoder thread.
+SegmentSink = Callable[[ClosedSegment], None]
+
+_END = None
+
+
+class _SegmentJob:
+    """One segment: frames in, encoded file out, then the sink; errors kept for the owner."""
+
+    def __init__(
+        self, index: int, first_frame: int, path: Path, size: tuple[int, int],
+        video: VideoSpec, sink: SegmentSink, stats: PipelineStats,
+    ) -> None:
+        self.index = index
+        self.first_frame = first_frame
+        self.count = 0
+        self.error: BaseException | None = None
+        self._encoder = SegmentEncoder(path, size[1], size[0], video)
+        self._sink = sink
+        self._stats = stats
+
+    def encode(self, frame: av.VideoFrame) -> None:
+        t0 = time.perf_counter()
+        self._encoder.add(frame)
+        self._stats.add(encode_s=time.perf_counter() - t0)
+
+    def finish(self) -> None:
+        t0 = time.perf_counter()
+        encoded = self._encoder.close()
+        self._stats.add(encode_s=time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        self._sink(ClosedSegment(self.index, self.first_frame, encoded))
+        self._stats.add(upload_s=time.perf_counter() - t0, segments=1)
+
+    def abort(self) -> None:
+        self._encoder.abort()
+
+
+class _SegmentThread(threading.Thread):
+    """The DESIGN §8 thread shape: bounded queue, stop flag, get(timeout), errors kept."""
+
+    def __init__(self, job: _SegmentJob, stop: threading.Event, depth: int) -> None:
+        super().__init__(name=f"encode-{job.index}", daemon=True)
+        self.job = job
+        self.stop = stop
+        self.frames: queue.Queue[av.VideoFrame | None] = queue.Queue(maxsize=depth)
+
+    def put(self, frame: av.VideoFrame | None, poll_s: float = 0.05) -> None:
+        while True:
+            if self.job.error is not None:
+                raise self.job.error
+            if self.stop.is_set():
+                return
+            try:
+                self.frames.put(frame, timeout=poll_s)
+                return
+            except queue.Full:
+                continue
+
+    def run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                try:
+                    frame = self.frames.get(timeout=0.05)
+                except queue.Empty:
+                    continue
+                if frame is _END:
+                    self.job.finish()
+                    return
+                self.job.encode(frame)
+            self.job.abort()
+        except BaseException as e:  # noqa: BLE001 - forwarded to the owner, never swallowed
+            self.job.error = e
+            self.job.abort()
+
+
+class Segmenter:
+    """Routes frames into segments of ``video.segment_frames`` and finishes them in order."""
+
+    def __init__(
+        self, size: tuple[int, int], video: VideoSpec, scratch: Path, sink: SegmentSink,
+        stats: PipelineStats, threaded: bool, max_in_flight: int = 2, queue_depth: int = 16,
+    ) -> None:
+        self.size, self.video, self.scratch, self.sink = size, video, scratch, sink
+        self.stats, self.threaded = stats, threaded
+        self.max_in_flight = max(1, max_in_flight)
+        self.queue_depth = queue_depth
+        self.stop = threading.Event()
+        self._current: _SegmentJob | None = None
+        self._thread: _SegmentThread | None = None
+        self._in_flight: list[_SegmentThread] = []
+        self._next_index = 0
+
+    def _open(self, first_frame: int) -> None:
+        path = self.scratch / f"segment-{self._next_index:05d}.mp4"
+        job = _SegmentJob(
+            self._next_index, first_frame, path, self.size, self.video, self.sink, self.stats
+        )
+        self._next_index += 1
+        self._current = job
+        if self.threaded:
+            while len(self._in_flight) >= self.max_in_flight:
+                self._join(self._in_flight.pop(0))
+            self._thread = _SegmentThread(job, self.stop, self.queue_depth)
+            self._thread.start()
+            self._in_flight.append(self._thread)
+
+    def _close_current(self) -> None:
+        job, self._current = self._current, None
+        if job is None:
+            return
+        if self._thread is not None:
+            self._thread.put(_END)
+            self._thread = None
+        else:
+            job.finish()
+
+    def _join(self, thread: _SegmentThread) -> None:
+        while thread.is_alive():
+            thread.join(timeout=0.05)
+            if self.stop.is_set():
+                break
+        if thread.job.error is not None:
+            raise thread.job.error
+
+    def add(self, frame: av.VideoFrame, index: int) -> None:
+        if self._current is not None and self._current.count >= self.video.segment_frames:
+            self._close_current()
+        if self._current is None:
+            self._open(index)
+        assert self._current is not None
+        self._current.count += 1
+        if self._thread is not None:
+            self._thread.put(frame)
+        else:
+            self._current.encode(frame)
+
+    def finish(self) -> None:
+        """Close the last segment and wait until every segment went through the sink."""
+        self._close_current()
+        while self._in_flight:
+            self._join(self._in_flight.pop(0))
+
+    def abort(self) -> None:
+        """Stop every encoder and delete unfinished files; safe to call more than once."""
+        self.stop.set()
+        for thread in self._in_flight:
+            thread.join(timeout=5.0)
+        if self._current is not None and self._thread is None:
+            self._current.abort()
+        self._in_flight.clear()

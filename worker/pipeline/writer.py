@@ -1,0 +1,89 @@
+"""The writer thread: takes chunks in order, waits for their copy, feeds the segmenter.
+
+Keeps every codec and upload call off the main thread (the main thread only launches kernels
+and copies). Each chunk's frames are copied into AVFrames, then its ring slot is released: the
+slot is never reused while the writer still reads it.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+from worker.encode import yuv_frame
+from worker.pipeline.ring import HostChunk, Ring
+from worker.pipeline.segments import Segmenter
+from worker.pipeline.stats import PipelineStats
+
+_END = None
+
+
+class Writer(threading.Thread):
+    def __init__(self, ring: Ring, segmenter: Segmenter, stats: PipelineStats) -> None:
+        super().__init__(name="framefleet-writer", daemon=True)
+        self.ring = ring
+        self.segmenter = segmenter
+        self.stats = stats
+        self.chunks: queue.Queue[HostChunk | None] = queue.Queue(maxsize=len(ring.slots))
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+
+    def check(self) -> None:
+        """Raise the writer's error in the caller's thread (the job fails, nothing is lost)."""
+        if self.error is not None:
+            raise self.error
+
+    def submit(self, chunk: HostChunk | None, poll_s: float = 0.05) -> None:
+        while True:
+            self.check()
+            if not self.is_alive():
+                raise RuntimeError("writer thread ended unexpectedly")
+            try:
+                self.chunks.put(chunk, timeout=poll_s)
+                return
+            except queue.Full:
+                continue
+
+    def run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                try:
+                    chunk = self.chunks.get(timeout=0.05)
+                except queue.Empty:
+                    continue
+                if chunk is _END:
+                    self.segmenter.finish()
+                    return
+                self._write(chunk)
+        except BaseException as e:  # noqa: BLE001 - forwarded to the main thread
+            self.error = e
+            self.segmenter.abort()
+
+    def _write(self, chunk: HostChunk) -> None:
+        planes = chunk.wait()
+        slot = chunk.slot
+        if slot.copied is not None:
+            # Every event of this slot has completed once ``copied`` has: reading is free.
+            self.stats.add(
+                decode_s=slot.start.elapsed_time(slot.decoded) / 1e3,
+                postprocess_s=slot.decoded.elapsed_time(slot.processed) / 1e3,
+                d2h_s=slot.processed.elapsed_time(slot.copied) / 1e3,
+                busy_s=slot.start.elapsed_time(slot.processed) / 1e3,
+            )
+        frames = [yuv_frame(planes[j].numpy()) for j in range(chunk.frames)]
+        first = chunk.first_frame
+        self.ring.release(slot)
+        for j, frame in enumerate(frames):
+            self.segmenter.add(frame, first + j)
+
+    def finish(self) -> None:
+        """Flush: every chunk encoded and every segment through the sink; raises its error."""
+        self.submit(_END)
+        while self.is_alive():
+            self.join(timeout=0.05)
+        self.check()
+
+    def abort(self) -> None:
+        self.stop.set()
+        self.segmenter.abort()
+        self.join(timeout=10.0)

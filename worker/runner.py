@@ -1,0 +1,186 @@
+"""Runs one job end to end: input → decoder → pipeline → segments → manifest → JobResult.
+
+No Celery in here: the task layer passes plain callables for progress and cancellation, so the
+runner is what tests, benchmarks and the embedded demo call directly.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from producer.errors import DeviceOutOfMemory, JobCancelled, JobConflictError
+from producer.settings import Settings, get_settings
+from producer.spec import (
+    CostReport, DecoderSpec, JobResult, JobSpec, Manifest, Progress, SegmentInfo,
+    StageTimings, WorkerInfo,
+)
+from worker.decoders.base import ChunkDecoder
+from worker.devices import resolve_device, worker_info
+from worker.encode import concat_segments
+from worker.inputs import load_latents
+from worker.pipeline import ClosedSegment, run_pipeline
+from worker.storage import JobOutput
+
+MANIFEST = "manifest.json"
+CostFn = Callable[[JobSpec, float, int, int, float], CostReport]
+
+
+class DecoderCache:
+    """Decoders built once per worker process and reused (weights loaded, warmed up)."""
+
+    def __init__(self, device: torch.device, capacity: int = 2) -> None:
+        self.device = device
+        self.capacity = capacity
+        self._cache: OrderedDict[tuple[object, ...], ChunkDecoder] = OrderedDict()
+
+    def get(self, spec: DecoderSpec) -> ChunkDecoder:
+        key = (spec.name, spec.weights, spec.preset, spec.dtype, spec.seed)
+        if key in self._cache:
+            self._cache.move_to_end(key)
+            return self._cache[key]
+        decoder = self._build(spec)
+        self._cache[key] = decoder
+        while len(self._cache) > self.capacity:
+            self._cache.popitem(last=False)
+        return decoder
+
+    def _build(self, spec: DecoderSpec) -> ChunkDecoder:
+        if spec.name == "pattern":
+            from worker.decoders.pattern import PatternDecoder
+
+            return PatternDecoder(self.device)
+        from worker.decoders.wan import DTYPES, WanDecoder, build_vae
+
+        name = spec.dtype
+        if name == "auto":
+            name = "bfloat16" if self.device.type == "cuda" else "float32"
+        weights = None
+        if spec.weights is not None:
+            weights = fetch_weights(spec.weights)
+        vae = build_vae(spec.preset, weights, spec.seed, DTYPES[name])
+        return WanDecoder(vae, self.device)
+
+
+def fetch_weights(uri: str) -> str:
+    """A local folder for ``file://`` weights (s3:// weights are synced by deployment)."""
+    from urllib.parse import unquote, urlparse
+
+    parsed = urlparse(uri)
+    if parsed.scheme != "file":
+        from producer.errors import InvalidJobError
+
+        raise InvalidJobError("decoder.weights: only file:// folders are loaded by workers")
+    return unquote(parsed.path)
+
+
+@dataclass
+class JobContext:
+    """What the caller (Celery task, demo, bench) lends the runner."""
+
+    progress: Callable[[Progress], None] = lambda p: None
+    cancelled: Callable[[], bool] = lambda: False
+    cost: CostFn | None = None
+    node: str | None = None
+    settings: Settings = field(default_factory=get_settings)
+
+
+def _reuse(out: JobOutput, spec: JobSpec, info: WorkerInfo, t0: float) -> JobResult | None:
+    """An earlier run left a complete output (manifest present): verify and return it."""
+    if not out.exists(MANIFEST):
+        return None
+    manifest = Manifest.model_validate_json(out.get_bytes(MANIFEST))
+    if manifest.spec_digest != spec.digest():
+        raise JobConflictError(
+            f"job_id {spec.job_id!r}: {out.uri(MANIFEST)} was written by a different spec"
+        )
+    for seg in manifest.segments:
+        if not out.exists(f"segment-{seg.index:05d}.mp4"):
+            return None  # incomplete (deleted by hand?): run again, overwriting
+    return JobResult(
+        job_id=spec.job_id, tenant=spec.tenant, spec_digest=manifest.spec_digest,
+        segments=manifest.segments, manifest_uri=out.uri(MANIFEST), full_uri=manifest.full_uri,
+        frames=manifest.frames, video_seconds=manifest.video_seconds, width=manifest.width,
+        height=manifest.height, fps=manifest.fps,
+        timings=StageTimings(wall_s=time.perf_counter() - t0), worker=info, reused=True,
+        finished_at=time.time(),
+    )
+
+
+def run_job(spec: JobSpec, decoders: DecoderCache, ctx: JobContext | None = None) -> JobResult:
+    """Run ``spec``; raises the error tree's exceptions (JobCancelled when cancelled)."""
+    ctx = ctx or JobContext()
+    settings = ctx.settings
+    t0 = time.perf_counter()
+    info = worker_info(decoders.device, ctx.node)
+    out = JobOutput(spec.output_prefix, settings)
+    reused = _reuse(out, spec, info, t0)
+    if reused is not None:
+        return reused
+    decoder = decoders.get(spec.decoder)
+    latents = load_latents(spec.input, decoder.latent_channels, settings)
+    load_s = time.perf_counter() - t0
+    segments: list[SegmentInfo] = []
+
+    def sink(seg: ClosedSegment) -> None:
+        name = f"segment-{seg.index:05d}.mp4"
+        uri = out.put_file(name, seg.file.path)
+        segments.append(SegmentInfo(
+            index=seg.index, uri=uri, first_frame=seg.first_frame, frames=seg.file.frames,
+            bytes=seg.file.bytes, sha256=seg.file.sha256, seconds=seg.file.frames / spec.video.fps,
+        ))
+
+    def progress(done: int, total: int, segs: int) -> None:
+        ctx.progress(Progress(frames_done=done, frames_total=total, segments_done=segs))
+
+    with tempfile.TemporaryDirectory(prefix="framefleet-", dir=settings.work_dir) as tmp:
+        try:
+            report = run_pipeline(
+                decoder, latents, video=spec.video, pipeline=spec.pipeline, scratch=Path(tmp),
+                sink=sink, cancelled=ctx.cancelled, progress=progress,
+            )
+        except torch.OutOfMemoryError as e:
+            raise DeviceOutOfMemory(f"CUDA out of memory decoding {spec.job_id}: {e}") from e
+        if report.cancelled:
+            raise JobCancelled(f"job {spec.job_id} cancelled after {report.stats.frames} frames")
+        segments.sort(key=lambda s: s.index)
+        full_uri = None
+        if spec.video.stitch:
+            full = concat_segments(
+                [Path(tmp) / f"segment-{s.index:05d}.mp4" for s in segments], Path(tmp) / "f.mp4"
+            )
+            full_uri = out.put_file("full.mp4", full.path)
+    video_seconds = report.frames / spec.video.fps
+    manifest = Manifest(
+        job_id=spec.job_id, tenant=spec.tenant, spec_digest=spec.digest(), frames=report.frames,
+        width=report.width, height=report.height, fps=spec.video.fps,
+        video_seconds=video_seconds, segments=tuple(segments), full_uri=full_uri,
+    )
+    # The manifest goes LAST: its presence is the completion marker.
+    manifest_uri = out.put_bytes(MANIFEST, manifest.model_dump_json(indent=2).encode())
+    stats = report.stats
+    wall = time.perf_counter() - t0
+    timings = StageTimings(
+        load_s=load_s, decode_s=stats.decode_s, postprocess_s=stats.postprocess_s,
+        d2h_s=stats.d2h_s, encode_s=stats.encode_s, upload_s=stats.upload_s,
+        backpressure_s=stats.backpressure_s, wall_s=wall, gpu_busy_ratio=stats.gpu_busy_ratio,
+    )
+    stored = sum(s.bytes for s in segments)
+    cost = ctx.cost(spec, wall, out.puts, stored, video_seconds) if ctx.cost else None
+    return JobResult(
+        job_id=spec.job_id, tenant=spec.tenant, spec_digest=manifest.spec_digest,
+        segments=tuple(segments), manifest_uri=manifest_uri, full_uri=full_uri,
+        frames=report.frames, video_seconds=video_seconds, width=report.width,
+        height=report.height, fps=spec.video.fps, timings=timings, worker=info, cost=cost,
+        finished_at=time.time(),
+    )
+
+
+def default_decoders(settings: Settings | None = None) -> DecoderCache:
+    return DecoderCache(resolve_device((settings or get_settings()).device))

@@ -1,0 +1,224 @@
+"""Object stores: ``file://`` and ``s3://`` (boto3; S3-compatible via FRAMEFLEET_S3_ENDPOINT_URL).
+
+Keys a job writes are confined under ``{prefix}/{tenant}/{job_id}/`` by :class:`JobOutput`,
+which accepts plain file names only. Errors map onto the error tree: missing object → fatal
+``InputNotFoundError``; throttling, 5xx and connection loss → retryable ``StorageError``;
+access denied or a missing bucket → fatal.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import unquote, urlparse
+
+from producer.errors import FatalJobError, InputNotFoundError, InvalidJobError, StorageError
+from producer.settings import Settings, get_settings
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+RETRYABLE_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
+                   "InternalError", "ServiceUnavailable", "RequestTimeTooSkewed"}
+
+
+class Store(Protocol):
+    """A flat key space under one root URI."""
+
+    def uri(self, key: str) -> str: ...
+    def put_file(self, key: str, path: Path, content_type: str) -> int:
+        """Upload; returns the number of PUT requests it took."""
+        ...
+    def put_bytes(self, key: str, data: bytes, content_type: str) -> int: ...
+    def get_bytes(self, key: str, max_bytes: int) -> bytes: ...
+    def exists(self, key: str) -> bool: ...
+
+
+class FileStore:
+    """A folder. Writes go to a temporary file renamed into place: readers never see halves."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def _path(self, key: str) -> Path:
+        return self.root / key
+
+    def uri(self, key: str) -> str:
+        return self._path(key).as_uri()
+
+    def put_file(self, key: str, path: Path, content_type: str) -> int:
+        return self.put_bytes(key, path.read_bytes(), content_type)
+
+    def put_bytes(self, key: str, data: bytes, content_type: str) -> int:
+        target = self._path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, target)
+        return 1
+
+    def get_bytes(self, key: str, max_bytes: int) -> bytes:
+        path = self._path(key)
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            raise InputNotFoundError(f"no such file: {self.uri(key)}") from None
+        if size > max_bytes:
+            raise InvalidJobError(f"{self.uri(key)} is {size} bytes, over the {max_bytes} limit")
+        return path.read_bytes()
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+
+_clients: dict[tuple[str | None, str], Any] = {}
+_clients_lock = threading.Lock()
+
+
+def s3_client(settings: Settings) -> Any:
+    """One boto3 client per endpoint and process (clients are thread-safe, sessions are not)."""
+    import boto3
+    from botocore.config import Config
+
+    key = (settings.s3_endpoint_url, settings.s3_region)
+    with _clients_lock:
+        if key not in _clients:
+            _clients[key] = boto3.client(
+                "s3", endpoint_url=settings.s3_endpoint_url, region_name=settings.s3_region,
+                config=Config(
+                    retries={"max_attempts": settings.s3_max_attempts, "mode": "standard"},
+                    signature_version="s3v4", connect_timeout=5, read_timeout=60,
+                ),
+            )
+        return _clients[key]
+
+
+def map_s3_error(e: Exception, what: str) -> Exception:
+    """botocore exception → the error tree (retryable or fatal), naming the object."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    if isinstance(e, ClientError):
+        code = str(e.response.get("Error", {}).get("Code", ""))
+        status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+        if code in {"NoSuchKey", "404", "NotFound"}:
+            return InputNotFoundError(f"no such object: {what}")
+        if code in RETRYABLE_CODES or status >= 500 or status == 429:
+            return StorageError(f"S3 {code or status} on {what}")
+        return FatalJobError(f"S3 {code or status} on {what}: {e}")
+    if isinstance(e, BotoCoreError):
+        return StorageError(f"S3 unreachable for {what}: {e}")
+    return e
+
+
+class S3Store:
+    """A bucket and key prefix, uploads through boto3's managed transfer (multipart if large)."""
+
+    MULTIPART_THRESHOLD = 64 * 1024**2
+
+    def __init__(self, bucket: str, settings: Settings | None = None) -> None:
+        self.bucket = bucket
+        self.client = s3_client(settings or get_settings())
+
+    def uri(self, key: str) -> str:
+        return f"s3://{self.bucket}/{key}"
+
+    def put_file(self, key: str, path: Path, content_type: str) -> int:
+        from boto3.s3.transfer import TransferConfig
+
+        size = path.stat().st_size
+        config = TransferConfig(multipart_threshold=self.MULTIPART_THRESHOLD,
+                                multipart_chunksize=self.MULTIPART_THRESHOLD)
+        try:
+            self.client.upload_file(str(path), self.bucket, key, Config=config,
+                                    ExtraArgs={"ContentType": content_type})
+        except Exception as e:
+            raise map_s3_error(e, self.uri(key)) from e
+        if size < self.MULTIPART_THRESHOLD:
+            return 1
+        return -(-size // self.MULTIPART_THRESHOLD) + 2  # parts + create + complete
+
+    def put_bytes(self, key: str, data: bytes, content_type: str) -> int:
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=key, Body=data,
+                                   ContentType=content_type)
+        except Exception as e:
+            raise map_s3_error(e, self.uri(key)) from e
+        return 1
+
+    def get_bytes(self, key: str, max_bytes: int) -> bytes:
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=key)
+            if int(head["ContentLength"]) > max_bytes:
+                raise InvalidJobError(
+                    f"{self.uri(key)} is {head['ContentLength']} bytes, over {max_bytes}"
+                )
+            body: bytes = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+            return body
+        except InvalidJobError:
+            raise
+        except Exception as e:
+            raise map_s3_error(e, self.uri(key)) from e
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=key)
+            return True
+        except Exception as e:
+            err = map_s3_error(e, self.uri(key))
+            if isinstance(err, InputNotFoundError):
+                return False
+            raise err from e
+
+
+def open_uri(uri: str, settings: Settings | None = None) -> tuple[Store, str]:
+    """(store, key) for ``s3://bucket/key`` or ``file:///path`` (key relative to the store)."""
+    parsed = urlparse(uri)
+    path = unquote(parsed.path)
+    if parsed.scheme == "s3":
+        return S3Store(parsed.netloc, settings), path.lstrip("/")
+    if parsed.scheme == "file":
+        return FileStore(Path("/")), path.lstrip("/")
+    raise InvalidJobError(f"unsupported URI scheme in {uri!r}")
+
+
+def read_uri(uri: str, max_bytes: int, settings: Settings | None = None) -> bytes:
+    store, key = open_uri(uri, settings)
+    return store.get_bytes(key, max_bytes)
+
+
+class JobOutput:
+    """The only way a job writes: plain names under ``{output}/{tenant}/{job_id}/``."""
+
+    def __init__(self, prefix_uri: str, settings: Settings | None = None) -> None:
+        self.store, self.prefix = open_uri(prefix_uri, settings)
+        self.puts = 0
+        self._lock = threading.Lock()  # segments upload from several encoder threads
+
+    def key(self, name: str) -> str:
+        if not NAME_RE.fullmatch(name) or ".." in name:
+            raise InvalidJobError(f"output name {name!r} is not a plain file name")
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def uri(self, name: str) -> str:
+        return self.store.uri(self.key(name))
+
+    def put_file(self, name: str, path: Path, content_type: str = "video/mp4") -> str:
+        puts = self.store.put_file(self.key(name), path, content_type)
+        with self._lock:
+            self.puts += puts
+        return self.uri(name)
+
+    def put_bytes(self, name: str, data: bytes, content_type: str = "application/json") -> str:
+        puts = self.store.put_bytes(self.key(name), data, content_type)
+        with self._lock:
+            self.puts += puts
+        return self.uri(name)
+
+    def get_bytes(self, name: str, max_bytes: int = 64 * 1024**2) -> bytes:
+        return self.store.get_bytes(self.key(name), max_bytes)
+
+    def exists(self, name: str) -> bool:
+        return self.store.exists(self.key(name))
