@@ -13,7 +13,14 @@ from rich.console import Console
 
 from producer.errors import FramefleetError
 from producer.spec import (
-    DecoderSpec, InputSpec, JobResult, JobSpec, OutputSpec, PipelineSpec, VideoSpec, parse_spec,
+    DecoderSpec,
+    InputSpec,
+    JobResult,
+    JobSpec,
+    OutputSpec,
+    PipelineSpec,
+    VideoSpec,
+    parse_spec,
 )
 
 cli = typer.Typer(help="framefleet: a GPU worker fleet for generative-video decoding.",

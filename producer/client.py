@@ -37,10 +37,15 @@ class JobHandle:
         """PENDING (unknown or queued), STARTED, PROGRESS, RETRY, SUCCESS, FAILURE or REVOKED."""
         return str(self._async().state)
 
+    def _meta(self) -> tuple[str, Any]:
+        # One read of state and payload together: two reads could straddle a state change.
+        meta = self.app.backend.get_task_meta(self.job_id)
+        return str(meta.get("status", "PENDING")), meta.get("result")
+
     def progress(self) -> Progress | None:
-        ar = self._async()
-        if ar.state == "PROGRESS" and isinstance(ar.info, dict):
-            return Progress.model_validate(ar.info)
+        state, info = self._meta()
+        if state == "PROGRESS" and isinstance(info, dict):
+            return Progress.model_validate(info)
         return None
 
     def result(self) -> JobResult:
@@ -64,17 +69,16 @@ class JobHandle:
         bar = _Bar(self.job_id) if progress else None
         try:
             while True:
-                ar = self._async()
-                state = ar.state
+                state, info = self._meta()
                 if state in FINISHED:
-                    if bar is not None and state == "SUCCESS":
-                        done = JobResult.model_validate(ar.result)
+                    result = self.result()
+                    if bar is not None:
                         bar.update(Progress(
-                            frames_done=done.frames, frames_total=done.frames,
-                            segments_done=len(done.segments)))
-                    return self.result()
-                if bar is not None and state == "PROGRESS" and isinstance(ar.info, dict):
-                    bar.update(Progress.model_validate(ar.info))
+                            frames_done=result.frames, frames_total=result.frames,
+                            segments_done=len(result.segments)))
+                    return result
+                if bar is not None and state == "PROGRESS" and isinstance(info, dict):
+                    bar.update(Progress.model_validate(info))
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"job {self.job_id} still {state} after {timeout} s")
                 time.sleep(poll_s)

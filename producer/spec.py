@@ -18,7 +18,7 @@ from producer.errors import InvalidJobError
 
 #: Identifiers that become object-key components: no slash, no "." / ".." (path traversal).
 ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Literal[1] = 1
 
 
 class Frozen(BaseModel):
@@ -83,7 +83,7 @@ class DecoderSpec(Frozen):
     name: Literal["wan2.1-vae", "pattern"] = "wan2.1-vae"
     weights: str | None = Field(
         default=None,
-        description="diffusers-layout directory (file:// or s3:// prefix); seeded random init if None",
+        description="diffusers-layout folder (file://); seeded random init if None",
     )
     preset: Literal["wan2.1", "tiny"] = Field(
         default="wan2.1", description="architecture config; 'tiny' is for tests and demos"

@@ -18,8 +18,15 @@ import torch
 from producer.errors import DeviceOutOfMemory, JobCancelled, JobConflictError
 from producer.settings import Settings, get_settings
 from producer.spec import (
-    CostReport, DecoderSpec, JobResult, JobSpec, Manifest, Progress, SegmentInfo,
-    StageTimings, WorkerInfo,
+    CostReport,
+    DecoderSpec,
+    JobResult,
+    JobSpec,
+    Manifest,
+    Progress,
+    SegmentInfo,
+    StageTimings,
+    WorkerInfo,
 )
 from worker.decoders.base import ChunkDecoder
 from worker.devices import resolve_device, worker_info

@@ -42,10 +42,10 @@ def build_vae(
         gen_state = torch.random.get_rng_state()
         torch.manual_seed(seed)
         try:
-            vae = AutoencoderKLWan(**PRESETS[preset])
+            model: Any = AutoencoderKLWan(**PRESETS[preset])
         finally:
             torch.random.set_rng_state(gen_state)
-        vae = vae.to(dtype)
+        vae = model if dtype == torch.float32 else model.to(dtype)
     return vae.eval().requires_grad_(False)
 
 

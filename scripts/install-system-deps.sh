@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# System packages the test suite drives for real: redis-server, promtool/prometheus,
+# chromium (Flower screenshot), docker-compose (compose file validation), ffmpeg libs come
+# with PyAV's wheel. Installs only when run as root and something is missing; otherwise it
+# says what is missing, and the tests that need it skip (or fail when CI=true).
+set -euo pipefail
+need=()
+command -v redis-server >/dev/null || need+=(redis-server)
+command -v promtool >/dev/null || need+=(prometheus)
+command -v chromium >/dev/null || need+=(chromium)
+command -v docker-compose >/dev/null || need+=(docker-compose)
+if [ ${#need[@]} -eq 0 ]; then
+  exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "missing system packages (install them to run every test): ${need[*]}" >&2
+  exit 0
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+# Debian starts the services it installs; the tests start their own on free ports.
+for svc in prometheus prometheus-node-exporter; do
+  if command -v service >/dev/null && service "$svc" status >/dev/null 2>&1; then
+    service "$svc" stop >/dev/null 2>&1 || true
+  fi
+done
+echo "installed: ${need[*]}"

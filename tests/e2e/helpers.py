@@ -1,0 +1,79 @@
+"""Shared steps of the end-to-end tests: put latents in S3, verify a job's output."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import save
+
+from producer.spec import (
+    DecoderSpec,
+    InputSpec,
+    JobResult,
+    JobSpec,
+    Manifest,
+    OutputSpec,
+    VideoSpec,
+)
+from worker.decoders.pattern import read_frame_index
+from worker.encode import read_frames_rgb
+
+
+def put_latents(s3: Any, bucket: str, key: str, latent_frames: int, h: int = 8, w: int = 12,
+                fmt: str = "safetensors") -> str:
+    z = torch.randn(16, latent_frames, h, w, generator=torch.Generator().manual_seed(1))
+    if fmt == "safetensors":
+        data = save({"latents": z})
+    else:
+        buf = io.BytesIO()
+        np.save(buf, z.numpy())
+        data = buf.getvalue()
+    s3.client().put_object(Bucket=bucket, Key=key, Body=data)
+    return f"s3://{bucket}/{key}"
+
+
+def pattern_spec(job_id: str, input_uri: str, bucket: str, segment_frames: int = 12,
+                 tenant: str = "e2e", **kw: Any) -> JobSpec:
+    return JobSpec(
+        job_id=job_id, tenant=tenant, input=InputSpec(uri=input_uri),
+        decoder=DecoderSpec(name="pattern"), video=VideoSpec(segment_frames=segment_frames),
+        output=OutputSpec(uri=f"s3://{bucket}/out"), **kw,
+    )
+
+
+def verify_output(s3: Any, bucket: str, result: JobResult, tmp: Path) -> list[int]:
+    """Download manifest and segments; check sizes, hashes and every frame index.
+
+    Returns the frame indices read from the video, in playback order.
+    """
+    client = s3.client()
+    prefix = f"out/{result.tenant}/{result.job_id}/"
+    manifest_key = prefix + "manifest.json"
+    assert result.manifest_uri == f"s3://{bucket}/{manifest_key}"
+    manifest = Manifest.model_validate_json(
+        client.get_object(Bucket=bucket, Key=manifest_key)["Body"].read()
+    )
+    assert manifest.segments == result.segments
+    assert manifest.frames == result.frames
+    listed = {o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"]}
+    expected = {prefix + f"segment-{s.index:05d}.mp4" for s in manifest.segments}
+    assert listed == expected | {manifest_key}, listed ^ (expected | {manifest_key})
+    indices: list[int] = []
+    for seg in manifest.segments:
+        data = client.get_object(Bucket=bucket, Key=prefix + f"segment-{seg.index:05d}.mp4")[
+            "Body"
+        ].read()
+        assert len(data) == seg.bytes
+        assert hashlib.sha256(data).hexdigest() == seg.sha256
+        path = tmp / f"{result.job_id}-{seg.index}.mp4"
+        path.write_bytes(data)
+        got = [read_frame_index(f) for f in read_frames_rgb(path)]
+        assert got == list(range(seg.first_frame, seg.first_frame + seg.frames))
+        indices += got
+    assert indices == list(range(result.frames))
+    return indices

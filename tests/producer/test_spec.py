@@ -1,0 +1,98 @@
+"""The wire format: good specs round-trip, bad values fail naming the field."""
+
+from __future__ import annotations
+
+import pytest
+
+from producer.errors import InvalidJobError
+from producer.spec import JobResult, JobSpec, parse_spec
+
+GOOD = {
+    "job_id": "job-1",
+    "tenant": "acme",
+    "input": {"uri": "s3://bucket/latents/a.safetensors"},
+    "output": {"uri": "s3://bucket/videos/"},
+}
+
+
+def test_good_spec_defaults_and_round_trip() -> None:
+    spec = parse_spec(GOOD)
+    assert spec.output.uri == "s3://bucket/videos"
+    assert spec.output_prefix == "s3://bucket/videos/acme/job-1"
+    assert spec.input.resolved_format == "safetensors"
+    assert spec.pipeline.mode == "async" and spec.pipeline.ring_slots == 3
+    again = parse_spec(spec.model_dump_json())
+    assert again == spec and again.digest() == spec.digest()
+
+
+def test_digest_changes_with_content() -> None:
+    a = parse_spec(GOOD)
+    b = parse_spec({**GOOD, "video": {"crf": 30}})
+    assert a.digest() != b.digest()
+
+
+def test_spec_is_frozen() -> None:
+    spec = parse_spec(GOOD)
+    with pytest.raises(Exception):  # noqa: B017 - pydantic's frozen error type
+        spec.job_id = "other"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("patch", "field"),
+    [
+        ({"job_id": "../etc"}, "job_id"),
+        ({"job_id": ".."}, "job_id"),
+        ({"job_id": "a/b"}, "job_id"),
+        ({"job_id": ""}, "job_id"),
+        ({"job_id": "x" * 129}, "job_id"),
+        ({"tenant": "a b"}, "tenant"),
+        ({"input": {"uri": "http://example.com/a.npy"}}, "input.uri"),
+        ({"input": {"uri": "file://relative/a.npy"}}, "input.uri"),
+        ({"input": {"uri": "s3:///nobucket.npy"}}, "input.uri"),
+        ({"output": {"uri": "file:///tmp/../etc"}}, "output.uri"),
+        ({"decoder": {"name": "sd-vae"}}, "decoder.name"),
+        ({"decoder": {"dtype": "int8"}}, "decoder.dtype"),
+        ({"video": {"fps": 0}}, "video.fps"),
+        ({"video": {"fps": -5}}, "video.fps"),
+        ({"video": {"crf": 52}}, "video.crf"),
+        ({"video": {"codec": "libvpx"}}, "video.codec"),
+        ({"video": {"preset": "ludicrous"}}, "video.preset"),
+        ({"video": {"segment_frames": 0}}, "video.segment_frames"),
+        ({"pipeline": {"mode": "turbo"}}, "pipeline.mode"),
+        ({"pipeline": {"ring_slots": 1}}, "pipeline.ring_slots"),
+        ({"priority": 10}, "priority"),
+        ({"time_limit_s": 0}, "time_limit_s"),
+        ({"unknown_field": 1}, "unknown_field"),
+    ],
+)
+def test_bad_values_name_the_field(patch: dict[str, object], field: str) -> None:
+    with pytest.raises(InvalidJobError) as info:
+        parse_spec({**GOOD, **patch})
+    assert field in str(info.value)
+
+
+def test_missing_required_field() -> None:
+    with pytest.raises(InvalidJobError, match="output"):
+        parse_spec({k: v for k, v in GOOD.items() if k != "output"})
+
+
+def test_not_json() -> None:
+    with pytest.raises(InvalidJobError):
+        parse_spec("{not json")
+
+
+def test_format_must_be_inferable() -> None:
+    spec = parse_spec({**GOOD, "input": {"uri": "s3://b/latents.pt"}})
+    with pytest.raises(InvalidJobError, match="input.format"):
+        _ = spec.input.resolved_format
+
+
+def test_job_result_schema_requires_segments() -> None:
+    with pytest.raises(Exception):  # noqa: B017 - pydantic ValidationError
+        JobResult.model_validate({"job_id": "x"})
+
+
+def test_jobspec_type_is_exported() -> None:
+    import producer
+
+    assert producer.JobSpec is JobSpec

@@ -1,0 +1,120 @@
+"""The test servers themselves: real Redis, SeaweedFS with SigV4, Celery worker processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import redis
+from botocore import UNSIGNED
+from botocore.exceptions import ClientError, EndpointConnectionError
+
+from tests.require import require_binary
+from tests.services import REDIS_INSTALL, RedisServer, S3Server, WorkerFactory
+
+
+def test_redis_answers_ping(redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url, socket_timeout=5)
+    try:
+        assert client.ping()
+    finally:
+        client.close()
+
+
+def test_redis_appendonly_survives_a_crash(tmp_path: Path) -> None:
+    # Given a private appendonly server holding one key
+    server = RedisServer(require_binary("redis-server", REDIS_INSTALL), tmp_path, appendonly=True)
+    server.start()
+    try:
+        client = redis.Redis.from_url(server.url, socket_timeout=5)
+        client.set("job", "kept")
+        client.close()
+        # When it is SIGKILLed (no shutdown save) and started again on the same port
+        port = server.port
+        server.kill(signal.SIGKILL)
+        assert not server.ping()
+        server.start()
+        # Then the key is still there
+        assert server.port == port
+        client = redis.Redis.from_url(server.url, socket_timeout=5)
+        assert client.get("job") == b"kept"
+        client.close()
+    finally:
+        server.stop()
+    assert not server.running
+
+
+def test_s3_object_round_trip(s3: S3Server, s3_bucket: str) -> None:
+    client = s3.client()
+    body = os.urandom(256 * 1024)
+    client.put_object(Bucket=s3_bucket, Key="clips/a.mp4", Body=body)
+    got = client.get_object(Bucket=s3_bucket, Key="clips/a.mp4")["Body"].read()
+    assert got == body
+    listed = client.list_objects_v2(Bucket=s3_bucket)["Contents"]
+    assert [o["Key"] for o in listed] == ["clips/a.mp4"]
+
+
+def test_s3_refuses_wrong_secret_and_anonymous(s3: S3Server, s3_bucket: str) -> None:
+    s3.client().put_object(Bucket=s3_bucket, Key="secret", Body=b"x")
+    wrong = s3.client(secret_key="not-the-secret", retries={"max_attempts": 1})
+    with pytest.raises(ClientError) as refused:
+        wrong.get_object(Bucket=s3_bucket, Key="secret")
+    assert refused.value.response["Error"]["Code"] == "SignatureDoesNotMatch"
+    with pytest.raises(ClientError) as refused:
+        wrong.put_object(Bucket=s3_bucket, Key="other", Body=b"y")
+    assert refused.value.response["Error"]["Code"] == "SignatureDoesNotMatch"
+    anonymous = s3.client(signature_version=UNSIGNED, retries={"max_attempts": 1})
+    with pytest.raises(ClientError) as refused:
+        anonymous.get_object(Bucket=s3_bucket, Key="secret")
+    assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+
+
+def test_s3_stop_start_keeps_data(s3: S3Server, s3_bucket: str) -> None:
+    # Given an object in the shared server
+    s3.client().put_object(Bucket=s3_bucket, Key="kept", Body=b"survives")
+    endpoint = s3.endpoint_url
+    # When the server is down, requests fail fast (connection refused) ...
+    s3.stop()
+    try:
+        down = s3.client(retries={"max_attempts": 1}, connect_timeout=1)
+        with pytest.raises(EndpointConnectionError):
+            down.head_bucket(Bucket=s3_bucket)
+    finally:
+        # ... and after a start on the same ports and folder (later tests share the server)
+        s3.start()
+    # Then the endpoint and the object are unchanged
+    assert s3.endpoint_url == endpoint
+    got = s3.client().get_object(Bucket=s3_bucket, Key="kept")["Body"].read()
+    assert got == b"survives"
+
+
+def test_s3_pause_resume(s3: S3Server, s3_bucket: str) -> None:
+    # A paused server accepts no request: the client times out instead of being refused.
+    s3.pause()
+    try:
+        hung = s3.client(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=1)
+        with pytest.raises(Exception, match=r"timeout|timed out"):
+            hung.head_bucket(Bucket=s3_bucket)
+    finally:
+        s3.resume()
+    s3.client().head_bucket(Bucket=s3_bucket)
+
+
+def test_worker_starts_and_answers_ping(worker_factory: WorkerFactory, redis_url: str) -> None:
+    from producer.app import make_app
+
+    (worker,) = worker_factory(n=1)
+    assert worker.nodename is not None and worker.nodename.startswith("w1@")
+    app = make_app(broker_url=redis_url, backend_url=redis_url)
+    try:
+        replies = app.control.ping(destination=[worker.nodename], timeout=10.0, limit=1)
+    finally:
+        app.close()
+    assert replies == [{worker.nodename: {"ok": "pong"}}]
+    # Stopping kills the whole process group: no pool child is left behind.
+    pgid = worker.pid
+    worker.stop()
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pgid, 0)
