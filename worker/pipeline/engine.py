@@ -29,7 +29,7 @@ from worker.pipeline.postprocess import rgb_to_yuv420, yuv420_shape
 from worker.pipeline.ring import HostChunk, Ring
 from worker.pipeline.segments import Segmenter, SegmentSink
 from worker.pipeline.stats import PipelineStats
-from worker.pipeline.writer import Writer
+from worker.pipeline.writer import FrameTap, Writer
 
 
 @dataclass
@@ -58,11 +58,14 @@ def run_pipeline(
     sink: SegmentSink,
     cancelled: Callable[[], bool] = lambda: False,
     progress: Callable[[int, int, int], None] | None = None,
+    frame_tap: FrameTap | None = None,
 ) -> PipelineReport:
     """Decode ``latents`` (C, T, h, w) to MP4 segments handed to ``sink`` in order of index.
 
     ``progress(frames_done, frames_total, segments_done)`` and ``cancelled()`` are called
-    between chunks. Errors from the decoder, the encoders or the sink propagate unchanged.
+    between chunks. ``frame_tap(first_frame, planes)`` sees each chunk's yuv420p planes on the
+    host just before encoding (tests compare modes with it; copy what you keep). Errors from
+    the decoder, the encoders or the sink propagate unchanged.
     """
     _, t, lh, lw = latents.shape
     height, width = decoder.output_size(lh, lw)
@@ -76,7 +79,7 @@ def run_pipeline(
     )
     run = _run_async if pipeline.mode == "async" else _run_sequential
     report.cancelled = run(
-        decoder, latents, pipeline, segmenter, stats, total, cancelled, progress
+        decoder, latents, pipeline, segmenter, stats, total, cancelled, progress, frame_tap
     )
     return report
 
@@ -96,13 +99,14 @@ def _run_async(
     decoder: ChunkDecoder, latents: torch.Tensor, pipeline: PipelineSpec,
     segmenter: Segmenter, stats: PipelineStats, total: int,
     cancelled: Callable[[], bool], progress: Callable[[int, int, int], None] | None,
+    frame_tap: FrameTap | None,
 ) -> bool:
     _, _, lh, lw = latents.shape
     height, width = decoder.output_size(lh, lw)
     device = decoder.device
     cuda = device.type == "cuda"
     ring = Ring(pipeline.ring_slots, TEMPORAL_RATIO, height, width, device)
-    writer = Writer(ring, segmenter, stats)
+    writer = Writer(ring, segmenter, stats, frame_tap)
     writer.start()
     compute = torch.cuda.Stream(device) if cuda else None
     copy = torch.cuda.Stream(device) if cuda else None
@@ -170,6 +174,7 @@ def _run_sequential(
     decoder: ChunkDecoder, latents: torch.Tensor, pipeline: PipelineSpec,
     segmenter: Segmenter, stats: PipelineStats, total: int,
     cancelled: Callable[[], bool], progress: Callable[[int, int, int], None] | None,
+    frame_tap: FrameTap | None,
 ) -> bool:
     done = 0
     sync = torch.cuda.synchronize if decoder.device.type == "cuda" else (lambda: None)
@@ -189,6 +194,8 @@ def _run_sequential(
             rgb_to_yuv420(host, planes)
             t3 = time.perf_counter()
             stats.add(decode_s=t1 - t0, d2h_s=t2 - t1, postprocess_s=t3 - t2, chunks=1, frames=n)
+            if frame_tap is not None:
+                frame_tap(done, planes)
             for j in range(n):
                 segmenter.add(yuv_frame(planes[j].numpy()), done + j)
             done += n

@@ -3,18 +3,32 @@
 BT.709 limited range (Y 16–235, Cb/Cr 16–240), chroma from 2×2-averaged RGB. On the GPU this
 turns 12 bytes/pixel (fp32 RGB) into 1.5 bytes/pixel before the copy over PCIe, and the encoder
 gets planes it can take without swscale.
+
+The conversion quantises to 8-bit RGB first (two separate float ops, so no fused multiply-add
+can differ between devices), then uses fixed-point integer arithmetic: the CUDA path and the
+CPU path give bit-identical planes, which is what lets tests compare them exactly.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-# Rows: Y, Cb, Cr as functions of R, G, B in [0, 1] (ITU-R BT.709).
+SHIFT = 16
 _KR, _KB = 0.2126, 0.0722
 _KG = 1.0 - _KR - _KB
-_CB = (-_KR / (2 * (1 - _KB)), -_KG / (2 * (1 - _KB)), 0.5)
-_CR = (0.5, -_KG / (2 * (1 - _KR)), -_KB / (2 * (1 - _KR)))
+_Y_SCALE = 219.0 / 255.0
+_C_SCALE = 224.0 / 255.0
+
+
+def _fixed(values: tuple[float, float, float], scale: float) -> tuple[int, int, int]:
+    r, g, b = (round(v * scale * (1 << SHIFT)) for v in values)
+    return r, g, b
+
+
+# Coefficients on 8-bit R, G, B, in units of 2^-16 (ITU-R BT.709).
+Y_COEF = _fixed((_KR, _KG, _KB), _Y_SCALE)
+CB_COEF = _fixed((-_KR / (2 * (1 - _KB)), -_KG / (2 * (1 - _KB)), 0.5), _C_SCALE)
+CR_COEF = _fixed((0.5, -_KG / (2 * (1 - _KR)), -_KB / (2 * (1 - _KR))), _C_SCALE)
 
 
 def yuv420_shape(frames: int, height: int, width: int) -> tuple[int, int, int]:
@@ -22,6 +36,11 @@ def yuv420_shape(frames: int, height: int, width: int) -> tuple[int, int, int]:
     if height % 2 or width % 2:
         raise ValueError(f"yuv420p needs even sizes, got {width}x{height}")
     return frames, height * 3 // 2, width
+
+
+def _mix(rgb: torch.Tensor, coef: tuple[int, int, int], shift: int) -> torch.Tensor:
+    acc = rgb[0] * coef[0] + rgb[1] * coef[1] + rgb[2] * coef[2]
+    return torch.bitwise_right_shift(acc + (1 << (shift - 1)), shift)
 
 
 def rgb_to_yuv420(chunk: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -33,16 +52,18 @@ def rgb_to_yuv420(chunk: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     _, f, h, w = chunk.shape
     if tuple(out.shape) != yuv420_shape(f, h, w) or out.dtype != torch.uint8:
         raise ValueError(f"out must be uint8 {yuv420_shape(f, h, w)}, got {tuple(out.shape)}")
-    rgb = chunk.float().clamp(-1.0, 1.0).add_(1.0).mul_(0.5)  # [0, 1]
-    r, g, b = rgb[0], rgb[1], rgb[2]
-    y = (r * _KR + g * _KG + b * _KB).mul_(219.0).add_(16.0)
-    small = F.avg_pool2d(rgb.reshape(3 * f, 1, h, w), 2).reshape(3, f, h // 2, w // 2)
-    rs, gs, bs = small[0], small[1], small[2]
-    cb = (rs * _CB[0] + gs * _CB[1] + bs * _CB[2]).mul_(224.0).add_(128.0)
-    cr = (rs * _CR[0] + gs * _CR[1] + bs * _CR[2]).mul_(224.0).add_(128.0)
+    x = chunk.float().clamp(-1.0, 1.0)
+    x = x + 1.0
+    x = x * 127.5
+    rgb = x.round_().to(torch.int32)  # 8-bit RGB, exact integers from here on
+    y = _mix(rgb, Y_COEF, SHIFT) + 16
+    # 2×2 sums of R, G, B; the extra shift of 2 divides by 4 (the average).
+    sums = rgb.view(3, f, h // 2, 2, w // 2, 2).sum(dim=(3, 5))
+    cb = _mix(sums, CB_COEF, SHIFT + 2) + 128
+    cr = _mix(sums, CR_COEF, SHIFT + 2) + 128
     flat = out.view(f, -1)
     n, q = h * w, (h // 2) * (w // 2)
-    flat[:, :n].copy_(y.reshape(f, n).round_().clamp_(0, 255))
-    flat[:, n : n + q].copy_(cb.reshape(f, q).round_().clamp_(0, 255))
-    flat[:, n + q :].copy_(cr.reshape(f, q).round_().clamp_(0, 255))
+    flat[:, :n].copy_(y.reshape(f, n).clamp_(0, 255))
+    flat[:, n : n + q].copy_(cb.reshape(f, q).clamp_(0, 255))
+    flat[:, n + q :].copy_(cr.reshape(f, q).clamp_(0, 255))
     return out

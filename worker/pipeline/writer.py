@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable
+
+import torch
 
 from worker.encode import yuv_frame
 from worker.pipeline.ring import HostChunk, Ring
@@ -16,10 +19,14 @@ from worker.pipeline.segments import Segmenter
 from worker.pipeline.stats import PipelineStats
 
 _END = None
+#: Sees (first_frame, host planes (n, H*3/2, W) uint8) of every chunk before it is encoded.
+FrameTap = Callable[[int, torch.Tensor], None]
 
 
 class Writer(threading.Thread):
-    def __init__(self, ring: Ring, segmenter: Segmenter, stats: PipelineStats) -> None:
+    def __init__(
+        self, ring: Ring, segmenter: Segmenter, stats: PipelineStats, tap: FrameTap | None = None
+    ) -> None:
         super().__init__(name="framefleet-writer", daemon=True)
         self.ring = ring
         self.segmenter = segmenter
@@ -27,6 +34,7 @@ class Writer(threading.Thread):
         self.chunks: queue.Queue[HostChunk | None] = queue.Queue(maxsize=len(ring.slots))
         self.stop = threading.Event()
         self.error: BaseException | None = None
+        self.tap = tap
 
     def check(self) -> None:
         """Raise the writer's error in the caller's thread (the job fails, nothing is lost)."""
@@ -70,6 +78,8 @@ class Writer(threading.Thread):
                 d2h_s=slot.processed.elapsed_time(slot.copied) / 1e3,
                 busy_s=slot.start.elapsed_time(slot.processed) / 1e3,
             )
+        if self.tap is not None:
+            self.tap(chunk.first_frame, planes)
         frames = [yuv_frame(planes[j].numpy()) for j in range(chunk.frames)]
         first = chunk.first_frame
         self.ring.release(slot)
