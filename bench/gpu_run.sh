@@ -10,5 +10,5 @@ python3 -c "import torch, av, diffusers; print('torch', torch.__version__, 'av',
 command -v ffmpeg || echo "no ffmpeg executable"
 python3 -m pytest -m gpu --confcutdir=tests/gpu -p no:cacheprovider -q -s tests/gpu 2>&1 \
   | tee "$OUT/gpu-tests.log"
-python3 bench/pipeline.py --device cuda --sizes 1280x720,832x480 --frames 81 --reps 3 \
+python3 bench/pipeline.py --device cuda --sizes 1280x720,832x480 --frames 81 --reps 5 \
   --scale4 --out "$OUT/pipeline.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"

@@ -19,6 +19,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -94,7 +95,9 @@ def decode_only(decoder: WanDecoder, z: torch.Tensor, out_dir: Path) -> dict[str
             statistics.median(s.elapsed_time(e) for s, e in events)}
 
 
-def pipeline_mode(mode: str) -> Callable[[WanDecoder, torch.Tensor, Path], dict[str, Any]]:
+def pipeline_mode(
+    mode: str, tune: str = "zerolatency"
+) -> Callable[[WanDecoder, torch.Tensor, Path], dict[str, Any]]:
     def run(decoder: WanDecoder, z: torch.Tensor, out_dir: Path) -> dict[str, Any]:
         out = JobOutput((out_dir / "videos").as_uri())
         segments: list[ClosedSegment] = []
@@ -104,7 +107,7 @@ def pipeline_mode(mode: str) -> Callable[[WanDecoder, torch.Tensor, Path], dict[
             segments.append(seg)
 
         with tempfile.TemporaryDirectory(dir=out_dir) as scratch:
-            report = run_pipeline(decoder, z, video=VideoSpec(segment_frames=48),
+            report = run_pipeline(decoder, z, video=VideoSpec(segment_frames=48, tune=tune),
                                   pipeline=PipelineSpec(mode=mode), scratch=Path(scratch),
                                   sink=sink)
         sync(decoder.device)
@@ -141,6 +144,7 @@ def diffusers_mode(decoder: WanDecoder, z: torch.Tensor, out_dir: Path) -> dict[
 MODES: dict[str, Callable[[WanDecoder, torch.Tensor, Path], dict[str, Any]]] = {
     "decode_only": decode_only,
     "async": pipeline_mode("async"),
+    "async_x264_default_tune": pipeline_mode("async", tune="none"),
     "sequential": pipeline_mode("sequential"),
     "diffusers": diffusers_mode,
 }
@@ -177,8 +181,11 @@ def main() -> None:
     ap.add_argument("--sizes", default="1280x720,832x480")
     ap.add_argument("--frames", type=int, default=81)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--modes", default="decode_only,async,sequential,diffusers")
-    ap.add_argument("--scale4", action="store_true", help="also 4x frames (memory flatness)")
+    ap.add_argument("--modes",
+                    default="decode_only,async,async_x264_default_tune,sequential,diffusers")
+    ap.add_argument("--scale4", action="store_true",
+                    help="memory flatness: 1x and 4x frames, each in a fresh process")
+    ap.add_argument("--flatness-modes", default="decode_only,async;diffusers")
     ap.add_argument("--out", default="bench/results/pipeline.json")
     args = ap.parse_args()
     device = torch.device(args.device)
@@ -193,9 +200,6 @@ def main() -> None:
         "dtype": args.dtype, "preset": args.preset, "store": "file:// (local disk)", "runs": [],
     }
     plan = [(size, args.frames, args.modes.split(",")) for size in args.sizes.split(",")]
-    if args.scale4:
-        plan.append((args.sizes.split(",")[0], 4 * (args.frames - 1) + 1,
-                     ["decode_only", "async", "diffusers"]))
     for size, frames, modes in plan:
         w, h = (int(v) for v in size.split("x"))
         t = (frames - 1) // 4 + 1
@@ -209,20 +213,43 @@ def main() -> None:
             print(f"{size} {frames:4d} {mode:12s} wall {r['wall_s']:.3f} s", flush=True)
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(results, indent=2))
+    if args.scale4:
+        results["flatness"] = flatness(args, args.sizes.split(",")[0])
+        Path(args.out).write_text(json.dumps(results, indent=2))
     print(table(results))
 
 
+def flatness(args: argparse.Namespace, size: str) -> list[dict[str, Any]]:
+    """Peak RSS and GPU memory of a whole job at 1x and 4x frames, each in a fresh process
+    (one process's RSS carries the heap left by earlier modes, which would blur the ratio)."""
+    runs = []
+    for modes in args.flatness_modes.split(";"):
+        for frames in (args.frames, 4 * (args.frames - 1) + 1):
+            with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
+                cmd = [sys.executable, __file__, "--device", args.device, "--dtype", args.dtype,
+                       "--preset", args.preset, "--sizes", size, "--frames", str(frames),
+                       "--reps", "1", "--modes", modes, "--out", tmp.name]
+                subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+                runs += [{**r, "fresh_process": True}
+                         for r in json.loads(Path(tmp.name).read_text())["runs"]]
+            print(f"flatness {size} {frames} {modes} done", flush=True)
+    return runs
+
+
 def table(results: dict[str, Any]) -> str:
-    floor = {(r["size"], r["frames"]): r["wall_s"] for r in results["runs"]
-             if r["mode"] == "decode_only"}
+    runs = results["runs"] + results.get("flatness", [])
+    floor: dict[tuple[str, int], float] = {}
     lines = ["| size | frames | mode | wall s | × decode-only | GPU busy | peak GPU MiB | "
              "peak RSS MiB |", "|---|---|---|---|---|---|---|---|"]
-    for r in results["runs"]:
+    for r in runs:
+        if r["mode"] == "decode_only":
+            floor[(r["size"], r["frames"])] = r["wall_s"]
         base = floor.get((r["size"], r["frames"]))
         ratio = f"{r['wall_s'] / base:.3f}" if base else "-"
         busy = f"{r['gpu_busy_ratio'] * 100:.2f} %" if r.get("gpu_busy_ratio") else "-"
         gpu = f"{r['peak_gpu_bytes'] / 2**20:.0f}" if r.get("peak_gpu_bytes") else "-"
-        lines.append(f"| {r['size']} | {r['frames']} | {r['mode']} | {r['wall_s']:.3f} | "
+        mode = r["mode"] + (" (fresh process)" if r.get("fresh_process") else "")
+        lines.append(f"| {r['size']} | {r['frames']} | {mode} | {r['wall_s']:.3f} | "
                      f"{ratio} | {busy} | {gpu} | {r['peak_rss_bytes'] / 2**20:.0f} |")
     return "\n".join(lines)
 
