@@ -11,6 +11,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
+from producer.cli_cost import cost_app
 from producer.errors import FramefleetError
 from producer.spec import (
     DecoderSpec,
@@ -25,6 +26,7 @@ from producer.spec import (
 
 cli = typer.Typer(help="framefleet: a GPU worker fleet for generative-video decoding.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
+cli.add_typer(cost_app, name="cost")
 console = Console(soft_wrap=True)
 err = Console(stderr=True)
 
@@ -169,6 +171,29 @@ def healthcheck(timeout: float = 5.0) -> None:
         err.print(f"no worker on {host} answered (answers: {json.dumps(names)})")
         raise typer.Exit(1)
     console.print("ok")
+
+
+@cli.command()
+def exporter(
+    cloudwatch: Annotated[bool, typer.Option(help="also put QueueDepth to CloudWatch")] = False,
+    interval: Annotated[float, typer.Option(help="seconds between two reads")] = 15.0,
+) -> None:
+    """Fleet-wide Prometheus exporter of the Redis queue depth (one per fleet)."""
+    from producer.settings import get_settings
+    from worker.metrics import run_exporter
+
+    s = get_settings()
+    run_exporter(s.broker_url, s.exporter_port, cloudwatch, interval)
+
+
+@cli.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def flower(ctx: typer.Context) -> None:
+    """Flower dashboard on the fleet's broker (``celery -A producer.app flower``; extra
+    arguments such as ``--port=5555`` are passed on)."""
+    import os
+
+    os.execvp(sys.executable, [sys.executable, "-m", "celery", "-A", "producer.app", "flower",
+                               *ctx.args])
 
 
 def main() -> None:

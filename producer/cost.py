@@ -26,6 +26,7 @@ Override file (JSON with the same shape, or TOML)::
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import math
 import tomllib
@@ -38,7 +39,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from producer.errors import FramefleetError
-from producer.spec import CostReport, JobResult, Prices
+from producer.settings import get_settings
+from producer.spec import CostReport, JobResult, JobSpec, Prices
 
 Capacity = Literal["on-demand", "spot"]
 
@@ -387,6 +389,32 @@ def job_cost(
         video_seconds=video_seconds,
         usd_per_video_minute=per_video_second * 60.0,
         usd_per_1000_video_hours=per_video_second * SECONDS_PER_HOUR * 1000.0,
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def configured_prices() -> Prices:
+    """Prices for this process's FRAMEFLEET_INSTANCE_TYPE / _CAPACITY / _PRICING_FILE.
+
+    Read once per process (``configured_prices.cache_clear()`` after changing settings), so a
+    broken pricing file fails the first job loudly instead of every job silently.
+    """
+    settings = get_settings()
+    catalog = load_catalog(settings.pricing_file)
+    return prices_for(settings.instance_type, settings.capacity, catalog)
+
+
+def cost_for_job(
+    spec: JobSpec, gpu_seconds: float, s3_puts: int, stored_bytes: int, video_seconds: float
+) -> CostReport:
+    """:func:`job_cost` with the configured prices: the runner's ``CostFn``."""
+    return job_cost(
+        tenant=spec.tenant,
+        prices=configured_prices(),
+        gpu_seconds=gpu_seconds,
+        s3_puts=s3_puts,
+        stored_bytes=stored_bytes,
+        video_seconds=video_seconds,
     )
 
 

@@ -109,6 +109,11 @@ class VideoSpec(Frozen):
         "ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower"
     ] = "veryfast"
     segment_frames: int = Field(default=48, ge=1, le=100_000)
+    tune: Literal["zerolatency", "none", "film", "animation"] = Field(
+        default="zerolatency",
+        description="x264 tune; zerolatency keeps no frames buffered, so a job's encode tail "
+        "after its last decoded chunk (GPU time paid for nothing) is a few ms",
+    )
     stitch: bool = Field(default=False, description="also write full.mp4 (all segments)")
 
 

@@ -9,6 +9,7 @@ command -v redis-server >/dev/null || need+=(redis-server)
 command -v promtool >/dev/null || need+=(prometheus)
 command -v chromium >/dev/null || need+=(chromium)
 command -v docker-compose >/dev/null || need+=(docker-compose)
+command -v shellcheck >/dev/null || need+=(shellcheck)
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
 fi

@@ -61,8 +61,12 @@ class SegmentEncoder:
         cc.color_range = LIMITED_RANGE
         if video.codec == "libx264":
             stream.options = {"crf": str(video.crf), "preset": video.preset}
+            if video.tune != "none":
+                stream.options = {**stream.options, "tune": video.tune}
         else:  # h264_nvenc: constant-quality mode is its CRF.
             stream.options = {"cq": str(video.crf), "preset": "p4", "rc": "vbr"}
+            if video.tune == "zerolatency":
+                stream.options = {**stream.options, "tune": "ll"}
         self.stream = stream
 
     def add(self, frame: av.VideoFrame) -> None:

@@ -78,9 +78,11 @@ VIDEO_SECONDS = Counter(
     "Seconds of output video produced (divide cost by it for $ per video-minute).",
     registry=WORKER_REGISTRY,
 )
+# Labelled so that the series is absent, not 0, until a first job (or price) sets it.
 GPU_BUSY = Gauge(
     "framefleet_gpu_busy_ratio",
     "GPU busy ratio of the last job (decode time over the decode window).",
+    ["device"],
     registry=WORKER_REGISTRY,
 )
 GPU_UTILIZATION = Gauge(
@@ -110,6 +112,7 @@ COST = Counter(
 GPU_PRICE = Gauge(
     "framefleet_gpu_cost_usd_per_hour",
     "What this worker's GPU costs per hour held, busy or idle (instance $/h / GPUs).",
+    ["instance_type", "capacity"],
     registry=WORKER_REGISTRY,
 )
 QUEUE_DEPTH = Gauge(
@@ -143,6 +146,7 @@ def metric_names() -> frozenset[str]:
 
 _server_lock = threading.Lock()
 _server: WSGIServer | None = None
+_price_labels: tuple[str, str] | None = None
 
 
 def start_metrics_server(port: int, addr: str = "0.0.0.0") -> int:
@@ -171,7 +175,13 @@ def stop_metrics_server() -> None:
 
 def set_gpu_price(prices: Prices) -> None:
     """Publish what this worker's GPU costs per hour (call at start; jobs refresh it)."""
-    GPU_PRICE.set(prices.instance_usd_per_hour / prices.gpus_per_instance)
+    global _price_labels
+    labels = (prices.instance_type, prices.capacity)
+    with _server_lock:
+        if _price_labels not in (None, labels):
+            GPU_PRICE.clear()  # one series per worker, even after its prices changed
+        _price_labels = labels
+        GPU_PRICE.labels(*labels).set(prices.instance_usd_per_hour / prices.gpus_per_instance)
 
 
 def observe_job(status: str, tenant: str, result: JobResult | None) -> None:
@@ -194,7 +204,7 @@ def observe_job(status: str, tenant: str, result: JobResult | None) -> None:
         OUTPUT_BYTES.inc(sum(segment.bytes for segment in result.segments))
         VIDEO_SECONDS.inc(result.video_seconds)
         if timings.gpu_busy_ratio is not None:
-            GPU_BUSY.set(timings.gpu_busy_ratio)
+            GPU_BUSY.labels(device=result.worker.device).set(timings.gpu_busy_ratio)
     if result.cost is not None:
         COST.labels(tenant=tenant).inc(result.cost.total_usd)
         set_gpu_price(result.cost.prices)
@@ -246,13 +256,14 @@ class NvmlSampler(threading.Thread):
 
     def sample_once(self) -> None:
         """Take one sample now (the thread calls this; tests may too)."""
+        # Whatever goes wrong, a sampler must never take the worker down.
         try:
             self._sample_nvml()
-        except Exception as e:  # a sampler must never take the worker down
+        except Exception as e:  # noqa: BLE001
             self._log_error("NVML", e)
         try:
             self._sample_torch()
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001
             self._log_error("torch", e)
 
     @property
@@ -263,16 +274,19 @@ class NvmlSampler(threading.Thread):
         if self._nvml is not None and self._handles is not None:
             try:
                 self._nvml.nvmlShutdown()
-            except Exception as e:
+            except self._nvml.NVMLError as e:
                 self._log_error("NVML shutdown", e)
         self._handles = None
 
     def _open(self) -> list[tuple[str, str, Any]]:
         try:
-            import pynvml  # type: ignore[import-untyped]
-
+            import pynvml
+        except ImportError as e:  # nvidia-ml-py is in the [worker] extra only
+            log.info("nvidia-ml-py missing, GPU utilization/memory series are off: %s", e)
+            return []
+        try:
             pynvml.nvmlInit()
-        except Exception as e:  # ImportError, NVMLError_LibraryNotFound, NVMLError_DriverNotLoaded
+        except pynvml.NVMLError as e:  # no driver: NVMLError_LibraryNotFound / DriverNotLoaded
             log.info("NVML unavailable, GPU utilization/memory series are off: %s", e)
             return []
         self._nvml = pynvml
@@ -341,6 +355,8 @@ def queue_depth(redis_url: str, queue: str = "video") -> int:
 
 def export_once(client: redis.Redis, queues: Iterable[str], cloudwatch: Any = None) -> None:
     """Set ``framefleet_queue_depth`` per queue; with a CloudWatch client, also put it there."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
     for queue in queues:
         try:
             depth = _depth(client, queue)
@@ -364,7 +380,7 @@ def export_once(client: redis.Redis, queues: Iterable[str], cloudwatch: Any = No
                         }
                     ],
                 )
-            except Exception as e:  # botocore errors: keep serving Prometheus regardless
+            except (BotoCoreError, ClientError) as e:  # keep serving Prometheus regardless
                 log.warning("CloudWatch put_metric_data failed: %s", e)
 
 

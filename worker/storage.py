@@ -163,14 +163,22 @@ class S3Store:
             raise map_s3_error(e, self.uri(key)) from e
 
     def exists(self, key: str) -> bool:
+        """HEAD the key. A 403 counts as absent: without s3:ListBucket (the fleet's role has
+        none, by design) S3 answers 403, not 404, for a missing key."""
+        from botocore.exceptions import ClientError
+
         try:
             self.client.head_object(Bucket=self.bucket, Key=key)
             return True
-        except Exception as e:
+        except ClientError as e:
+            if str(e.response.get("Error", {}).get("Code", "")) in {"403", "AccessDenied"}:
+                return False
             err = map_s3_error(e, self.uri(key))
             if isinstance(err, InputNotFoundError):
                 return False
             raise err from e
+        except Exception as e:
+            raise map_s3_error(e, self.uri(key)) from e
 
 
 def open_uri(uri: str, settings: Settings | None = None) -> tuple[Store, str]:

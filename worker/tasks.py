@@ -18,9 +18,11 @@ from celery.signals import worker_process_init
 
 from producer.app import TASK_NAME, app
 from producer.control import flags_for
-from producer.errors import FatalJobError, JobCancelled, JobConflictError, RetryableError
+from producer.cost import configured_prices, cost_for_job
+from producer.errors import JobCancelled, JobConflictError, RetryableError
 from producer.settings import get_settings
 from producer.spec import JobSpec, Progress, parse_spec
+from worker import metrics
 from worker.runner import DecoderCache, JobContext, default_decoders, run_job
 
 log = logging.getLogger(__name__)
@@ -29,10 +31,19 @@ _decoders: DecoderCache | None = None
 
 @worker_process_init.connect
 def _init_process(**_: Any) -> None:
-    """Runs in the pool child that executes tasks: the first place CUDA may be touched."""
+    """Runs in the pool child that executes tasks: the first place CUDA may be touched.
+
+    The /metrics server and the NVML sampler live here too, in the process that runs jobs
+    (prometheus_client's registry is per process). A broken pricing file fails here, loudly.
+    """
     global _decoders
-    _decoders = default_decoders()
-    log.info("framefleet worker process ready on %s", _decoders.device)
+    settings = get_settings()
+    _decoders = default_decoders(settings)
+    port = metrics.start_metrics_server(settings.metrics_port)
+    metrics.set_gpu_price(configured_prices())
+    if _decoders.device.type == "cuda":
+        metrics.NvmlSampler().start()
+    log.info("framefleet worker process ready on %s (metrics port %s)", _decoders.device, port)
 
 
 def decoders() -> DecoderCache:
@@ -61,14 +72,6 @@ class _Throttle:
         return False
 
 
-def _cost_fn() -> Any:
-    try:
-        from producer.cost import cost_for_job
-    except ImportError:  # the cost model is optional for the pipeline
-        return None
-    return cost_for_job
-
-
 @app.task(bind=True, name=TASK_NAME, acks_late=True, reject_on_worker_lost=True)
 def decode_video(self: Task, payload: Any) -> dict[str, Any]:
     spec: JobSpec = parse_spec(payload)
@@ -88,7 +91,7 @@ def decode_video(self: Task, payload: Any) -> dict[str, Any]:
     def cancelled() -> bool:
         return cancel_every.due() and flags.cancelled(spec.job_id)
 
-    ctx = JobContext(progress=progress, cancelled=cancelled, cost=_cost_fn(),
+    ctx = JobContext(progress=progress, cancelled=cancelled, cost=cost_for_job,
                      node=self.request.hostname, settings=settings)
     try:
         if flags.cancelled(spec.job_id):
@@ -96,15 +99,20 @@ def decode_video(self: Task, payload: Any) -> dict[str, Any]:
         result = run_job(spec, decoders(), ctx)
     except JobCancelled as e:
         log.info("%s", e)
+        metrics.observe_job("cancelled", spec.tenant, None)
         self.update_state(state="REVOKED", meta={"exc_type": "JobCancelled", "exc_message": str(e),
                                                 "exc_module": "producer.errors"})
         raise Ignore() from e
     except RetryableError as e:
         retries = self.request.retries
         if retries >= settings.retry_max:
+            metrics.observe_job("failure", spec.tenant, None)
             raise
+        metrics.observe_job("retry", spec.tenant, None)
         log.warning("job %s: %s; retry %d in %.1f s", spec.job_id, e, retries + 1, backoff(retries))
         raise self.retry(exc=e, countdown=backoff(retries), max_retries=settings.retry_max) from e
-    except FatalJobError:
+    except BaseException:
+        metrics.observe_job("failure", spec.tenant, None)
         raise
+    metrics.observe_job("success", spec.tenant, result)
     return result.model_dump(mode="json")

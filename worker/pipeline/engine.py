@@ -13,6 +13,7 @@ post-process, encode, upload, chunk by chunk on one thread.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -42,10 +43,21 @@ class PipelineReport:
 
 
 def encoder_threads(requested: int | None) -> int:
-    """Segments encoding at once: libx264 threads internally, so a few segments suffice."""
+    """Segments encoding at once. libx264 threads internally, so two segments (k finishing
+    while k+1 fills) keep up with the GPU; more only add encoder buffers to host memory."""
     if requested is not None:
         return requested
-    return max(2, min(4, (os.cpu_count() or 2) // 4))
+    return 2 if (os.cpu_count() or 2) < 64 else 3
+
+
+@functools.cache
+def cuda_streams(device: torch.device) -> tuple[torch.cuda.Stream, torch.cuda.Stream]:
+    """(compute, copy) streams of ``device``, created once per worker process.
+
+    The caching allocator keeps freed blocks per stream: new streams for every job would
+    strand the previous job's cached working set and cudaMalloc a fresh one.
+    """
+    return torch.cuda.Stream(device), torch.cuda.Stream(device)
 
 
 def run_pipeline(
@@ -108,8 +120,7 @@ def _run_async(
     ring = Ring(pipeline.ring_slots, TEMPORAL_RATIO, height, width, device)
     writer = Writer(ring, segmenter, stats, frame_tap)
     writer.start()
-    compute = torch.cuda.Stream(device) if cuda else None
-    copy = torch.cuda.Stream(device) if cuda else None
+    compute, copy = cuda_streams(device) if cuda else (None, None)
     window: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
     if cuda:
         window = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))

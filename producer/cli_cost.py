@@ -1,0 +1,367 @@
+"""``framefleet cost``: cost reports from finished jobs, and the price catalog (typer + rich).
+
+``report`` reads the JobResults that workers left in the Celery result backend (Redis only),
+so it sees what the backend still holds: results expire after ``result_expires_s``.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import datetime as dt
+import itertools
+import json
+import math
+import re
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from producer.cost import (
+    Catalog,
+    FleetRow,
+    PricingError,
+    fleet_summary,
+    load_catalog,
+    prices_for,
+)
+from producer.errors import FramefleetError
+from producer.settings import get_settings
+from producer.spec import JobResult
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+cost_app = typer.Typer(
+    help="Cost-to-serve: reports from finished jobs, and the price catalog.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+err = Console(stderr=True)
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
+
+
+class UnsupportedBackendError(FramefleetError, ValueError):
+    """The result backend is not one ``cost report`` can scan (only Redis is)."""
+
+
+def parse_duration(text: str) -> float | None:
+    """``90s``, ``30m``, ``24h``, ``7d``, ``2w`` → seconds; ``all`` → None (no limit)."""
+    if text.strip().lower() == "all":
+        return None
+    match = _DURATION.match(text.lower())
+    if match is None or float(match.group(1)) <= 0:
+        raise ValueError(f"not a duration: {text!r} (use e.g. 90m, 24h, 7d, or 'all')")
+    return float(match.group(1)) * _UNIT_S[match.group(2)]
+
+
+def _batched(items: Iterable[bytes], size: int) -> Iterator[list[bytes]]:
+    iterator = iter(items)
+    while chunk := list(itertools.islice(iterator, size)):
+        yield chunk
+
+
+def read_results(app: Celery, *, since: float | None = None, batch: int = 500) -> list[JobResult]:
+    """JobResults of SUCCESS tasks in the app's Redis result backend, oldest first.
+
+    Scans the ``celery-task-meta-*`` keys (SCAN, so Redis is never blocked), decodes each with
+    the backend's own serializer and keeps the results that validate as :class:`JobResult`
+    (other tasks' results are skipped) and finished at or after ``since`` (unix time).
+    Raises :class:`UnsupportedBackendError` for any backend other than Redis.
+    """
+    from celery.backends.redis import RedisBackend
+
+    backend = app.backend
+    if not isinstance(backend, RedisBackend):
+        raise UnsupportedBackendError(
+            f"cost report reads finished jobs from a Redis result backend; "
+            f"{type(backend).__name__} is not supported"
+        )
+    prefix = backend.task_keyprefix  # bytes; includes any global_keyprefix
+    client = backend.client
+    results = []
+    for keys in _batched(client.scan_iter(match=prefix + b"*", count=batch), batch):
+        for raw in client.mget(keys):
+            if raw is None:  # expired between SCAN and MGET
+                continue
+            meta = backend.decode(raw)
+            if not isinstance(meta, dict) or meta.get("status") != "SUCCESS":
+                continue
+            try:
+                result = JobResult.model_validate(meta.get("result"))
+            except ValidationError:
+                continue
+            if since is None or result.finished_at >= since:
+                results.append(result)
+    results.sort(key=lambda r: r.finished_at)
+    return results
+
+
+def cost_over_time(
+    results: Iterable[JobResult], *, bucket_s: float, by: Literal["tenant"] | None = "tenant"
+) -> dict[str, list[tuple[float, float]]]:
+    """Direct $ per video-minute per ``bucket_s`` of ``finished_at``, per group, time-sorted.
+
+    Jobs without a cost report are left out.
+    """
+    sums: dict[str, dict[float, list[float]]] = {}
+    for r in results:
+        if r.cost is None:
+            continue
+        group = r.tenant if by == "tenant" else "all"
+        start = math.floor(r.finished_at / bucket_s) * bucket_s
+        acc = sums.setdefault(group, {}).setdefault(start, [0.0, 0.0])
+        acc[0] += r.cost.total_usd
+        acc[1] += r.cost.video_seconds / 60.0
+    return {
+        group: [(t, usd / minutes) for t, (usd, minutes) in sorted(buckets.items()) if minutes]
+        for group, buckets in sorted(sums.items())
+    }
+
+
+def write_plot(results: list[JobResult], path: Path, *, bucket_s: float, by: str | None) -> None:
+    """PNG of $ per video-minute over time, one line per group (matplotlib, Agg backend)."""
+    import matplotlib.dates as mdates
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    # A Figure with an Agg canvas, not pyplot: no global state, no display needed.
+    fig = Figure(figsize=(9, 4.5), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    series = cost_over_time(results, bucket_s=bucket_s, by="tenant" if by == "tenant" else None)
+    for group, points in series.items():
+        stamps = [dt.datetime.fromtimestamp(t, tz=dt.UTC) for t, _ in points]
+        times = mdates.date2num(stamps)  # type: ignore[no-untyped-call]
+        ax.plot(times, [v for _, v in points], marker="o", label=group)
+    ax.xaxis_date(tz=dt.UTC)
+    ax.set_title(f"$ per video-minute (direct), {bucket_s / 60:g}-minute buckets")
+    ax.set_ylabel("USD per video-minute")
+    ax.set_xlabel("finished (UTC)")
+    locator = ax.xaxis.get_major_locator()
+    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))  # type: ignore[no-untyped-call]
+    highest = max((v for points in series.values() for _, v in points), default=0.0)
+    ax.set_ylim(0, highest * 1.15 or 1.0)  # headroom, also when every point is equal
+    ax.grid(True, alpha=0.3)
+    if series:
+        ax.legend(loc="best", fontsize="small")
+    fig.savefig(path, dpi=110)
+
+
+def _row_dict(row: FleetRow) -> dict[str, Any]:
+    return dataclasses.asdict(row)
+
+
+def _report_table(rows: list[FleetRow], total: FleetRow | None, title: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    for name in ("tenant", "jobs", "video min", "GPU-h", "$ direct", "$ util-adj"):
+        table.add_column(name, justify="left" if name == "tenant" else "right")
+    table.add_column("$/video-min", justify="right")
+    table.add_column("$/video-min adj", justify="right")
+    shown = [*rows, total] if total is not None else rows
+    for row in shown:
+        style = "bold" if row is total else None
+        table.add_row(
+            "total" if row is total else row.group,
+            str(row.jobs),
+            f"{row.video_minutes:,.2f}",
+            f"{row.busy_gpu_hours:,.4f}",
+            f"{row.direct_usd:,.4f}",
+            f"{row.adjusted_usd:,.4f}",
+            f"{row.usd_per_video_minute:,.4f}",
+            f"{row.adjusted_usd_per_video_minute:,.4f}",
+            style=style,
+        )
+    return table
+
+
+def _fail(e: Exception) -> None:
+    err.print(f"[red]error:[/red] {e}")
+    raise typer.Exit(1)
+
+
+@cost_app.command("report")
+def report(
+    since: Annotated[str, typer.Option(help="Window: 90m, 24h, 7d, 2w, or 'all'.")] = "24h",
+    by: Annotated[str, typer.Option(help="'tenant', or 'none' for one row.")] = "tenant",
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    as_csv: Annotated[bool, typer.Option("--csv", help="Print CSV instead of a table.")] = False,
+    plot: Annotated[
+        Path | None, typer.Option(help="Also write a PNG of $ per video-minute over time.")
+    ] = None,
+    bucket: Annotated[str, typer.Option(help="Time bucket of the plot, e.g. 15m, 1h.")] = "1h",
+    fleet_gpu_hours: Annotated[
+        float | None,
+        typer.Option(help="GPU-hours the fleet was up in the window (default: inferred)."),
+    ] = None,
+    backend: Annotated[
+        str | None, typer.Option(help="Result backend URL (default: from FRAMEFLEET_*).")
+    ] = None,
+) -> None:
+    """Cost per tenant of the jobs that finished in the window: direct and utilisation-adjusted."""
+    if as_json and as_csv:
+        _fail(ValueError("--json and --csv exclude each other"))
+    if by not in ("tenant", "none"):
+        _fail(ValueError(f"--by must be 'tenant' or 'none', got {by!r}"))
+    group: Literal["tenant"] | None = "tenant" if by == "tenant" else None
+    try:
+        window = parse_duration(since)
+        bucket_s = parse_duration(bucket) or 3600.0
+    except ValueError as e:
+        _fail(e)
+        return
+    from producer.app import make_app
+
+    app = make_app(backend_url=backend)
+    try:
+        start = None if window is None else time.time() - window
+        results = read_results(app, since=start)
+        rows = fleet_summary(results, by=group, fleet_gpu_hours=fleet_gpu_hours)
+        total = fleet_summary(results, by=None, fleet_gpu_hours=fleet_gpu_hours)
+    except (FramefleetError, ValueError) as e:
+        _fail(e)
+        return
+    finally:
+        app.close()
+    total_row = total[0] if total and group == "tenant" else None
+    if plot is not None:
+        write_plot(results, plot, bucket_s=bucket_s, by=group)
+    if as_json:
+        doc = {
+            "since": since,
+            "jobs": len(results),
+            "rows": [_row_dict(r) for r in rows],
+            "total": _row_dict(total[0]) if total else None,
+            "prices": sorted({s for r in results if r.cost for s in r.cost.prices.sources}),
+        }
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        return
+    if as_csv:
+        fields = [f.name for f in dataclasses.fields(FleetRow)]
+        writer = csv.DictWriter(sys.stdout, fieldnames=fields, lineterminator="\n")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow(_row_dict(row))
+        if total_row is not None:
+            writer.writerow({**_row_dict(total_row), "group": "(total)"})
+        return
+    if not results:
+        console.print(f"no finished jobs in the result backend since {since}")
+        return
+    first = rows[0]
+    how = (
+        "inferred: first job start to last job end x distinct workers"
+        if first.fleet_gpu_hours_inferred
+        else "given"
+    )
+    console.print(_report_table(rows, total_row, f"cost of jobs finished in the last {since}"))
+    console.print(
+        f"fleet GPU-hours {first.fleet_gpu_hours:,.4f} ({how}); utilisation {first.utilisation:.1%}"
+    )
+    combos = sorted(
+        {
+            (
+                r.cost.prices.instance_type,
+                r.cost.prices.capacity,
+                r.cost.prices.instance_usd_per_hour,
+            )
+            for r in results
+            if r.cost
+        }
+    )
+    for instance_type, capacity, usd in combos:
+        console.print(f"prices: {instance_type} {capacity} ${usd:g}/h")
+    if plot is not None:
+        console.print(f"plot written to {plot}")
+
+
+def _catalog(pricing_file: Path | None) -> Catalog:
+    path = pricing_file if pricing_file is not None else get_settings().pricing_file
+    return load_catalog(path)
+
+
+@cost_app.command("prices")
+def prices(
+    instance_type: Annotated[
+        str | None, typer.Option(help="Show the prices one worker on this type pays.")
+    ] = None,
+    capacity: Annotated[str, typer.Option(help="'on-demand' or 'spot'.")] = "on-demand",
+    pricing_file: Annotated[
+        Path | None, typer.Option(help="JSON/TOML override (default: FRAMEFLEET_PRICING_FILE).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """The price catalog with its sources, or the prices of one instance type."""
+    if capacity not in ("on-demand", "spot"):
+        _fail(ValueError(f"--capacity must be 'on-demand' or 'spot', got {capacity!r}"))
+    cap: Literal["on-demand", "spot"] = "spot" if capacity == "spot" else "on-demand"
+    try:
+        catalog = _catalog(pricing_file)
+        if instance_type is not None:
+            chosen = prices_for(instance_type, cap, catalog)
+    except (PricingError, ValueError) as e:
+        _fail(e)
+        return
+    if instance_type is not None:
+        if as_json:
+            sys.stdout.write(chosen.model_dump_json(indent=2) + "\n")
+            return
+        console.print(
+            f"{chosen.instance_type} ({chosen.region}, {chosen.capacity}): "
+            f"${chosen.instance_usd_per_hour:g}/h for {chosen.gpus_per_instance} GPU(s) = "
+            f"${chosen.instance_usd_per_hour / chosen.gpus_per_instance:.5g} per GPU-hour"
+        )
+        console.print(
+            f"S3: ${chosen.s3_put_usd_per_1000:g} per 1000 PUT, "
+            f"${chosen.s3_storage_usd_per_gb_month:g} per GB-month"
+        )
+        for source in chosen.sources:
+            console.print(f"  source: {source}", highlight=False)
+        return
+    entries = sorted(catalog.instances.values(), key=lambda e: (e.on_demand_usd_per_hour, e.gpus))
+    if as_json:
+        doc = {
+            "instances": [dataclasses.asdict(e) for e in entries],
+            "s3": dataclasses.asdict(catalog.s3),
+            "spot_discount": catalog.spot_discount,
+        }
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        return
+    table = Table(title=f"instance prices ({cap})", title_justify="left")
+    for name in ("type", "region", "GPUs", "$/h", "$/GPU-h", "source"):
+        table.add_column(name, justify="right" if name.startswith(("$", "GPU")) else "left")
+    notes: list[str] = []  # long source strings go below the table, numbered
+    for entry in entries:
+        try:
+            usd = prices_for(entry.instance_type, cap, catalog).instance_usd_per_hour
+            cells = (f"{usd:g}", f"{usd / entry.gpus:.5g}")
+        except PricingError:  # spot without a configured price
+            cells = ("-", "-")
+        spot = cap == "spot" and entry.spot_source is not None
+        source = entry.spot_source if spot and entry.spot_source else entry.source
+        date = entry.spot_as_of if spot and entry.spot_as_of else entry.as_of
+        if source not in notes:
+            notes.append(source)
+        note = f"[{notes.index(source) + 1}] {date}"
+        table.add_row(entry.instance_type, entry.region, str(entry.gpus), *cells, note)
+    console.print(table)
+    for number, source in enumerate(notes, 1):
+        console.print(f"[{number}] {source}", highlight=False, markup=False)
+    s3 = catalog.s3
+    console.print(
+        f"S3 Standard {s3.region}: ${s3.put_usd_per_1000:g} per 1000 PUT, "
+        f"${s3.storage_usd_per_gb_month:g} per GB-month ({s3.source}, {s3.as_of})",
+        highlight=False,
+    )
+    if cap == "spot" and catalog.spot_discount is None:
+        console.print("spot prices without an entry: set them in the pricing file (see cost.py)")

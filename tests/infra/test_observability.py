@@ -1,0 +1,303 @@
+"""Prometheus config and rules (promtool), a real Prometheus scraping a worker, the dashboard."""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from producer.cost import default_catalog, job_cost, prices_for
+from producer.spec import JobResult, SegmentInfo, StageTimings, WorkerInfo
+from tests.require import require_binary
+from tests.services import REPO_ROOT, _Process, free_ports
+from worker import metrics
+
+PROMETHEUS_DIR = REPO_ROOT / "infra" / "prometheus"
+DASHBOARD = REPO_ROOT / "infra" / "grafana" / "framefleet.json"
+INSTALL = "the prometheus package (apt-get install prometheus)"
+METRIC = re.compile(r"\bframefleet_[a-z0-9_]+")
+RECORDED = re.compile(r"\bframefleet:[a-z0-9_:]+")
+
+
+def promtool(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    binary = require_binary("promtool", INSTALL)
+    return subprocess.run(
+        [binary, *map(str, args)], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def dashboard_exprs() -> list[str]:
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    return [target["expr"] for panel in panels for target in panel["targets"]]
+
+
+def rule_exprs() -> tuple[list[str], set[str]]:
+    """Every rule expression of alerts.yml, and the names it records."""
+    groups = yaml.safe_load((PROMETHEUS_DIR / "alerts.yml").read_text())["groups"]
+    rules = [rule for group in groups for rule in group["rules"]]
+    return [rule["expr"] for rule in rules], {rule["record"] for rule in rules if "record" in rule}
+
+
+# --- promtool ---------------------------------------------------------------------------------
+
+
+def test_prometheus_config_is_valid() -> None:
+    checked = promtool("check", "config", PROMETHEUS_DIR / "prometheus.yml")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_alert_rules_are_valid() -> None:
+    checked = promtool("check", "rules", PROMETHEUS_DIR / "alerts.yml")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def _alert(name: str, at: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"eval_time": at, "alertname": name, "exp_alerts": [{"exp_labels": labels or {}}]}
+
+
+def test_alerts_fire_on_the_situations_they_describe(tmp_path: Path) -> None:
+    # Given synthetic series, one minute apart, for each situation an alert describes.
+    worker = {"job": "framefleet-worker", "instance": "worker-gpu0:9400"}
+    series = [
+        # backlog growing by 10 jobs a minute
+        {"series": 'framefleet_queue_depth{queue="video"}', "values": "0+10x60"},
+        # GPU 0 idle all along, GPU 1 busy
+        {"series": 'framefleet_gpu_utilization_ratio{instance="w0",gpu="0"}', "values": "0x60"},
+        {"series": 'framefleet_gpu_utilization_ratio{instance="w1",gpu="1"}', "values": "0.9x60"},
+        # 2 failures for every 10 successes: 1/6 of outcomes fail
+        {"series": 'framefleet_jobs_total{status="failure",tenant="t"}', "values": "0+2x60"},
+        {"series": 'framefleet_jobs_total{status="success",tenant="t"}', "values": "0+10x60"},
+        {"series": 'up{job="framefleet-worker",instance="worker-gpu0:9400"}', "values": "0x60"},
+        {"series": 'up{job="framefleet-exporter",instance="exporter:9410"}', "values": "1x60"},
+        # 16 GPUs (two g7e.48xlarge) at $4.143/h each: $66.29/h, above the $50/h budget
+        *[
+            {"series": f'framefleet_gpu_cost_usd_per_hour{{instance="w{i}"}}', "values": "4.143x60"}
+            for i in range(16)
+        ],
+    ]
+    # promtool compares annotations too; the wording is not under test here, the logic is.
+    groups = yaml.safe_load((PROMETHEUS_DIR / "alerts.yml").read_text())
+    for rule in (r for g in groups["groups"] for r in g["rules"]):
+        rule.pop("annotations", None)
+    rules = tmp_path / "alerts.yml"
+    rules.write_text(yaml.safe_dump(groups))
+    tests = {
+        "rule_files": [str(rules)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": series,
+                "alert_rule_test": [
+                    _alert("FramefleetQueueBacklogGrowing", "40m"),
+                    _alert("FramefleetGpuIdleWhileBacklog", "40m", {"instance": "w0", "gpu": "0"}),
+                    _alert("FramefleetJobFailureRatioHigh", "40m"),
+                    _alert("FramefleetWorkerDown", "10m", worker),
+                    _alert("FramefleetCostBurnAboveBudget", "45m"),
+                    {"eval_time": "45m", "alertname": "FramefleetExporterDown", "exp_alerts": []},
+                    {"eval_time": "4m", "alertname": "FramefleetWorkerDown", "exp_alerts": []},
+                ],
+            }
+        ],
+    }
+    for case in tests["tests"][0]["alert_rule_test"]:  # type: ignore[index]
+        for alert in case["exp_alerts"]:
+            alert["exp_labels"].setdefault("severity", _severity(case["alertname"]))
+    path = tmp_path / "alerts_test.yml"
+    path.write_text(yaml.safe_dump(tests))
+    tested = promtool("test", "rules", path)
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+
+
+def _severity(alertname: str) -> str:
+    groups = yaml.safe_load((PROMETHEUS_DIR / "alerts.yml").read_text())["groups"]
+    for rule in (r for g in groups for r in g["rules"]):
+        if rule.get("alert") == alertname:
+            return str(rule["labels"]["severity"])
+    raise KeyError(alertname)
+
+
+# --- dashboard --------------------------------------------------------------------------------
+
+
+def test_grafana_dashboard_structure() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    assert isinstance(dashboard["schemaVersion"], int) and dashboard["schemaVersion"] >= 36
+    assert dashboard["uid"] and dashboard["title"]
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    panels = dashboard["panels"]
+    ids = [panel["id"] for panel in panels]
+    assert len(ids) == len(set(ids)), "panel ids must be unique"
+    titles = " ".join(panel["title"].lower() for panel in panels)
+    for topic in ("throughput", "stage latency", "gpu busy", "queue depth", "$ per video-minute"):
+        assert topic in titles
+    for panel in panels:
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        grid = panel["gridPos"]
+        assert all(isinstance(grid[k], int) for k in ("x", "y", "w", "h"))
+        assert grid["w"] > 0 and grid["h"] > 0 and grid["x"] + grid["w"] <= 24
+        assert panel["targets"], panel["title"]
+        ref_ids = [target["refId"] for target in panel["targets"]]
+        assert len(ref_ids) == len(set(ref_ids))
+        for target in panel["targets"]:
+            assert target["expr"].strip()
+            assert target["datasource"]["uid"] == "${datasource}"
+
+
+def test_dashboard_and_rules_use_only_metrics_the_worker_defines() -> None:
+    defined = metrics.metric_names()
+    exprs, recorded = rule_exprs()
+    for expr in [*dashboard_exprs(), *exprs]:
+        for name in METRIC.findall(expr):
+            assert name in defined, f"{name} (in {expr!r}) is not defined in worker/metrics.py"
+        for name in RECORDED.findall(expr):
+            assert name in recorded, f"{name} (in {expr!r}) is not recorded in alerts.yml"
+
+
+# --- a real Prometheus ------------------------------------------------------------------------
+
+
+class PrometheusServer(_Process):
+    """A throwaway ``prometheus`` on a loopback port, its TSDB in a temp folder."""
+
+    def __init__(self, binary: str, workdir: Path, port: int, config: dict[str, Any]) -> None:
+        super().__init__("prometheus", workdir / "prometheus.log")
+        self.binary, self.workdir, self.port = binary, workdir, port
+        self.config_path = workdir / "prometheus.yml"
+        self.config_path.write_text(yaml.safe_dump(config))
+
+    def get(self, path: str, **params: str) -> Any:
+        query = f"?{urllib.parse.urlencode(params)}" if params else ""
+        url = f"http://127.0.0.1:{self.port}{path}{query}"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return json.loads(response.read()) if path.startswith("/api/") else response.read()
+
+    def _ready(self) -> bool:
+        try:
+            self.get("/-/ready")
+            return True
+        except OSError:
+            return False
+
+    def start(self, timeout: float = 60.0) -> float:
+        argv = [
+            self.binary,
+            f"--config.file={self.config_path}",
+            f"--storage.tsdb.path={self.workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+            "--log.level=warn",
+        ]
+        self._spawn(argv, {"PATH": "/usr/bin:/bin"}, self.workdir)
+        return self._wait_until(self._ready, timeout, "/-/ready")
+
+    def wait_for(self, what: str, check: Any, timeout: float = 30.0) -> Any:
+        """Poll ``check()`` until it returns something truthy; bounded by ``timeout``."""
+        found = None
+
+        def ready() -> bool:
+            nonlocal found
+            found = check()
+            return bool(found)
+
+        self._wait_until(ready, timeout, what, interval=0.25)
+        return found
+
+
+def _result(job_id: str, tenant: str) -> JobResult:
+    prices = prices_for("g7e.2xlarge", "on-demand", default_catalog())
+    cost = job_cost(
+        tenant=tenant, prices=prices, gpu_seconds=8, s3_puts=2, stored_bytes=10**6, video_seconds=5
+    )
+    segment = SegmentInfo(
+        index=0, uri="s3://b/k.mp4", first_frame=0, frames=80, bytes=10**6, sha256="0" * 64,
+        seconds=5.0,
+    )  # fmt: skip
+    return JobResult(
+        job_id=job_id,
+        tenant=tenant,
+        spec_digest="0" * 64,
+        segments=(segment,),
+        manifest_uri="s3://b/manifest.json",
+        frames=80,
+        video_seconds=5.0,
+        width=832,
+        height=480,
+        fps=16.0,
+        timings=StageTimings(load_s=0.1, decode_s=6.0, encode_s=1.0, wall_s=8.0),
+        worker=WorkerInfo(hostname="h", node="gpu0@h", pid=1, device="cuda:0"),
+        cost=cost,
+        finished_at=time.time(),
+    )
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path) -> Iterator[tuple[PrometheusServer, int]]:
+    """A real Prometheus scraping a worker metrics server of this test process, every second."""
+    binary = require_binary("prometheus", INSTALL)
+    prom_port, metrics_port = free_ports(2)
+    port = metrics.start_metrics_server(metrics_port, addr="127.0.0.1")
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(PROMETHEUS_DIR / "alerts.yml")],
+        "scrape_configs": [
+            {
+                "job_name": "framefleet-worker",
+                "static_configs": [{"targets": [f"127.0.0.1:{port}"]}],
+            }
+        ],
+    }
+    server = PrometheusServer(binary, tmp_path, prom_port, config)
+    try:
+        server.start()
+        yield server, port
+    finally:
+        server.stop()
+        metrics.stop_metrics_server()
+
+
+def test_real_prometheus_scrapes_worker_metrics(
+    prometheus: tuple[PrometheusServer, int],
+) -> None:
+    server, _ = prometheus
+    tenant = f"t{secrets.token_hex(4)}"
+    # When a worker reports two successful jobs and a failure.
+    metrics.observe_job("success", tenant, _result("j1", tenant))
+    metrics.observe_job("success", tenant, _result("j2", tenant))
+    metrics.observe_job("failure", tenant, None)
+
+    def jobs() -> dict[str, float]:
+        query = f'framefleet_jobs_total{{tenant="{tenant}"}}'
+        data = server.get("/api/v1/query", query=query)["data"]["result"]
+        return {r["metric"]["status"]: float(r["value"][1]) for r in data}
+
+    # Then Prometheus scraped them: the counters hold the values the worker counted.
+    counted = server.wait_for("the observed jobs in a scrape", lambda: len(jobs()) == 2 and jobs())
+    assert counted == {"success": 2.0, "failure": 1.0}
+    up = server.get("/api/v1/query", query='up{job="framefleet-worker"}')["data"]["result"]
+    assert [float(r["value"][1]) for r in up] == [1.0]
+
+    # And the shipped rules load and evaluate without errors against real series.
+    def rules_ok() -> list[dict[str, Any]] | None:
+        groups = server.get("/api/v1/rules")["data"]["groups"]
+        rules = [rule for group in groups for rule in group["rules"]]
+        return rules if rules and all(r["health"] == "ok" for r in rules) else None
+
+    rules = server.wait_for("every rule evaluated with health ok", rules_ok)
+    assert {"FramefleetWorkerDown", "FramefleetCostBurnAboveBudget"} <= {r["name"] for r in rules}
+
+    # And every dashboard query is valid PromQL for this server.
+    for expr in dashboard_exprs():
+        answer = server.get("/api/v1/query", query=expr.replace("$__rate_interval", "1m"))
+        assert answer["status"] == "success", expr

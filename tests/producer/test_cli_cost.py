@@ -1,0 +1,205 @@
+"""``framefleet cost``: results read back from a real Redis backend, as Celery stores them."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from celery import Celery
+from typer.testing import CliRunner
+
+from producer.app import make_app
+from producer.cli_cost import UnsupportedBackendError, cost_app, parse_duration, read_results
+from producer.cost import default_catalog, fleet_summary, job_cost, prices_for
+from producer.spec import JobResult, SegmentInfo, StageTimings, WorkerInfo
+from tests.require import require_binary
+from tests.services import RedisServer
+
+runner = CliRunner()
+HOUR = 3600.0
+
+
+@pytest.fixture(scope="module")
+def backend_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A throwaway Redis of its own: reports read every result in the database."""
+    binary = require_binary(
+        "redis-server", "the redis-server package (apt-get install redis-server)"
+    )
+    server = RedisServer(binary, tmp_path_factory.mktemp("redis-cost"))
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def app(backend_url: str) -> Iterator[Celery]:
+    app = make_app(broker_url=backend_url, backend_url=backend_url)
+    app.backend.client.flushdb()
+    try:
+        yield app
+    finally:
+        app.close()
+
+
+def make_result(job_id: str, tenant: str, node: str, age_s: float, wall_s: float) -> JobResult:
+    prices = prices_for("g7e.2xlarge", "on-demand", default_catalog())
+    video_s = wall_s / 2
+    cost = job_cost(
+        tenant=tenant,
+        prices=prices,
+        gpu_seconds=wall_s,
+        s3_puts=2,
+        stored_bytes=2_000_000,
+        video_seconds=video_s,
+    )
+    segment = SegmentInfo(
+        index=0,
+        uri=f"s3://b/o/{tenant}/{job_id}/segment-00000.mp4",
+        first_frame=0,
+        frames=int(video_s * 16),
+        bytes=2_000_000,
+        sha256="0" * 64,
+        seconds=video_s,
+    )
+    return JobResult(
+        job_id=job_id,
+        tenant=tenant,
+        spec_digest="0" * 64,
+        segments=(segment,),
+        manifest_uri=f"s3://b/o/{tenant}/{job_id}/manifest.json",
+        frames=int(video_s * 16),
+        video_seconds=video_s,
+        width=832,
+        height=480,
+        fps=16.0,
+        timings=StageTimings(wall_s=wall_s, decode_s=wall_s * 0.9),
+        worker=WorkerInfo(hostname="h", node=node, pid=1, device="cuda:0"),
+        cost=cost,
+        finished_at=time.time() - age_s,
+    )
+
+
+def store(app: Celery, results: list[JobResult]) -> None:
+    """Store results exactly the way a Celery worker does, plus tasks that are not ours."""
+    for result in results:
+        app.backend.store_result(str(uuid.uuid4()), result.model_dump(mode="json"), "SUCCESS")
+    app.backend.store_result(str(uuid.uuid4()), {"unrelated": 1}, "SUCCESS")
+    app.backend.store_result(str(uuid.uuid4()), ValueError("boom"), "FAILURE")
+    app.backend.store_result(
+        str(uuid.uuid4()), {"frames_done": 1, "frames_total": 2, "segments_done": 0}, "PROGRESS"
+    )
+
+
+@pytest.fixture
+def stored(app: Celery) -> list[JobResult]:
+    results = [
+        make_result("a1", "acme", "gpu0@h", age_s=2 * HOUR, wall_s=120),
+        make_result("a2", "acme", "gpu1@h", age_s=1 * HOUR, wall_s=60),
+        make_result("b1", "beta", "gpu0@h", age_s=0.5 * HOUR, wall_s=240),
+        make_result("old", "acme", "gpu0@h", age_s=72 * HOUR, wall_s=30),  # outside 24h
+    ]
+    store(app, results)
+    return results
+
+
+def test_parse_duration() -> None:
+    assert parse_duration("90m") == 5400
+    assert parse_duration("24h") == 86_400
+    assert parse_duration("1.5d") == 129_600
+    assert parse_duration("all") is None
+    with pytest.raises(ValueError, match="not a duration"):
+        parse_duration("yesterday")
+
+
+def test_read_results_keeps_successful_job_results_in_the_window(
+    app: Celery, stored: list[JobResult]
+) -> None:
+    everything = read_results(app)
+    assert [r.job_id for r in everything] == ["old", "a1", "a2", "b1"]  # oldest first
+    assert everything[1] == stored[0]  # round trip through Celery's JSON is exact
+    recent = read_results(app, since=time.time() - 24 * HOUR)
+    assert [r.job_id for r in recent] == ["a1", "a2", "b1"]
+
+
+def test_read_results_refuses_a_backend_it_cannot_scan() -> None:
+    app = make_app(broker_url="memory://", backend_url="cache+memory://")
+    try:
+        with pytest.raises(UnsupportedBackendError, match="Redis result backend"):
+            read_results(app)
+    finally:
+        app.close()
+
+
+def test_report_json_matches_the_fleet_summary(backend_url: str, stored: list[JobResult]) -> None:
+    result = runner.invoke(cost_app, ["report", "--backend", backend_url, "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    expected = fleet_summary(stored[:3], by="tenant", fleet_gpu_hours=None)
+    assert doc["jobs"] == 3
+    assert [r["group"] for r in doc["rows"]] == ["acme", "beta"]
+    for got, want in zip(doc["rows"], expected, strict=True):
+        assert got["jobs"] == want.jobs
+        assert got["direct_usd"] == pytest.approx(want.direct_usd, rel=1e-12)
+        # The window is inferred from the stored times: same jobs, same fleet GPU-hours.
+        assert got["adjusted_usd"] == pytest.approx(want.adjusted_usd, rel=1e-9)
+    acme = doc["rows"][0]
+    # Hand check: acme held 180 GPU-s at $3.36/h and produced 90 s of video.
+    assert acme["direct_gpu_usd"] == pytest.approx(180 * 3.36 / 3600, rel=1e-12)
+    assert acme["video_minutes"] == pytest.approx(1.5)
+    assert doc["total"]["jobs"] == 3
+    assert any("g7e.2xlarge" in s for s in doc["prices"])
+
+
+def test_report_table_csv_and_plot(
+    backend_url: str, stored: list[JobResult], tmp_path: Path
+) -> None:
+    table = runner.invoke(cost_app, ["report", "--backend", backend_url, "--since", "7d"])
+    assert table.exit_code == 0, table.output
+    for text in ("acme", "beta", "total", "utilisation", "g7e.2xlarge on-demand"):
+        assert text in table.stdout
+    plot = tmp_path / "cost.png"
+    out = runner.invoke(
+        cost_app,
+        ["report", "--backend", backend_url, "--csv", "--plot", str(plot), "--bucket", "30m"],
+    )
+    assert out.exit_code == 0, out.output
+    rows = list(csv.DictReader(io.StringIO(out.stdout)))
+    assert [r["group"] for r in rows] == ["acme", "beta", "(total)"]
+    assert int(rows[2]["jobs"]) == 3
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 5000
+
+
+def test_report_on_an_empty_backend_and_bad_options(app: Celery, backend_url: str) -> None:
+    empty = runner.invoke(cost_app, ["report", "--backend", backend_url])
+    assert empty.exit_code == 0 and "no finished jobs" in empty.stdout
+    both = runner.invoke(cost_app, ["report", "--backend", backend_url, "--json", "--csv"])
+    assert both.exit_code == 1 and "exclude each other" in both.output
+    since = runner.invoke(cost_app, ["report", "--backend", backend_url, "--since", "soon"])
+    assert since.exit_code == 1 and "not a duration" in since.output
+    memory = runner.invoke(cost_app, ["report", "--backend", "cache+memory://"])
+    assert memory.exit_code == 1 and "not supported" in memory.output
+
+
+def test_prices_lists_the_catalog_and_one_type(tmp_path: Path) -> None:
+    listing = runner.invoke(cost_app, ["prices"])
+    assert listing.exit_code == 0, listing.output
+    for size in ("2xlarge", "4xlarge", "8xlarge", "12xlarge", "24xlarge", "48xlarge"):
+        assert f"g7e.{size}" in listing.stdout
+    assert "2026-05-19" in listing.stdout
+    override = tmp_path / "prices.toml"
+    override.write_text('[instances."g7e.2xlarge"]\nspot_usd_per_hour = 1.5\nsource = "quote"\n')
+    args = ["--instance-type", "g7e.2xlarge", "--capacity", "spot", "--json"]
+    one = runner.invoke(cost_app, ["prices", *args, "--pricing-file", str(override)])
+    assert one.exit_code == 0, one.output
+    prices = json.loads(one.stdout)
+    assert prices["instance_usd_per_hour"] == 1.5 and prices["capacity"] == "spot"
+    unknown = runner.invoke(cost_app, ["prices", "--instance-type", "m9.mega"])
+    assert unknown.exit_code == 1 and "'m9.mega'" in unknown.output
