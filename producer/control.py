@@ -25,6 +25,8 @@ class _Flags(Protocol):
     def set_cancel(self, job_id: str) -> None: ...
     def cancelled(self, job_id: str) -> bool: ...
     def clear_cancel(self, job_id: str) -> None: ...
+    def set_preempted(self, node: str) -> None: ...
+    def preempted(self, node: str) -> bool: ...
 
 
 class RedisFlags:
@@ -50,12 +52,19 @@ class RedisFlags:
     def clear_cancel(self, job_id: str) -> None:
         self.r.delete(f"framefleet:cancel:{job_id}")
 
+    def set_preempted(self, node: str) -> None:
+        self.r.set(f"framefleet:preempted:{node}", "1", ex=CANCEL_TTL_S)
+
+    def preempted(self, node: str) -> bool:
+        return bool(self.r.exists(f"framefleet:preempted:{node}"))
+
 
 class FileFlags:
     def __init__(self, root: Path) -> None:
         self.root = root
         (root / "spec").mkdir(parents=True, exist_ok=True)
         (root / "cancel").mkdir(parents=True, exist_ok=True)
+        (root / "preempted").mkdir(parents=True, exist_ok=True)
 
     def claim(self, job_id: str, digest: str) -> str | None:
         path = self.root / "spec" / job_id
@@ -78,6 +87,12 @@ class FileFlags:
 
     def clear_cancel(self, job_id: str) -> None:
         (self.root / "cancel" / job_id).unlink(missing_ok=True)
+
+    def set_preempted(self, node: str) -> None:
+        (self.root / "preempted" / node).touch()
+
+    def preempted(self, node: str) -> bool:
+        return (self.root / "preempted" / node).exists()
 
 
 def flags_for(app: Celery) -> _Flags:

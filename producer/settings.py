@@ -68,6 +68,9 @@ class Settings(BaseSettings):
     imds_url: str = Field(
         default="http://169.254.169.254", description="EC2 instance metadata (spot notices)"
     )
+    spot_watch: bool = Field(
+        default=False, description="poll IMDSv2 for spot interruption notices (set on EC2 spot)"
+    )
     spot_poll_s: float = Field(default=5.0, gt=0, le=60, description="spot notice poll period")
     cancel_poll_s: float = Field(
         default=0.25, ge=0, le=10, description="least time between two cancel-flag reads"

@@ -97,6 +97,8 @@ def worker_env(redis_url: str, s3: S3Server) -> dict[str, str]:
         "FRAMEFLEET_S3_REGION": s3.region,
         "AWS_ACCESS_KEY_ID": s3.access_key,
         "AWS_SECRET_ACCESS_KEY": s3.secret_key,
+        # Several workers share this host: no fixed /metrics port (tests that scrape set one).
+        "FRAMEFLEET_METRICS_PORT": "0",
     }
 
 

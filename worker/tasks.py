@@ -4,6 +4,8 @@
 - Retryable errors (S3 5xx/throttling, connection loss, CUDA OOM) → retry with exponential
   back-off up to ``FRAMEFLEET_RETRY_MAX``, then FAILURE.
 - Cancellation → REVOKED, no manifest; the worker goes on to the next job.
+- Spot interruption notice → the worker stops consuming, its running job stops between chunks
+  and goes back to the queue (a Celery retry with no delay) for another worker.
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ from typing import Any
 
 from celery import Task
 from celery.exceptions import Ignore
-from celery.signals import worker_process_init
+from celery.signals import worker_process_init, worker_ready, worker_shutdown
 
-from producer.app import TASK_NAME, app
+from producer.app import QUEUE, TASK_NAME, app
 from producer.control import flags_for
 from producer.cost import configured_prices, cost_for_job
 from producer.errors import JobCancelled, JobConflictError, RetryableError
@@ -24,6 +26,7 @@ from producer.settings import get_settings
 from producer.spec import JobSpec, Progress, parse_spec
 from worker import metrics
 from worker.runner import DecoderCache, JobContext, default_decoders, run_job
+from worker.spot import SpotWatcher
 
 log = logging.getLogger(__name__)
 _decoders: DecoderCache | None = None
@@ -39,11 +42,43 @@ def _init_process(**_: Any) -> None:
     global _decoders
     settings = get_settings()
     _decoders = default_decoders(settings)
-    port = metrics.start_metrics_server(settings.metrics_port)
+    try:
+        port = metrics.start_metrics_server(settings.metrics_port)
+    except OSError as e:  # a taken port must not keep a GPU from working
+        log.error("metrics server on port %s not started: %s", settings.metrics_port, e)
+        port = 0
     metrics.set_gpu_price(configured_prices())
     if _decoders.device.type == "cuda":
         metrics.NvmlSampler().start()
     log.info("framefleet worker process ready on %s (metrics port %s)", _decoders.device, port)
+
+
+_watcher: SpotWatcher | None = None
+
+
+@worker_ready.connect
+def _start_spot_watcher(sender: Any = None, **_: Any) -> None:
+    """In the worker's main process: on a spot notice, stop consuming and flag the node so
+    its running job (in the pool child) stops between chunks and is requeued."""
+    global _watcher
+    settings = get_settings()
+    if not settings.spot_watch or sender is None:
+        return
+    node = sender.hostname
+
+    def on_notice(notice: dict[str, Any]) -> None:
+        app.control.cancel_consumer(QUEUE, destination=[node])
+        flags_for(app).set_preempted(node)
+        log.warning("%s: spot notice %s: stopped consuming, handing back its job", node, notice)
+
+    _watcher = SpotWatcher(settings.imds_url, settings.spot_poll_s, on_notice)
+    _watcher.start()
+
+
+@worker_shutdown.connect
+def _stop_spot_watcher(**_: Any) -> None:
+    if _watcher is not None:
+        _watcher.stop()
 
 
 def decoders() -> DecoderCache:
@@ -88,8 +123,15 @@ def decode_video(self: Task, payload: Any) -> dict[str, Any]:
         if progress_every.due(final=p.frames_done == p.frames_total):
             self.update_state(state="PROGRESS", meta=p.model_dump())
 
+    node = str(self.request.hostname)
+    preempted = False
+
     def cancelled() -> bool:
-        return cancel_every.due() and flags.cancelled(spec.job_id)
+        nonlocal preempted
+        if not cancel_every.due():
+            return False
+        preempted = flags.preempted(node)
+        return preempted or flags.cancelled(spec.job_id)
 
     ctx = JobContext(progress=progress, cancelled=cancelled, cost=cost_for_job,
                      node=self.request.hostname, settings=settings)
@@ -98,6 +140,12 @@ def decode_video(self: Task, payload: Any) -> dict[str, Any]:
             raise JobCancelled(f"job {spec.job_id} was cancelled before it started")
         result = run_job(spec, decoders(), ctx)
     except JobCancelled as e:
+        if preempted:
+            # Back to the queue at once for another worker (this one no longer consumes);
+            # a requeue is not a failure, so it does not count against retry_max.
+            log.warning("job %s handed back: node %s is being reclaimed", spec.job_id, node)
+            metrics.observe_job("retry", spec.tenant, None)
+            raise self.retry(exc=e, countdown=0, max_retries=self.request.retries + 1) from e
         log.info("%s", e)
         metrics.observe_job("cancelled", spec.tenant, None)
         self.update_state(state="REVOKED", meta={"exc_type": "JobCancelled", "exc_message": str(e),
