@@ -81,8 +81,10 @@ def make_app(
         task_queues=[Queue(QUEUE, routing_key=QUEUE)],
         task_routes={TASK_NAME: {"queue": QUEUE}},
         task_default_priority=4,
-        # The worker side registers its tasks from here; the producer never imports it.
+        # The worker side registers its tasks and consumer from here; the producer never
+        # imports them.
         imports=["worker.tasks"],
+        worker_consumer="worker.consumer:FramefleetConsumer",
         worker_hijack_root_logger=False,
     )
     return app

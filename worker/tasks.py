@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import Any
@@ -21,7 +22,7 @@ from celery.signals import worker_process_init, worker_ready, worker_shutdown
 from producer.app import QUEUE, TASK_NAME, app
 from producer.control import flags_for
 from producer.cost import configured_prices, cost_for_job
-from producer.errors import JobCancelled, JobConflictError, RetryableError
+from producer.errors import InvalidJobError, JobCancelled, JobConflictError, RetryableError
 from producer.settings import get_settings
 from producer.spec import JobSpec, Progress, parse_spec
 from worker import metrics
@@ -109,6 +110,10 @@ class _Throttle:
 
 @app.task(bind=True, name=TASK_NAME, acks_late=True, reject_on_worker_lost=True)
 def decode_video(self: Task, payload: Any) -> dict[str, Any]:
+    limit = get_settings().max_message_bytes
+    size = len(json.dumps(payload))
+    if size > limit:
+        raise InvalidJobError(f"job message is {size} bytes, over the {limit} byte limit")
     spec: JobSpec = parse_spec(payload)
     flags = flags_for(app)
     digest = spec.digest()

@@ -1,0 +1,146 @@
+"""Bad input of every kind: FAILURE at once with a message naming the field or file, no retry,
+nothing written, and the worker completes the next good job."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import pickle
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+
+from producer.app import TASK_NAME
+from producer.client import Client, JobHandle
+from producer.errors import JobConflictError, JobFailed
+from tests.e2e.helpers import pattern_spec, put_latents, verify_output
+
+pytestmark = pytest.mark.e2e
+
+
+def _npy(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array)
+    return buf.getvalue()
+
+
+# name → (object key, bytes, expected words in the error)
+FILES: dict[str, tuple[str, bytes, str]] = {
+    "nan": ("nan.npy", _npy(np.full((16, 2, 4, 4), np.nan, np.float32)), "NaN or Inf"),
+    "inf": ("inf.npy", _npy(np.full((16, 2, 4, 4), -np.inf, np.float32)), "NaN or Inf"),
+    "rank": ("rank.npy", _npy(np.zeros((16, 4, 4), np.float32)), "rank 4"),
+    "channels": ("ch.npy", _npy(np.zeros((3, 2, 4, 4), np.float32)), "3 latent channels"),
+    "zero-frames": ("zero.npy", _npy(np.zeros((16, 0, 4, 4), np.float32)), "empty latents"),
+    "too-large": ("big.npy", _npy(np.zeros((16, 1, 40, 40), np.float32)), "exceed the limit"),
+    "too-long": ("long.npy", _npy(np.zeros((16, 30, 2, 2), np.float32)), "frames exceed"),
+    "corrupt-safetensors": ("bad.safetensors", b"\x20\x00\x00\x00\x00\x00\x00\x00{oops",
+                            "corrupt safetensors"),
+    "pickle-as-npy": ("evil.npy", pickle.dumps({"x": 1}), "not a plain .npy"),
+    "torch-pt": ("z.pt", b"PK\x03\x04 not read at all", "input.format"),
+}
+
+
+def _raw(client: Client, payload: Any, task_id: str | None = None) -> JobHandle:
+    """Send a job payload as a hand-written producer would: no client-side validation."""
+    task_id = task_id or str(uuid.uuid4())
+    client.app.send_task(TASK_NAME, args=[payload], task_id=task_id)
+    return JobHandle(client.app, task_id)
+
+
+def test_bad_inputs_fail_clearly_and_the_worker_stays_healthy(
+    redis_url: str, worker_factory: Any, s3: Any, s3_bucket: str, tmp_path: Path
+) -> None:
+    r = redis.Redis.from_url(redis_url)
+    r.flushdb()
+    client = Client(broker_url=redis_url, backend_url=redis_url)
+    (worker,) = worker_factory(1, env={"FRAMEFLEET_MAX_PIXELS": str(256 * 256),
+                                       "FRAMEFLEET_MAX_FRAMES": "100",
+                                       "FRAMEFLEET_MAX_MESSAGE_BYTES": "4096"})
+    good_uri = put_latents(s3, s3_bucket, "in/good.npy", latent_frames=2, fmt="npy")
+    good = pattern_spec("good", good_uri, s3_bucket).model_dump(mode="json")
+    expected: dict[str, tuple[JobHandle, str]] = {}
+    for name, (key, data, words) in FILES.items():
+        s3.client().put_object(Bucket=s3_bucket, Key=f"in/{key}", Body=data)
+        spec = pattern_spec(f"bad-{name}", f"s3://{s3_bucket}/in/{key}", s3_bucket)
+        expected[name] = (client.submit(spec), words)
+    missing = pattern_spec("bad-missing", f"s3://{s3_bucket}/in/nope.npy", s3_bucket)
+    expected["missing-object"] = (client.submit(missing), "nope.npy")
+    raw_cases: dict[str, tuple[dict[str, Any], str]] = {
+        "unknown-decoder": ({**good, "job_id": "x1", "decoder": {"name": "sdxl-vae"}},
+                            "decoder.name"),
+        "bad-fps": ({**good, "job_id": "x2", "video": {"fps": 0}}, "video.fps"),
+        "bad-crf": ({**good, "job_id": "x3", "video": {"crf": 99}}, "video.crf"),
+        "bad-codec": ({**good, "job_id": "x4", "video": {"codec": "libx265"}}, "video.codec"),
+        "traversal-job-id": ({**good, "job_id": "../../etc"}, "job_id"),
+        "absolute-tenant": ({**good, "job_id": "x5", "tenant": "/root"}, "tenant"),
+        "traversal-output": ({**good, "job_id": "x6", "output": {"uri": "s3://b/a/../../c"}},
+                             "output.uri"),
+        "oversized-message": ({**good, "job_id": "x7", "pad": "x" * 8000}, "byte limit"),
+        "not-a-spec": ({"hello": "world"}, "job_id"),
+    }
+    for name, (payload, words) in raw_cases.items():
+        expected[name] = (_raw(client, payload), words)
+    # A hand-made envelope whose body is not JSON, and raw garbage on the queue
+    task_id = str(uuid.uuid4())
+    envelope = {
+        "body": base64.b64encode(b"{{not json").decode(), "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": {"lang": "py", "task": TASK_NAME, "id": task_id, "root_id": task_id,
+                    "parent_id": None, "group": None, "retries": 0},
+        "properties": {"correlation_id": task_id, "reply_to": "", "delivery_mode": 2,
+                       "delivery_info": {"exchange": "", "routing_key": "video"},
+                       "priority": 0, "body_encoding": "base64",
+                       "delivery_tag": str(uuid.uuid4())},
+    }
+    r.lpush("video", b"this is not a message at all")
+    r.lpush("video", json.dumps(envelope))
+    expected["non-json-body"] = (JobHandle(client.app, task_id), "JSON only")
+    # When they have all been delivered, and a good job comes after them
+    done = client.submit(pattern_spec("good", good_uri, s3_bucket)).wait(timeout=120)
+    # Then each bad job FAILED with a message naming what is wrong
+    problems = []
+    for name, (handle, words) in expected.items():
+        try:
+            handle.wait(timeout=30)
+            problems.append(f"{name}: succeeded")
+        except JobFailed as e:
+            if words not in e.message:
+                problems.append(f"{name}: {e.kind}: {e.message!r} lacks {words!r}")
+            if e.kind not in {"InvalidJobError", "InputNotFoundError"}:
+                problems.append(f"{name}: unexpected error kind {e.kind}")
+    assert not problems, "\n".join(problems)
+    assert len(expected) >= 21
+    # no retry loop, nothing written for the bad jobs, and the worker is alive and well
+    log = worker.log_text()
+    assert "Retry in" not in log and "Unrecoverable error" not in log
+    assert "not a message envelope" in log
+    keys = [o["Key"] for o in s3.client().list_objects_v2(Bucket=s3_bucket,
+                                                          Prefix="out/")["Contents"]]
+    assert all(k.startswith("out/e2e/good/") for k in keys), keys
+    verify_output(s3, s3_bucket, done, tmp_path)
+    assert worker.running and client.ping(timeout=2)
+
+
+def test_job_id_reused_with_another_spec(
+    redis_url: str, worker_factory: Any, s3: Any, s3_bucket: str
+) -> None:
+    redis.Redis.from_url(redis_url).flushdb()
+    client = Client(broker_url=redis_url, backend_url=redis_url)
+    worker_factory(1)
+    uri = put_latents(s3, s3_bucket, "in/r.safetensors", latent_frames=2)
+    first = pattern_spec("reused", uri, s3_bucket)
+    client.submit(first).wait(timeout=60)
+    other = pattern_spec("reused", uri, s3_bucket, segment_frames=3)
+    # The client refuses it …
+    with pytest.raises(JobConflictError):
+        client.submit(other)
+    # … and so does the worker when a producer bypasses the client
+    handle = _raw(client, other.model_dump(mode="json"), task_id=str(uuid.uuid4()))
+    with pytest.raises(JobFailed, match="different spec") as info:
+        handle.wait(timeout=60)
+    assert info.value.kind == "JobConflictError"
