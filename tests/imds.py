@@ -32,7 +32,7 @@ class ImdsStandIn:
                 self.end_headers()
                 self.wfile.write(data)
 
-            def do_PUT(self) -> None:  # noqa: N802 - http.server's naming
+            def do_PUT(self) -> None:
                 outer.requests.append(("PUT", self.path))
                 if self.path != "/latest/api/token" or not self.headers.get(
                     "X-aws-ec2-metadata-token-ttl-seconds"
@@ -41,7 +41,7 @@ class ImdsStandIn:
                     return
                 self._reply(200, outer.token)
 
-            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            def do_GET(self) -> None:
                 outer.requests.append(("GET", self.path))
                 if self.headers.get("X-aws-ec2-metadata-token") != outer.token:
                     self._reply(401)

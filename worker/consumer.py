@@ -33,7 +33,7 @@ class FramefleetConsumer(Consumer):  # type: ignore[misc]
         )
         try:
             self.app.backend.mark_as_failure(task_id, error)
-        except Exception:  # noqa: BLE001 - the ack/reject that follows must still happen
+        except Exception:
             log.exception("could not record FAILURE for undecodable message %s", task_id)
 
     def on_decode_error(self, message: Any, exc: Exception) -> None:
