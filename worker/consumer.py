@@ -58,7 +58,7 @@ def _guard_brpop_read() -> None:
             raise kombu_redis.Empty() from e
 
     guarded.framefleet_guard = True  # type: ignore[attr-defined]
-    kombu_redis.Channel._brpop_read = guarded
+    kombu_redis.Channel._brpop_read = guarded  # type: ignore[method-assign]
 
 
 _guard_brpop_read()
