@@ -95,6 +95,7 @@ class JobContext:
     cancelled: Callable[[], bool] = lambda: False
     cost: CostFn | None = None
     node: str | None = None
+    tiled: bool = False  # decode in spatial tiles: the smaller working set after a CUDA OOM
     settings: Settings = field(default_factory=get_settings)
 
 
@@ -131,6 +132,8 @@ def run_job(spec: JobSpec, decoders: DecoderCache, ctx: JobContext | None = None
     if reused is not None:
         return reused
     decoder = decoders.get(spec.decoder)
+    if ctx.tiled and hasattr(decoder, "with_tiling"):
+        decoder = decoder.with_tiling()
     latents = load_latents(spec.input, decoder.latent_channels, settings)
     load_s = time.perf_counter() - t0
     segments: list[SegmentInfo] = []
@@ -153,7 +156,11 @@ def run_job(spec: JobSpec, decoders: DecoderCache, ctx: JobContext | None = None
                 sink=sink, cancelled=ctx.cancelled, progress=progress,
             )
         except torch.OutOfMemoryError as e:
-            raise DeviceOutOfMemory(f"CUDA out of memory decoding {spec.job_id}: {e}") from e
+            if torch.cuda.is_initialized():
+                torch.cuda.empty_cache()  # hand the failed attempt's blocks back first
+            raise DeviceOutOfMemory(
+                f"CUDA out of memory decoding {spec.job_id} (tiled={ctx.tiled}): {e}"
+            ) from e
         if report.cancelled:
             raise JobCancelled(f"job {spec.job_id} cancelled after {report.stats.frames} frames")
         segments.sort(key=lambda s: s.index)

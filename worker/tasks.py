@@ -22,7 +22,14 @@ from celery.signals import worker_process_init, worker_ready, worker_shutdown
 from producer.app import QUEUE, TASK_NAME, app
 from producer.control import flags_for
 from producer.cost import configured_prices, cost_for_job
-from producer.errors import InvalidJobError, JobCancelled, JobConflictError, RetryableError
+from producer.errors import (
+    DeviceOutOfMemory,
+    FatalJobError,
+    InvalidJobError,
+    JobCancelled,
+    JobConflictError,
+    RetryableError,
+)
 from producer.settings import get_settings
 from producer.spec import JobSpec, Progress, parse_spec
 from worker import metrics
@@ -109,7 +116,7 @@ class _Throttle:
 
 
 @app.task(bind=True, name=TASK_NAME, acks_late=True, reject_on_worker_lost=True)
-def decode_video(self: Task, payload: Any) -> dict[str, Any]:
+def decode_video(self: Task, payload: Any, tiled: bool = False) -> dict[str, Any]:
     limit = get_settings().max_message_bytes
     size = len(json.dumps(payload))
     if size > limit:
@@ -139,7 +146,7 @@ def decode_video(self: Task, payload: Any) -> dict[str, Any]:
         return preempted or flags.cancelled(spec.job_id)
 
     ctx = JobContext(progress=progress, cancelled=cancelled, cost=cost_for_job,
-                     node=self.request.hostname, settings=settings)
+                     node=self.request.hostname, tiled=tiled, settings=settings)
     try:
         if flags.cancelled(spec.job_id):
             raise JobCancelled(f"job {spec.job_id} was cancelled before it started")
@@ -156,6 +163,15 @@ def decode_video(self: Task, payload: Any) -> dict[str, Any]:
         self.update_state(state="REVOKED", meta={"exc_type": "JobCancelled", "exc_message": str(e),
                                                 "exc_module": "producer.errors"})
         raise Ignore() from e
+    except DeviceOutOfMemory as e:
+        if tiled:
+            metrics.observe_job("failure", spec.tenant, None)
+            raise FatalJobError(f"{e}; tiled decode did not fit either") from e
+        # Once more at once, with the smaller working set (spatial tiles).
+        log.warning("job %s: %s; retrying with tiled decode", spec.job_id, e)
+        metrics.observe_job("retry", spec.tenant, None)
+        raise self.retry(exc=e, countdown=0, kwargs={"tiled": True},
+                         max_retries=self.request.retries + 1) from e
     except RetryableError as e:
         retries = self.request.retries
         if retries >= settings.retry_max:

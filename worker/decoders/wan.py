@@ -54,12 +54,18 @@ class WanDecoder:
 
     name = "wan2.1-vae"
 
-    def __init__(self, vae: Any, device: torch.device | str = "cpu") -> None:
+    def __init__(self, vae: Any, device: torch.device | str = "cpu", tiled: bool = False) -> None:
         self.device = torch.device(device)
         self.vae = vae.to(self.device)
         self.dtype: torch.dtype = next(self.vae.parameters()).dtype
         self.latent_channels = int(self.vae.config.z_dim)
         self.patch_size = self.vae.config.get("patch_size")
+        self.tiled = tiled
+
+    def with_tiling(self) -> WanDecoder:
+        """The same model decoding in overlapping spatial tiles (diffusers' tile sizes): the
+        smaller working set a job falls back to after a CUDA out-of-memory error."""
+        return WanDecoder(self.vae, self.device, tiled=True)
 
     def output_size(self, latent_h: int, latent_w: int) -> tuple[int, int]:
         scale = SPATIAL_RATIO * (self.patch_size or 1)
@@ -70,8 +76,11 @@ class WanDecoder:
         for _ in self.stream(z):
             pass
 
-    @torch.inference_mode()
     def stream(self, latents: torch.Tensor) -> Iterator[torch.Tensor]:
+        return self._stream_tiled(latents) if self.tiled else self._stream(latents)
+
+    @torch.inference_mode()
+    def _stream(self, latents: torch.Tensor) -> Iterator[torch.Tensor]:
         from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
 
         vae = self.vae
@@ -90,4 +99,58 @@ class WanDecoder:
                 yield out.clamp_(-1.0, 1.0)[0]
         finally:
             # The cache holds activations of the last chunk: free them between jobs.
+            vae.clear_cache()
+
+    @torch.inference_mode()
+    def _stream_tiled(self, latents: torch.Tensor) -> Iterator[torch.Tensor]:
+        """diffusers' ``tiled_decode``, one latent frame at a time: every tile keeps its own
+        causal cache, and each chunk's tiles are blended exactly as ``tiled_decode`` blends
+        the whole clip (its blending is spatial only), so the output equals it."""
+        from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
+
+        vae = self.vae
+        z = latents.to(self.device, self.dtype, non_blocking=True).unsqueeze(0)
+        _, _, frames, height, width = z.shape
+        r = vae.spatial_compression_ratio
+        min_h, min_w = vae.tile_sample_min_height // r, vae.tile_sample_min_width // r
+        step_h, step_w = vae.tile_sample_stride_height // r, vae.tile_sample_stride_width // r
+        out_h, out_w = vae.tile_sample_stride_height, vae.tile_sample_stride_width
+        sample_h, sample_w = height * r, width * r
+        p = self.patch_size
+        if p is not None:
+            sample_h, sample_w, out_h, out_w = sample_h // p, sample_w // p, out_h // p, out_w // p
+            blend_h, blend_w = vae.tile_sample_min_height // p - out_h, \
+                vae.tile_sample_min_width // p - out_w
+        else:
+            blend_h = vae.tile_sample_min_height - out_h
+            blend_w = vae.tile_sample_min_width - out_w
+        vae.clear_cache()
+        starts = [(i, j) for i in range(0, height, step_h) for j in range(0, width, step_w)]
+        caches: dict[tuple[int, int], list[Any]] = {s: [None] * vae._conv_num for s in starts}
+        try:
+            for k in range(frames):
+                rows: list[list[torch.Tensor]] = []
+                for i in range(0, height, step_h):
+                    row = []
+                    for j in range(0, width, step_w):
+                        tile = vae.post_quant_conv(z[:, :, k : k + 1, i : i + min_h, j : j + min_w])
+                        row.append(vae.decoder(tile, feat_cache=caches[(i, j)], feat_idx=[0],
+                                               first_chunk=(k == 0)))
+                    rows.append(row)
+                result_rows = []
+                for i, row in enumerate(rows):
+                    result_row = []
+                    for j, tile in enumerate(row):
+                        if i > 0:
+                            tile = vae.blend_v(rows[i - 1][j], tile, blend_h)
+                        if j > 0:
+                            tile = vae.blend_h(row[j - 1], tile, blend_w)
+                        result_row.append(tile[:, :, :, :out_h, :out_w])
+                    result_rows.append(torch.cat(result_row, dim=-1))
+                chunk = torch.cat(result_rows, dim=3)[:, :, :, :sample_h, :sample_w]
+                if p is not None:
+                    chunk = unpatchify(chunk, patch_size=p)
+                yield chunk.clamp_(-1.0, 1.0)[0]
+        finally:
+            caches.clear()
             vae.clear_cache()
