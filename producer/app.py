@@ -42,6 +42,8 @@ def make_app(
     broker_url: str | None = None,
     backend_url: str | None = None,
     settings: Settings | None = None,
+    *,
+    task_imports: bool = True,
 ) -> Celery:
     """Build the framefleet Celery app; URLs default to the settings (FRAMEFLEET_*)."""
     s = settings or get_settings()
@@ -83,7 +85,7 @@ def make_app(
         task_default_priority=4,
         # The worker side registers its tasks and consumer from here; the producer never
         # imports them.
-        imports=["worker.tasks"],
+        imports=["worker.tasks"] if task_imports else [],
         worker_consumer="worker.consumer:FramefleetConsumer",
         worker_hijack_root_logger=False,
     )
@@ -97,3 +99,5 @@ def redis_priority(priority: int) -> int:
 
 #: The module-level app that ``celery -A producer.app worker`` finds.
 app = make_app()
+#: Flower's app: events name the tasks, so the dashboard needs no worker code (no torch).
+dashboard_app = make_app(task_imports=False)

@@ -192,8 +192,8 @@ def flower(ctx: typer.Context) -> None:
     arguments such as ``--port=5555`` are passed on)."""
     import os
 
-    os.execvp(sys.executable, [sys.executable, "-m", "celery", "-A", "producer.app", "flower",
-                               *ctx.args])
+    os.execvp(sys.executable, [sys.executable, "-m", "celery", "-A",
+                               "producer.app:dashboard_app", "flower", *ctx.args])
 
 
 def main() -> None:

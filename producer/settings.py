@@ -56,6 +56,13 @@ class Settings(BaseSettings):
     data_dir: str = Field(
         default=".framefleet", description="embedded mode: broker folders and sqlite results"
     )
+    warmup_decoder: Literal["wan2.1-vae", "pattern"] | None = Field(
+        default=None, description="decoder built and warmed up when a worker starts"
+    )
+    warmup_latent_size: str = Field(
+        default="60x104", pattern=r"^[0-9]{1,4}x[0-9]{1,4}$",
+        description="latent HxW of the warm-up (60x104 = 480x832 frames)",
+    )
     metrics_port: int = Field(
         default=9400, ge=0, le=65_535, description="worker /metrics port (+ GPU index); 0: off"
     )
