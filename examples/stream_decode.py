@@ -1,0 +1,42 @@
+"""Stream-decode a latents file to MP4 segments on this machine, without any server.
+
+    python examples/stream_decode.py latents.npy out/ [--preset tiny|wan2.1] [--weights DIR]
+
+Uses the same runner a worker uses (file:// output), so ``out/`` gets the segments and the
+manifest exactly as a fleet job would write them.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from producer.spec import JobSpec
+from worker.runner import default_decoders, run_job
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("latents", type=Path, help=".npy or .safetensors, (16, T, h, w)")
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--preset", default="wan2.1", choices=["wan2.1", "tiny"])
+    ap.add_argument("--weights", type=Path, help="diffusers-layout folder of the Wan VAE")
+    ap.add_argument("--decoder", default="wan2.1-vae", choices=["wan2.1-vae", "pattern"])
+    args = ap.parse_args()
+    decoder = {"name": args.decoder, "preset": args.preset}
+    if args.weights is not None:
+        decoder["weights"] = args.weights.absolute().as_uri()
+    spec = JobSpec.model_validate({
+        "job_id": args.latents.stem, "tenant": "local",
+        "input": {"uri": args.latents.absolute().as_uri()},
+        "decoder": decoder,
+        "output": {"uri": args.out.absolute().as_uri()},
+    })
+    result = run_job(spec, default_decoders())
+    t = result.timings
+    print(f"{result.frames} frames {result.width}x{result.height} -> {result.manifest_uri}")
+    print(f"wall {t.wall_s:.2f} s: decode {t.decode_s:.2f} s, encode {t.encode_s:.2f} s")
+
+
+if __name__ == "__main__":
+    main()
