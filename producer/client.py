@@ -117,6 +117,10 @@ class Client:
         app: Celery | None = None,
     ) -> None:
         self.app = app or make_app(broker_url, backend_url)
+        if app is None and hasattr(self.app.backend, "result_consumer"):
+            # JobHandle polls the backend; Celery's per-task pub/sub SUBSCRIBE on send would
+            # cost two extra Redis round trips per submit for nothing.
+            self.app.backend.on_task_call = lambda producer, task_id: None
 
     def submit(self, spec: JobSpec) -> JobHandle:
         """Enqueue ``spec``. The same job_id with the same spec returns the existing job's
@@ -134,7 +138,7 @@ class Client:
             raise InvalidJobError(f"job spec is {size} bytes, over {settings.max_message_bytes}")
         digest = spec.digest()
         flags = flags_for(self.app)
-        existing = flags.claim(spec.job_id, digest)
+        existing = flags.claim(spec.job_id, digest, clear_cancel=True)
         handle = JobHandle(self.app, spec.job_id)
         if existing is not None:
             if existing != digest:
@@ -144,15 +148,24 @@ class Client:
             if handle.status() not in RERUNNABLE:
                 return handle
             AsyncResult(spec.job_id, app=self.app).forget()
-        flags.clear_cancel(spec.job_id)
-        self.app.send_task(
-            TASK_NAME,
-            args=[payload],
-            task_id=spec.job_id,
-            priority=redis_priority(spec.priority),
-            soft_time_limit=spec.time_limit_s,
-            time_limit=spec.time_limit_s + 60,
-        )
+            flags.clear_cancel(spec.job_id)
+        try:
+            self.app.send_task(
+                TASK_NAME,
+                args=[payload],
+                task_id=spec.job_id,
+                priority=redis_priority(spec.priority),
+                soft_time_limit=spec.time_limit_s,
+                time_limit=spec.time_limit_s + 60,
+                # Events and logs name the job, not its whole spec (and not its URIs).
+                argsrepr=f"[<JobSpec {spec.job_id}>]",
+                kwargsrepr="{}",
+            )
+        except BaseException:
+            # Nothing was queued: free the job_id, or a resubmission would wait forever.
+            if existing is None:
+                flags.release(spec.job_id)
+            raise
         return handle
 
     def get(self, job_id: str) -> JobHandle:

@@ -20,7 +20,7 @@ CANCEL_TTL_S = 2 * 86_400
 
 
 class _Flags(Protocol):
-    def claim(self, job_id: str, digest: str) -> str | None: ...
+    def claim(self, job_id: str, digest: str, clear_cancel: bool = False) -> str | None: ...
     def release(self, job_id: str) -> None: ...
     def set_cancel(self, job_id: str) -> None: ...
     def cancelled(self, job_id: str) -> bool: ...
@@ -29,16 +29,27 @@ class _Flags(Protocol):
     def preempted(self, node: str) -> bool: ...
 
 
+# Claim a job_id (SET NX) and, when the claim is new, clear a stale cancel flag: one round trip.
+_CLAIM = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
+  if ARGV[3] == '1' then redis.call('DEL', KEYS[2]) end
+  return false
+end
+return redis.call('GET', KEYS[1])
+"""
+
+
 class RedisFlags:
     def __init__(self, client: Any) -> None:
         self.r = client
+        self._claim = client.register_script(_CLAIM)
 
-    def claim(self, job_id: str, digest: str) -> str | None:
-        key = f"framefleet:spec:{job_id}"
-        if self.r.set(key, digest, nx=True, ex=SPEC_TTL_S):
+    def claim(self, job_id: str, digest: str, clear_cancel: bool = False) -> str | None:
+        old = self._claim(keys=[f"framefleet:spec:{job_id}", f"framefleet:cancel:{job_id}"],
+                          args=[digest, SPEC_TTL_S, "1" if clear_cancel else "0"])
+        if old is None:
             return None
-        old = self.r.get(key)
-        return old.decode() if isinstance(old, bytes) else old
+        return old.decode() if isinstance(old, bytes) else str(old)
 
     def release(self, job_id: str) -> None:
         self.r.delete(f"framefleet:spec:{job_id}")
@@ -66,7 +77,7 @@ class FileFlags:
         (root / "cancel").mkdir(parents=True, exist_ok=True)
         (root / "preempted").mkdir(parents=True, exist_ok=True)
 
-    def claim(self, job_id: str, digest: str) -> str | None:
+    def claim(self, job_id: str, digest: str, clear_cancel: bool = False) -> str | None:
         path = self.root / "spec" / job_id
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -74,6 +85,8 @@ class FileFlags:
             return path.read_text()
         with os.fdopen(fd, "w") as f:
             f.write(digest)
+        if clear_cancel:
+            self.clear_cancel(job_id)
         return None
 
     def release(self, job_id: str) -> None:

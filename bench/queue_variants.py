@@ -1,0 +1,159 @@
+"""Submit paths the queue benchmark (``bench/queue_bench.py``) times against ``Client.submit``.
+
+Each variant patches one fresh Client in the benchmark process only: production files are
+unchanged, and every variant but ``raw_send_task`` and ``submit_many`` still runs the real
+``Client.submit``. Each stands for one proposed change (see ``bench/results/queue-cpu.md``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from producer import client as client_module
+from producer.app import TASK_NAME, redis_priority
+from producer.client import Client
+from producer.control import SPEC_TTL_S, RedisFlags, flags_for
+from producer.spec import JobSpec
+
+Send = Callable[[JobSpec], Any]
+
+
+def send_raw(client: Client) -> Send:
+    """``app.send_task`` with the message Client.submit sends, without its registry calls."""
+
+    def send(spec: JobSpec) -> Any:
+        return client.app.send_task(
+            TASK_NAME, args=[spec.model_dump(mode="json")], task_id=spec.job_id,
+            priority=redis_priority(spec.priority), soft_time_limit=spec.time_limit_s,
+            time_limit=spec.time_limit_s + 60)
+
+    return send
+
+
+def short_argsrepr(c: Client) -> None:
+    """argsrepr/kwargsrepr given, so Celery does not saferepr() the whole spec per message."""
+    orig = c.app.send_task
+
+    def send_task(name: str, *a: Any, task_id: str | None = None, **kw: Any) -> Any:
+        return orig(name, *a, task_id=task_id, argsrepr=f"[<JobSpec {task_id}>]",
+                    kwargsrepr="{}", **kw)
+
+    c.app.send_task = send_task
+
+
+def no_subscribe(c: Client) -> None:
+    """No SUBSCRIBE/UNSUBSCRIBE celery-task-meta-<id>: JobHandle polls, it never listens."""
+    c.app.backend.on_task_call = lambda producer, task_id: None
+
+
+def kombu_batch(c: Client) -> None:
+    """The task LPUSH and the task-sent PUBLISH in one pipeline (kombu ≥ 5.7 Producer.batch)."""
+    orig = c.app.send_task
+
+    def send_task(*a: Any, **kw: Any) -> Any:
+        with c.app.producer_or_acquire() as producer, producer.batch():
+            return orig(*a, producer=producer, **kw)
+
+    c.app.send_task = send_task
+
+
+CLAIM_AND_CLEAR = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
+  redis.call('DEL', KEYS[2])
+  return false
+end
+return redis.call('GET', KEYS[1])
+"""
+
+
+class OneTripFlags(RedisFlags):
+    """claim + clear_cancel of a new job_id in one round trip (a Lua script)."""
+
+    script: Any = None
+
+    def __init__(self, client: Any) -> None:
+        super().__init__(client)
+        self.fresh = False
+        if OneTripFlags.script is None:
+            OneTripFlags.script = client.register_script(CLAIM_AND_CLEAR)
+
+    def claim(self, job_id: str, digest: str) -> str | None:
+        old = self.script(keys=[f"framefleet:spec:{job_id}", f"framefleet:cancel:{job_id}"],
+                          args=[digest, SPEC_TTL_S], client=self.r)
+        self.fresh = old is None
+        return old.decode() if isinstance(old, bytes) else old
+
+    def clear_cancel(self, job_id: str) -> None:
+        if not self.fresh:
+            super().clear_cancel(job_id)
+
+
+def one_trip_registry(c: Client) -> None:
+    c.app.bench_one_trip = True  # read by the flags_for stand-in below
+
+
+def _flags_for(app: Any) -> Any:
+    if getattr(app, "bench_one_trip", False):
+        return OneTripFlags(app.backend.client)
+    return flags_for(app)
+
+
+@contextlib.contextmanager
+def flags_hook() -> Iterator[None]:
+    """Let ``one_trip_registry`` reach the ``flags_for`` that Client.submit calls."""
+    client_module.flags_for = _flags_for  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        client_module.flags_for = flags_for
+
+
+def submit_many(c: Client, jobs: list[JobSpec], size: int = 100) -> None:
+    """A sketch of a bulk ``Client.submit_many``: per ``size`` jobs, one pipelined round trip
+    claims every job_id (the Lua claim) and one pipelined round trip publishes every new job
+    with its task-sent event. A job_id already claimed takes the ``submit()`` path after."""
+    r = c.app.backend.client
+    if OneTripFlags.script is None:
+        OneTripFlags.script = r.register_script(CLAIM_AND_CLEAR)
+    again = []
+    for i in range(0, len(jobs), size):
+        chunk = jobs[i:i + size]
+        with r.pipeline(transaction=False) as pipe:
+            for spec in chunk:
+                OneTripFlags.script(keys=[f"framefleet:spec:{spec.job_id}",
+                                          f"framefleet:cancel:{spec.job_id}"],
+                                    args=[spec.digest(), SPEC_TTL_S], client=pipe)
+            claimed = pipe.execute()
+        with c.app.producer_or_acquire() as producer, producer.batch():
+            for spec, old in zip(chunk, claimed, strict=True):
+                if old is not None:
+                    again.append(spec)
+                    continue
+                c.app.send_task(
+                    TASK_NAME, args=[spec.model_dump(mode="json")], task_id=spec.job_id,
+                    priority=redis_priority(spec.priority), soft_time_limit=spec.time_limit_s,
+                    time_limit=spec.time_limit_s + 60, producer=producer,
+                    argsrepr=f"[<JobSpec {spec.job_id}>]", kwargsrepr="{}")
+    for spec in again:
+        c.submit(spec)
+
+
+Patch = Callable[[Client], None]
+#: (key, what, app.conf changes, patches); every path but raw_send_task runs Client.submit.
+PATHS: list[tuple[str, str, dict[str, Any], list[Patch]]] = [
+    ("client_submit", "Client.submit (as shipped)", {}, []),
+    ("raw_send_task", "app.send_task alone (no registry)", {}, []),
+    ("no_sent_event", "submit, task_send_sent_event=False", {"task_send_sent_event": False}, []),
+    ("short_argsrepr", "submit, argsrepr/kwargsrepr given", {}, [short_argsrepr]),
+    ("no_subscribe", "submit, no result SUBSCRIBE", {}, [no_subscribe]),
+    ("one_trip_registry", "submit, SET NX + DEL in one Lua call", {}, [one_trip_registry]),
+    ("kombu_batch", "submit, LPUSH + PUBLISH pipelined", {}, [kombu_batch]),
+    ("proposed", "submit, all four fixes above (sent event kept)", {},
+     [short_argsrepr, no_subscribe, one_trip_registry, kombu_batch]),
+    ("proposed_no_sent_event", "proposed + task_send_sent_event=False",
+     {"task_send_sent_event": False}, [short_argsrepr, no_subscribe, one_trip_registry]),
+    ("submit_many", "bulk sketch: 100 jobs per 2 pipelined round trips (sent event kept)", {},
+     [no_subscribe]),
+]
