@@ -392,9 +392,9 @@ def reading(res: dict[str, Any]) -> list[str]:
              "taken at once, also while the 1 s BRPOP is re-issued (long-idle rows). The "
              "prefork hop from the consumer to the pool child costs ~1–2 ms.",
              f"- Throughput: one submit costs {shipped['client_cpu_us_per_job']} µs of "
-             "client CPU: six Redis commands (SET NX, DEL, SUBSCRIBE, LPUSH, PUBLISH "
-             "task-sent, UNSUBSCRIBE), a redis-py client built by kombu per publish, and "
-             "Celery's `saferepr` of the whole spec for `argsrepr`. The client is CPU-bound; "
+             "client CPU: three Redis commands (the job_id claim as one Lua call, LPUSH, "
+             "PUBLISH task-sent) and a redis-py client built by kombu per publish. The "
+             "client is CPU-bound; "
              f"redis-server spends {shipped['redis_cpu_us_per_job']} µs per job."]
     if "proposed" in thr:
         prop, bulk = thr["proposed"], thr["submit_many"]

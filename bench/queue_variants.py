@@ -143,17 +143,12 @@ def submit_many(c: Client, jobs: list[JobSpec], size: int = 100) -> None:
 Patch = Callable[[Client], None]
 #: (key, what, app.conf changes, patches); every path but raw_send_task runs Client.submit.
 PATHS: list[tuple[str, str, dict[str, Any], list[Patch]]] = [
-    ("client_submit", "Client.submit (as shipped)", {}, []),
+    ("client_submit", "Client.submit", {}, []),
     ("raw_send_task", "app.send_task alone (no registry)", {}, []),
     ("no_sent_event", "submit, task_send_sent_event=False", {"task_send_sent_event": False}, []),
-    ("short_argsrepr", "submit, argsrepr/kwargsrepr given", {}, [short_argsrepr]),
-    ("no_subscribe", "submit, no result SUBSCRIBE", {}, [no_subscribe]),
-    ("one_trip_registry", "submit, SET NX + DEL in one Lua call", {}, [one_trip_registry]),
     ("kombu_batch", "submit, LPUSH + PUBLISH pipelined", {}, [kombu_batch]),
-    ("proposed", "submit, all four fixes above (sent event kept)", {},
-     [short_argsrepr, no_subscribe, one_trip_registry, kombu_batch]),
-    ("proposed_no_sent_event", "proposed + task_send_sent_event=False",
-     {"task_send_sent_event": False}, [short_argsrepr, no_subscribe, one_trip_registry]),
+    ("batch_no_sent_event", "submit, pipelined + task_send_sent_event=False",
+     {"task_send_sent_event": False}, [kombu_batch]),
     ("submit_many", "bulk sketch: 100 jobs per 2 pipelined round trips (sent event kept)", {},
      [no_subscribe]),
 ]
