@@ -159,7 +159,7 @@ def _run_async(
                     rgb_to_yuv420(chunk, slot.host[:n])
                     stats.add(decode_s=t1 - t0, postprocess_s=time.perf_counter() - t1)
                 del chunk
-                writer.submit(HostChunk(slot))
+                writer.put(HostChunk(slot))
                 done += n
                 stats.add(chunks=1, frames=n)
                 if progress is not None:
@@ -169,7 +169,7 @@ def _run_async(
                     return True
             if window is not None:
                 window[1].record()
-        writer.finish()
+        writer.flush()
         if window is not None:
             window[1].synchronize()
             stats.add(window_s=window[0].elapsed_time(window[1]) / 1e3)

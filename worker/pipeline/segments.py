@@ -8,7 +8,6 @@ encoder thread (segments are independent files, so segment k finishes while k+1 
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ import av
 from producer.spec import VideoSpec
 from worker.encode import EncodedFile, SegmentEncoder
 from worker.pipeline.stats import PipelineStats
+from worker.pipeline.threads import QueueThread
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class ClosedSegment:
 #: Receives each finished segment file (e.g. uploads it). Runs on an encoder thread.
 SegmentSink = Callable[[ClosedSegment], None]
 
-_END = None
+_END = None  # the end marker of a segment's frame queue
 
 
 class _SegmentJob:
@@ -67,42 +67,21 @@ class _SegmentJob:
         self._encoder.abort()
 
 
-class _SegmentThread(threading.Thread):
-    """The DESIGN §8 thread shape: bounded queue, stop flag, get(timeout), errors kept."""
+class _SegmentThread(QueueThread[av.VideoFrame]):
+    """Encodes one segment's frames as they arrive, then hands the file to the sink."""
 
     def __init__(self, job: _SegmentJob, stop: threading.Event, depth: int) -> None:
-        super().__init__(name=f"encode-{job.index}", daemon=True)
+        super().__init__(f"encode-{job.index}", depth, stop)
         self.job = job
-        self.stop = stop
-        self.frames: queue.Queue[av.VideoFrame | None] = queue.Queue(maxsize=depth)
 
-    def put(self, frame: av.VideoFrame | None, poll_s: float = 0.05) -> None:
-        while True:
-            if self.job.error is not None:
-                raise self.job.error
-            if self.stop.is_set():
-                return
-            try:
-                self.frames.put(frame, timeout=poll_s)
-                return
-            except queue.Full:
-                continue
+    def handle(self, item: av.VideoFrame) -> None:
+        self.job.encode(item)
 
-    def run(self) -> None:
-        try:
-            while not self.stop.is_set():
-                try:
-                    frame = self.frames.get(timeout=0.05)
-                except queue.Empty:
-                    continue
-                if frame is _END:
-                    self.job.finish()
-                    return
-                self.job.encode(frame)
-            self.job.abort()
-        except BaseException as e:  # noqa: BLE001 - forwarded to the owner, never swallowed
-            self.job.error = e
-            self.job.abort()
+    def finish(self) -> None:
+        self.job.finish()
+
+    def aborted(self) -> None:
+        self.job.abort()
 
 
 class Segmenter:
@@ -151,8 +130,7 @@ class Segmenter:
             thread.join(timeout=0.05)
             if self.stop.is_set():
                 break
-        if thread.job.error is not None:
-            raise thread.job.error
+        thread.check()
 
     def add(self, frame: av.VideoFrame, index: int) -> None:
         if self._current is not None and self._current.count >= self.video.segment_frames:

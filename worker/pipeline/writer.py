@@ -7,8 +7,6 @@ slot is never reused while the writer still reads it.
 
 from __future__ import annotations
 
-import queue
-import threading
 from collections.abc import Callable
 
 import torch
@@ -17,55 +15,31 @@ from worker.encode import yuv_frame
 from worker.pipeline.ring import HostChunk, Ring
 from worker.pipeline.segments import Segmenter
 from worker.pipeline.stats import PipelineStats
+from worker.pipeline.threads import QueueThread
 
 _END = None
 #: Sees (first_frame, host planes (n, H*3/2, W) uint8) of every chunk before it is encoded.
 FrameTap = Callable[[int, torch.Tensor], None]
 
 
-class Writer(threading.Thread):
+class Writer(QueueThread[HostChunk]):
     def __init__(
         self, ring: Ring, segmenter: Segmenter, stats: PipelineStats, tap: FrameTap | None = None
     ) -> None:
-        super().__init__(name="framefleet-writer", daemon=True)
+        super().__init__("framefleet-writer", depth=len(ring.slots))
         self.ring = ring
         self.segmenter = segmenter
         self.stats = stats
-        self.chunks: queue.Queue[HostChunk | None] = queue.Queue(maxsize=len(ring.slots))
-        self.stop = threading.Event()
-        self.error: BaseException | None = None
         self.tap = tap
 
-    def check(self) -> None:
-        """Raise the writer's error in the caller's thread (the job fails, nothing is lost)."""
-        if self.error is not None:
-            raise self.error
+    def handle(self, item: HostChunk) -> None:
+        self._write(item)
 
-    def submit(self, chunk: HostChunk | None, poll_s: float = 0.05) -> None:
-        while True:
-            self.check()
-            if not self.is_alive():
-                raise RuntimeError("writer thread ended unexpectedly")
-            try:
-                self.chunks.put(chunk, timeout=poll_s)
-                return
-            except queue.Full:
-                continue
+    def finish(self) -> None:
+        self.segmenter.finish()
 
-    def run(self) -> None:
-        try:
-            while not self.stop.is_set():
-                try:
-                    chunk = self.chunks.get(timeout=0.05)
-                except queue.Empty:
-                    continue
-                if chunk is _END:
-                    self.segmenter.finish()
-                    return
-                self._write(chunk)
-        except BaseException as e:  # noqa: BLE001 - forwarded to the main thread
-            self.error = e
-            self.segmenter.abort()
+    def aborted(self) -> None:
+        self.segmenter.abort()
 
     def _write(self, chunk: HostChunk) -> None:
         planes = chunk.wait()
@@ -86,9 +60,9 @@ class Writer(threading.Thread):
         for j, frame in enumerate(frames):
             self.segmenter.add(frame, first + j)
 
-    def finish(self) -> None:
+    def flush(self) -> None:
         """Flush: every chunk encoded and every segment through the sink; raises its error."""
-        self.submit(_END)
+        self.put(_END)
         while self.is_alive():
             self.join(timeout=0.05)
         self.check()
