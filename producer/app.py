@@ -78,6 +78,10 @@ def make_app(
         result_expires=s.result_expires_s,
         broker_transport_options=transport,
         result_backend_transport_options={"visibility_timeout": s.visibility_timeout},
+        # A Redis restart must not fail a running job: store_result reads the old state
+        # before it writes, and only the write is retried unless this is on.
+        result_backend_always_retry=True,
+        result_backend_max_retries=20,
         broker_connection_retry_on_startup=True,
         task_default_queue=QUEUE,
         task_queues=[Queue(QUEUE, routing_key=QUEUE)],

@@ -83,8 +83,11 @@ def plan_workers(gpus: list[int], cpu: int, metrics_port: int) -> list[WorkerSlo
                "FRAMEFLEET_METRICS_PORT": str(metrics_port + i if metrics_port else 0),
                "FRAMEFLEET_GPU_INDEX": str(i)}
         slots.append(WorkerSlot(f"gpu{i}@{host}", env))
+    threads = max(1, (os.cpu_count() or 1) // max(1, cpu))
     for j in range(cpu):
+        # CPU workers share the cores: without a cap each torch pool takes them all.
         env = {"CUDA_VISIBLE_DEVICES": "", "FRAMEFLEET_DEVICE": "cpu",
+               "OMP_NUM_THREADS": str(threads),
                "FRAMEFLEET_METRICS_PORT": str(metrics_port + 100 + j if metrics_port else 0)}
         slots.append(WorkerSlot(f"cpu{j}@{host}", env))
     return slots

@@ -33,6 +33,7 @@ from producer.errors import (
 from producer.settings import get_settings
 from producer.spec import DecoderSpec, JobSpec, Progress, parse_spec
 from worker import metrics
+from worker.lease import LEASE_RETRY_S, REDIS_DOWN, JobLease
 from worker.runner import DecoderCache, JobContext, default_decoders, run_job
 from worker.spot import SpotWatcher
 
@@ -135,13 +136,39 @@ def decode_video(self: Task, payload: Any, tiled: bool = False) -> dict[str, Any
     registered = flags.claim(spec.job_id, digest)
     if registered is not None and registered != digest:
         raise JobConflictError(f"job_id {spec.job_id!r} was already used by a different spec")
+    if _succeeded(spec.job_id, digest):
+        # A duplicate delivery (kombu restores unacked messages after a lost connection).
+        log.warning("job %s already succeeded: duplicate delivery dropped", spec.job_id)
+        raise Ignore()
+    lease = JobLease(getattr(app.backend, "client", None), spec.job_id,
+                     str(self.request.hostname))
+    if not lease.acquire():
+        # Another worker runs this job right now: look again later instead of running twice.
+        raise self.retry(countdown=LEASE_RETRY_S, max_retries=self.request.retries + 1)
+    try:
+        return _run(self, spec, digest, tiled, flags)
+    finally:
+        lease.release()
+
+
+def _succeeded(job_id: str, digest: str) -> bool:
+    meta = app.backend.get_task_meta(job_id)
+    result = meta.get("result")
+    return (meta.get("status") == "SUCCESS" and isinstance(result, dict)
+            and result.get("spec_digest") == digest)
+
+
+def _run(self: Task, spec: JobSpec, digest: str, tiled: bool, flags: Any) -> dict[str, Any]:
     settings = get_settings()
     cancel_every = _Throttle(settings.cancel_poll_s)
     progress_every = _Throttle(0.2)
 
     def progress(p: Progress) -> None:
         if progress_every.due(final=p.frames_done == p.frames_total):
-            self.update_state(state="PROGRESS", meta=p.model_dump())
+            try:
+                self.update_state(state="PROGRESS", meta=p.model_dump())
+            except REDIS_DOWN as e:  # progress is best effort: Redis away is no failed job
+                log.warning("job %s: progress not stored: %s", spec.job_id, e)
 
     node = str(self.request.hostname)
     preempted = False
@@ -150,8 +177,12 @@ def decode_video(self: Task, payload: Any, tiled: bool = False) -> dict[str, Any
         nonlocal preempted
         if not cancel_every.due():
             return False
-        preempted = flags.preempted(node)
-        return preempted or flags.cancelled(spec.job_id)
+        try:
+            preempted = flags.preempted(node)
+            return preempted or flags.cancelled(spec.job_id)
+        except REDIS_DOWN as e:  # read again at the next poll
+            log.warning("job %s: cancel flags not read: %s", spec.job_id, e)
+            return False
 
     ctx = JobContext(progress=progress, cancelled=cancelled, cost=cost_for_job,
                      node=self.request.hostname, tiled=tiled, settings=settings)

@@ -1,0 +1,100 @@
+"""One run per job at a time: a lease in Redis, ``framefleet:lease:{job_id}``.
+
+When a worker loses its Redis connection, kombu puts the message of the job it is still
+running back on the queue and another worker takes it: without a lease the job would run
+twice at once. The lease is ``SET NX PX`` with a short lifetime, renewed by a small thread
+while the job runs, released with compare-and-delete. Its value names the holder
+(``node pid token``): a dead pool process of the same worker (SIGKILL, OOM killer) no longer
+holds it, so its requeued job goes on at once. The embedded mode (no Redis) needs none.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import uuid
+from typing import Any
+
+import redis
+
+log = logging.getLogger(__name__)
+
+LEASE_TTL_S = 10
+LEASE_RETRY_S = 5
+REDIS_DOWN: tuple[type[BaseException], ...] = (
+    redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+)
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+_TAKEOVER = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) and 1 or 0
+end
+return 0
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class JobLease:
+    """Held by the one run of a job; ``client`` None (embedded mode) always grants it."""
+
+    def __init__(self, client: Any, job_id: str, node: str) -> None:
+        self.r = client
+        self.key = f"framefleet:lease:{job_id}"
+        self.node = node
+        self.token = f"{node} {os.getpid()} {uuid.uuid4().hex}"
+        self._stop = threading.Event()
+
+    def acquire(self) -> bool:
+        if self.r is None:
+            return True
+        if not self._take(LEASE_TTL_S * 1000):
+            return False
+        threading.Thread(target=self._renew, name="job-lease", daemon=True).start()
+        return True
+
+    def _take(self, px: int) -> bool:
+        if self.r.set(self.key, self.token, nx=True, px=px):
+            return True
+        holder = self.r.get(self.key)
+        if holder is None:
+            return bool(self.r.set(self.key, self.token, nx=True, px=px))
+        text = holder.decode() if isinstance(holder, bytes) else str(holder)
+        node, pid, _ = text.split(" ")
+        if node != self.node or _alive(int(pid)):
+            return False
+        # Compare-and-set: take over the dead process's lease, unless it changed meanwhile.
+        return bool(self.r.eval(_TAKEOVER, 1, self.key, holder, self.token, px))
+
+    def _renew(self) -> None:
+        # A thread of its own: loading a large input or a slow first chunk reports nothing.
+        while not self._stop.wait(LEASE_TTL_S / 4):
+            try:
+                self.r.eval(_RENEW, 1, self.key, self.token, LEASE_TTL_S * 1000)
+            except REDIS_DOWN as e:
+                log.warning("lease %s not renewed: %s", self.key, e)
+
+    def release(self) -> None:
+        self._stop.set()
+        if self.r is None:
+            return
+        try:
+            self.r.eval(_RELEASE, 1, self.key, self.token)
+        except REDIS_DOWN as e:  # it expires by itself
+            log.warning("lease %s not released: %s", self.key, e)
