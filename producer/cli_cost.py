@@ -24,15 +24,9 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from producer.cost import (
-    Catalog,
-    FleetRow,
-    PricingError,
-    fleet_summary,
-    load_catalog,
-    prices_for,
-)
+from producer.cost import Catalog, PricingError, load_catalog, prices_for
 from producer.errors import FramefleetError
+from producer.fleet import FleetRow, fleet_summary
 from producer.settings import get_settings
 from producer.spec import JobResult
 

@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 
 from producer.app import make_app
 from producer.cli_cost import UnsupportedBackendError, cost_app, parse_duration, read_results
-from producer.cost import default_catalog, fleet_summary, job_cost, prices_for
+from producer.cost import default_catalog, job_cost, prices_for
+from producer.fleet import fleet_summary
 from producer.spec import JobResult, SegmentInfo, StageTimings, WorkerInfo
 from tests.require import require_binary
 from tests.services import RedisServer

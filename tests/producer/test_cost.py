@@ -15,13 +15,12 @@ from producer.cost import (
     configured_prices,
     cost_for_job,
     default_catalog,
-    fleet_summary,
-    inferred_fleet_gpu_hours,
     job_cost,
     load_catalog,
     prices_for,
 )
 from producer.errors import FramefleetError
+from producer.fleet import fleet_summary, inferred_fleet_gpu_hours
 from producer.settings import get_settings
 from producer.spec import JobResult, Prices, SegmentInfo, StageTimings, WorkerInfo, parse_spec
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import queue
 import threading
+from abc import ABC, abstractmethod
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
 
-class QueueThread(threading.Thread, Generic[T]):
+class QueueThread(threading.Thread, ABC, Generic[T]):
     """Consumes items in order until ``None`` (the end) arrives or ``stop`` is set.
 
     Subclasses implement ``handle(item)``, ``finish()`` (after the end marker) and
@@ -24,14 +25,14 @@ class QueueThread(threading.Thread, Generic[T]):
         self.stop = stop or threading.Event()
         self.error: BaseException | None = None
 
-    def handle(self, item: T) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def handle(self, item: T) -> None: ...
 
-    def finish(self) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def finish(self) -> None: ...
 
-    def aborted(self) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def aborted(self) -> None: ...
 
     def check(self) -> None:
         """Raise this thread's error in the caller's thread (the job fails, nothing is lost)."""
