@@ -80,6 +80,9 @@ def plan_workers(gpus: list[int], cpu: int, metrics_port: int) -> list[WorkerSlo
         # PCI order: the index means the same GPU to CUDA, NVML and nvidia-smi.
         env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": str(i),
                "FRAMEFLEET_DEVICE": "cuda",
+               # Load and warm the decoder before the first job (unless configured otherwise).
+               "FRAMEFLEET_WARMUP_DECODER": os.environ.get("FRAMEFLEET_WARMUP_DECODER",
+                                                           "wan2.1-vae"),
                "FRAMEFLEET_METRICS_PORT": str(metrics_port + i if metrics_port else 0),
                "FRAMEFLEET_GPU_INDEX": str(i)}
         slots.append(WorkerSlot(f"gpu{i}@{host}", env))

@@ -40,6 +40,8 @@ def test_one_pinned_worker_per_gpu() -> None:
     assert [s.env["FRAMEFLEET_METRICS_PORT"] for s in slots[:2]] == ["9400", "9402"]
     assert slots[0].env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert slots[2].env["FRAMEFLEET_DEVICE"] == "cpu"
+    assert slots[0].env["FRAMEFLEET_WARMUP_DECODER"] == "wan2.1-vae"
+    assert "FRAMEFLEET_WARMUP_DECODER" not in slots[2].env
 
 
 def _nodes(app: object, timeout: float = 1.0) -> set[str]:
