@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from producer.errors import DeviceOutOfMemory, JobCancelled, JobConflictError
+from producer.errors import DeviceOutOfMemory, InvalidJobError, JobCancelled, JobConflictError
 from producer.settings import Settings, get_settings
 from producer.spec import (
     CostReport,
@@ -81,8 +81,6 @@ def fetch_weights(uri: str) -> str:
 
     parsed = urlparse(uri)
     if parsed.scheme != "file":
-        from producer.errors import InvalidJobError
-
         raise InvalidJobError("decoder.weights: only file:// folders are loaded by workers")
     return unquote(parsed.path)
 

@@ -96,7 +96,8 @@ def run_pipeline(
     return report
 
 
-def _timed_stream(decoder: ChunkDecoder, latents: torch.Tensor) -> Iterator[torch.Tensor]:
+def _decoded_chunks(decoder: ChunkDecoder, latents: torch.Tensor) -> Iterator[torch.Tensor]:
+    """The decoder's chunks; a shape mismatch inside the model becomes a fatal input error."""
     try:
         yield from decoder.stream(latents)
     except torch.OutOfMemoryError:
@@ -130,7 +131,7 @@ def _run_async(
         with stream_ctx:
             if window is not None:
                 window[0].record()
-            chunks = _timed_stream(decoder, latents)
+            chunks = _decoded_chunks(decoder, latents)
             while True:
                 slot, waited = ring.acquire(writer.check)
                 stats.add(backpressure_s=waited)
@@ -190,7 +191,7 @@ def _run_sequential(
     done = 0
     sync = torch.cuda.synchronize if decoder.device.type == "cuda" else (lambda: None)
     try:
-        chunks = _timed_stream(decoder, latents)
+        chunks = _decoded_chunks(decoder, latents)
         while True:
             t0 = time.perf_counter()
             chunk = next(chunks, None)
