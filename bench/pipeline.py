@@ -186,25 +186,30 @@ def main() -> None:
     ap.add_argument("--scale4", action="store_true",
                     help="memory flatness: 1x and 4x frames, each in a fresh process")
     ap.add_argument("--flatness-modes", default="decode_only,async;diffusers")
+    ap.add_argument("--graphs", type=int, default=2,
+                    help="compiled decode graphs (the worker's default); 0: eager decode")
     ap.add_argument("--out", default="bench/results/pipeline.json")
     args = ap.parse_args()
     device = torch.device(args.device)
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16,
              "float32": torch.float32}[args.dtype]
-    decoder = WanDecoder(build_vae(args.preset, seed=0, dtype=dtype), device)
+    decoder = WanDecoder(build_vae(args.preset, seed=0, dtype=dtype), device, graphs=args.graphs)
     work = Path(tempfile.mkdtemp(prefix="ffbench-"))
     results: dict[str, Any] = {
         "command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else
         platform.processor() or "cpu", "cpu_count": os.cpu_count(), "torch": torch.__version__,
         "dtype": args.dtype, "preset": args.preset, "store": "file:// (local disk)", "runs": [],
+        "graphs": args.graphs, "warmup_s": {},
     }
     plan = [(size, args.frames, args.modes.split(",")) for size in args.sizes.split(",")]
     for size, frames, modes in plan:
         w, h = (int(v) for v in size.split("x"))
         t = (frames - 1) // 4 + 1
         z = torch.randn(16, t, h // 8, w // 8, generator=torch.Generator().manual_seed(0))
-        decoder.warmup(h // 8, w // 8)
+        t0 = time.perf_counter()
+        decoder.warmup(h // 8, w // 8)  # on CUDA with --graphs: compile + capture
+        results["warmup_s"][size] = time.perf_counter() - t0
         for mode in modes:
             reps = args.reps if frames == args.frames else 1
             r = measure(mode, decoder, z, reps, work)
@@ -228,6 +233,7 @@ def flatness(args: argparse.Namespace, size: str) -> list[dict[str, Any]]:
             with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
                 cmd = [sys.executable, __file__, "--device", args.device, "--dtype", args.dtype,
                        "--preset", args.preset, "--sizes", size, "--frames", str(frames),
+                       "--graphs", str(args.graphs),
                        "--reps", "1", "--modes", modes, "--out", tmp.name]
                 subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
                 runs += [{**r, "fresh_process": True}

@@ -63,6 +63,10 @@ class Settings(BaseSettings):
         default="60x104", pattern=r"^[0-9]{1,4}x[0-9]{1,4}$",
         description="latent HxW of the warm-up (60x104 = 480x832 frames)",
     )
+    decode_graphs: int = Field(
+        default=2, ge=0, le=16,
+        description="CUDA: compiled, graph-captured decode sizes kept per decoder; 0: eager",
+    )
     metrics_port: int = Field(
         default=9400, ge=0, le=65_535, description="worker /metrics port (+ GPU index); 0: off"
     )

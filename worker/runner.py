@@ -42,9 +42,11 @@ CostFn = Callable[[JobSpec, float, int, int, float], CostReport]
 class DecoderCache:
     """Decoders built once per worker process and reused (weights loaded, warmed up)."""
 
-    def __init__(self, device: torch.device, capacity: int = 2) -> None:
+    def __init__(self, device: torch.device, capacity: int = 2, graphs: int = 0) -> None:
+        """``graphs``: compiled decode graphs each Wan decoder keeps (see decoders/wan_graph)."""
         self.device = device
         self.capacity = capacity
+        self.graphs = graphs
         self._cache: OrderedDict[tuple[object, ...], ChunkDecoder] = OrderedDict()
 
     def get(self, spec: DecoderSpec) -> ChunkDecoder:
@@ -72,7 +74,7 @@ class DecoderCache:
         if spec.weights is not None:
             weights = fetch_weights(spec.weights)
         vae = build_vae(spec.preset, weights, spec.seed, DTYPES[name])
-        return WanDecoder(vae, self.device)
+        return WanDecoder(vae, self.device, graphs=self.graphs)
 
 
 def fetch_weights(uri: str) -> str:
@@ -195,4 +197,5 @@ def run_job(spec: JobSpec, decoders: DecoderCache, ctx: JobContext | None = None
 
 
 def default_decoders(settings: Settings | None = None) -> DecoderCache:
-    return DecoderCache(resolve_device((settings or get_settings()).device))
+    settings = settings or get_settings()
+    return DecoderCache(resolve_device(settings.device), graphs=settings.decode_graphs)

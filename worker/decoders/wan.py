@@ -1,9 +1,11 @@
 """Wan2.1 VAE decoder (diffusers ``AutoencoderKLWan``), streamed one latent frame at a time.
 
 diffusers' own ``_decode`` runs the decoder per latent frame with a causal feature cache and
-concatenates everything into one video tensor: memory grows with video length. ``stream`` does
-exactly the same calls but yields each chunk instead, so the pipeline can post-process, copy and
-encode chunk i while chunk i+1 decodes, and memory stays flat.
+concatenates everything into one video tensor: memory grows with video length. ``stream``
+yields each chunk instead, so the pipeline can post-process, copy and encode chunk i while
+chunk i+1 decodes, and memory stays flat. Chunks come from ``WanStep`` (the same decoder as a
+pure function of its history); on CUDA every chunk after the first replays a compiled, captured
+graph once one exists for the size (``wan_graph``), else runs eagerly.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import torch
 
 from producer.errors import InvalidJobError
 from worker.decoders.base import SPATIAL_RATIO
+from worker.decoders.wan_graph import ChunkGraphs, Key
+from worker.decoders.wan_step import WanStep, supports
 
 #: The real Wan2.1 VAE architecture (diffusers' defaults).
 WAN21: dict[str, Any] = {}
@@ -54,33 +58,72 @@ class WanDecoder:
 
     name = "wan2.1-vae"
 
-    def __init__(self, vae: Any, device: torch.device | str = "cpu", tiled: bool = False) -> None:
+    def __init__(
+        self, vae: Any, device: torch.device | str = "cpu", tiled: bool = False,
+        graphs: int = 0,
+    ) -> None:
+        """``graphs``: compiled steady-state chunk graphs kept (CUDA only; 0: always eager)."""
         self.device = torch.device(device)
         self.vae = vae.to(self.device)
         self.dtype: torch.dtype = next(self.vae.parameters()).dtype
         self.latent_channels = int(self.vae.config.z_dim)
         self.patch_size = self.vae.config.get("patch_size")
         self.tiled = tiled
+        self.step = WanStep(self.vae) if supports(self.vae) else None
+        self.graphs: ChunkGraphs | None = None
+        if self.step is not None and self.device.type == "cuda" and graphs > 0:
+            self.graphs = ChunkGraphs.for_vae(self.vae, self.device, capacity=graphs)
 
     def with_tiling(self) -> WanDecoder:
         """The same model decoding in overlapping spatial tiles (diffusers' tile sizes): the
         smaller working set a job falls back to after a CUDA out-of-memory error."""
-        return WanDecoder(self.vae, self.device, tiled=True)
+        return WanDecoder(self.vae, self.device, tiled=True, graphs=0)
 
     def output_size(self, latent_h: int, latent_w: int) -> tuple[int, int]:
         scale = SPATIAL_RATIO * (self.patch_size or 1)
         return latent_h * scale, latent_w * scale
 
     def warmup(self, latent_h: int, latent_w: int) -> None:
+        """One short eager decode, then (CUDA) the steady-state graph for this size."""
         z = torch.randn((self.latent_channels, 2, latent_h, latent_w))
         for _ in self.stream(z):
             pass
+        if self.graphs is not None:
+            self.graphs.prepare(self.graph_key(latent_h, latent_w))
+
+    def graph_key(self, latent_h: int, latent_w: int, batch: int = 1) -> Key:
+        return (batch, self.latent_channels, latent_h, latent_w, self.dtype)
 
     def stream(self, latents: torch.Tensor) -> Iterator[torch.Tensor]:
-        return self._stream_tiled(latents) if self.tiled else self._stream(latents)
+        if self.tiled:
+            return self._stream_tiled(latents)
+        return self._stream(latents) if self.step is not None else self._stream_modules(latents)
 
     @torch.inference_mode()
     def _stream(self, latents: torch.Tensor) -> Iterator[torch.Tensor]:
+        assert self.step is not None
+        z = latents.to(self.device, self.dtype, non_blocking=True).unsqueeze(0)
+        out, caches = self.step(z[:, :, :1])
+        yield out[0]
+        graph = None
+        if self.graphs is not None and z.shape[2] > 1:
+            key = self.graph_key(z.shape[3], z.shape[4])
+            graph = self.graphs.get(key)
+            if graph is None:
+                self.graphs.prepare_later(key)  # this job stays eager; later ones replay
+        if graph is not None:
+            graph.load(caches)
+            del caches
+            for i in range(1, z.shape[2]):
+                yield graph.step(z[:, :, i : i + 1])[0]
+            return
+        for i in range(1, z.shape[2]):
+            out, caches = self.step(z[:, :, i : i + 1], caches)
+            yield out[0]
+
+    @torch.inference_mode()
+    def _stream_modules(self, latents: torch.Tensor) -> Iterator[torch.Tensor]:
+        """diffusers' own per-frame loop over its modules (Wan2.2-layout models, baseline)."""
         from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
 
         vae = self.vae

@@ -1,0 +1,164 @@
+"""The Wan2.1 VAE decoder as a pure function of one latent frame and its causal caches.
+
+diffusers keeps the decoder's causal history in a Python list on the model, with a string
+marker ("Rep") in it after the first chunk and caches of one or two frames: every chunk
+mutates that list, so ``torch.compile`` cannot capture a chunk as one graph and no CUDA graph
+can be taken of it. Here the history is a list of tensors passed in and returned; after the
+first chunk every entry has exactly ``CACHE_T`` frames, so every later chunk at one
+resolution has the same shapes — the steady state that ``wan_graph`` compiles and captures.
+
+Equal to diffusers' ``vae.decode`` chunk by chunk (up to float rounding of the convolution
+algorithms chosen): the first chunk's history is the zeros diffusers pads with, written out.
+Two changes make it cheaper, both exact in real arithmetic: the spatial zero padding of each
+causal convolution is done by the convolution itself (diffusers copies the whole activation
+through ``F.pad`` first), and the optional ``stack_time`` form runs a 3×k×k convolution as a 2-D
+convolution over three frames stacked on the channel axis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+#: Frames of causal history each convolution keeps (diffusers' CACHE_T).
+CACHE_T = 2
+
+Caches = list[torch.Tensor]
+
+
+def supports(vae: Any) -> bool:
+    """Wan2.1-layout decoders (no residual up blocks, no patching); Wan2.2's are eager only."""
+    cfg = vae.config
+    return not cfg.get("is_residual", False) and cfg.get("patch_size") is None
+
+
+class WanStep:
+    """``step(z, caches) -> (frames, caches)`` over an ``AutoencoderKLWan``'s own modules.
+
+    ``z``: one latent frame (B, C, 1, h, w). ``caches``: None for the first chunk, else what
+    the previous call returned. Frames come back clamped to [-1, 1]: (B, 3, F, H, W), F = 1
+    for the first chunk and 4 after it. Nothing is kept between calls.
+    """
+
+    def __init__(self, vae: Any, *, stack_time: bool = False) -> None:
+        if not supports(vae):
+            raise ValueError("WanStep: only Wan2.1-layout decoders (is_residual off, no patching)")
+        self.post_quant_conv = vae.post_quant_conv
+        self.decoder = vae.decoder
+        self.stack_time = stack_time
+
+    def __call__(
+        self, z: torch.Tensor, caches: Sequence[torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, Caches]:
+        first = caches is None
+        history: Iterator[torch.Tensor | None] = iter(caches) if caches is not None else _nones()
+        new: Caches = []
+        dec = self.decoder
+        x = _conv(self.post_quant_conv, z)
+        x = self._causal(dec.conv_in, x, next(history), new)
+        mid = dec.mid_block
+        x = self._residual(mid.resnets[0], x, history, new)
+        for attn, res in zip(mid.attentions, mid.resnets[1:], strict=True):
+            x = self._residual(res, attn(x), history, new)
+        for up in dec.up_blocks:
+            for res in up.resnets:
+                x = self._residual(res, x, history, new)
+            if up.upsamplers is not None:
+                x = self._resample(up.upsamplers[0], x, history, new, first)
+        x = self._causal(dec.conv_out, dec.nonlinearity(dec.norm_out(x)), next(history), new)
+        return x.clamp(-1.0, 1.0), new
+
+    def _residual(
+        self, res: Any, x: torch.Tensor, history: Iterator[torch.Tensor | None], new: Caches
+    ) -> torch.Tensor:
+        h = x if isinstance(res.conv_shortcut, torch.nn.Identity) else _conv(res.conv_shortcut, x)
+        x = self._causal(res.conv1, res.nonlinearity(res.norm1(x)), next(history), new)
+        x = self._causal(res.conv2, res.nonlinearity(res.norm2(x)), next(history), new)
+        return x + h  # dropout is the identity in eval mode
+
+    def _causal(
+        self, conv: Any, x: torch.Tensor, cache: torch.Tensor | None, new: Caches
+    ) -> torch.Tensor:
+        """diffusers' WanCausalConv3d with history: [cache, x] along time, padded spatially by
+        the convolution itself. The new history is the last CACHE_T frames of [cache, x]."""
+        xin = _with_history(x, cache)
+        new.append(xin[:, :, -CACHE_T:].clone())
+        pad_w, _, pad_h = conv._padding[:3]
+        if self.stack_time and conv.kernel_size[0] == CACHE_T + 1 and conv.stride == (1, 1, 1):
+            return _stacked_conv(xin, conv.weight, conv.bias, (pad_h, pad_w))
+        return F.conv3d(xin, conv.weight, conv.bias, conv.stride, (0, pad_h, pad_w))
+
+    def _resample(
+        self, rs: Any, x: torch.Tensor, history: Iterator[torch.Tensor | None], new: Caches,
+        first: bool,
+    ) -> torch.Tensor:
+        b, c, t, h, w = x.shape
+        if rs.mode == "upsample3d":
+            cache = next(history)
+            if first:
+                # diffusers marks this slot "Rep" and skips the temporal conv: the next chunk
+                # then pads with zeros, which is what a zero history does.
+                new.append(x.new_zeros((b, c, CACHE_T, h, w)).contiguous(
+                    memory_format=_format(x)))
+            else:
+                x = self._causal(rs.time_conv, x, cache, new)
+                # (b, 2c, t) → (b, c, 2t): the two output halves interleave in time.
+                x = x.reshape(b, 2, c, t, h, w)
+                x = torch.stack((x[:, 0], x[:, 1]), 3).reshape(b, c, t * 2, h, w)
+        elif rs.mode != "upsample2d":
+            raise ValueError(f"WanStep: unexpected resample mode {rs.mode!r} in a decoder")
+        t = x.shape[2]
+        y = rs.resample(x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w))
+        return y.view(b, t, *y.shape[1:]).permute(0, 2, 1, 3, 4)
+
+
+def _nones() -> Iterator[None]:
+    while True:
+        yield None
+
+
+def _format(x: torch.Tensor) -> torch.memory_format:
+    return torch.channels_last_3d if x.is_contiguous(memory_format=torch.channels_last_3d) \
+        and not x.is_contiguous() else torch.contiguous_format
+
+
+def _with_history(x: torch.Tensor, cache: torch.Tensor | None) -> torch.Tensor:
+    if cache is None:  # first chunk: diffusers pads the causal side with zeros
+        b, c, _, h, w = x.shape
+        cache = x.new_zeros((b, c, CACHE_T, h, w))
+    return torch.cat([cache, x], dim=2)
+
+
+def _conv(conv: Any, x: torch.Tensor) -> torch.Tensor:
+    """A causal conv with no temporal kernel (1×1×1): no history, no padding."""
+    return F.conv3d(x, conv.weight, conv.bias, conv.stride)
+
+
+def _stacked_conv(
+    xin: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, padding: tuple[int, int]
+) -> torch.Tensor:
+    """Conv3d with a 3-frame temporal kernel as one 2-D conv: output frame t reads frames
+    t..t+2, stacked on the channel axis, against the weight reshaped to (O, 3·C, kh, kw)."""
+    b, c, tin, h, w = xin.shape
+    t = tin - CACHE_T
+    frames = xin.permute(0, 2, 1, 3, 4)  # (b, tin, c, h, w)
+    stacked = torch.cat([frames[:, k : k + t] for k in range(CACHE_T + 1)], dim=2)
+    stacked = stacked.reshape(b * t, (CACHE_T + 1) * c, h, w)
+    o = weight.shape[0]
+    w2 = weight.permute(0, 2, 1, 3, 4).reshape(o, (CACHE_T + 1) * c, *weight.shape[3:])
+    y = F.conv2d(stacked, w2, bias, padding=padding)
+    return y.view(b, t, o, h, w).permute(0, 2, 1, 3, 4)
+
+
+def set_memory_format(vae: Any, fmt: torch.memory_format) -> None:
+    """Lay the conv weights out in ``fmt`` (``channels_last_3d`` or contiguous); activations
+    follow the weights. ``Module.to(memory_format=...)`` refuses the 1-D biases."""
+    fmt2 = torch.channels_last if fmt == torch.channels_last_3d else torch.contiguous_format
+    for param in vae.parameters():
+        if param.dim() == 5:
+            param.data = param.data.contiguous(memory_format=fmt)
+        elif param.dim() == 4:
+            param.data = param.data.contiguous(memory_format=fmt2)
