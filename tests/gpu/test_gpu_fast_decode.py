@@ -71,6 +71,7 @@ def test_fast_path_in_fp32_computes_the_same_function() -> None:
         vae = build_vae("wan2.1", seed=0)
         decoder = WanDecoder(vae, CUDA, graphs=1)
         decoder.warmup(20, 36)
+        assert decoder.graphs is not None and decoder.graphs.get(decoder.graph_key(20, 36))
         z = torch.randn(16, 4, 20, 36, generator=torch.Generator().manual_seed(5))
         out = _clip(decoder, z)
         eager = _clip(WanDecoder(vae, CUDA), z)
@@ -94,22 +95,23 @@ def test_new_size_decodes_eagerly_while_its_graph_builds_and_cache_is_bounded() 
     decoder = WanDecoder(vae, CUDA, graphs=1)
     graphs = decoder.graphs
     assert graphs is not None
+    key = decoder.graph_key(24, 40)
     z = torch.randn(16, 4, 24, 40, generator=torch.Generator().manual_seed(3))
     eager = torch.cat([c.float() for c in WanDecoder(vae, CUDA).stream(z)], dim=1)
-    # When a job arrives at that size: it is decoded eagerly, at once (no compile stall)
+    # When jobs at that size keep arriving while its graph compiles and is captured in the
+    # background: each is decoded eagerly at once, correctly (no stall, no broken capture)
     t0 = time.perf_counter()
-    first = _clip(decoder, z)
-    job_s = time.perf_counter() - t0
-    assert _rel(first, eager) < 1e-6
-    # and the graph is built in the background meanwhile; the next job replays it
-    graphs.wait(timeout=300)
-    key = decoder.graph_key(24, 40)
+    jobs = 0
+    while graphs.get(key) is None and time.perf_counter() - t0 < 300:
+        assert _rel(_clip(decoder, z), eager) < 1e-6
+        jobs += 1
+    graphs.wait(timeout=60)
     graph = graphs.get(key)
     assert graph is not None, "background build failed (see log)"
-    print(f"eager job {job_s:.2f} s while the graph built in {graph.build_s:.1f} s")
-    assert job_s < graph.build_s
-    second = _clip(decoder, z)
-    assert _rel(second, eager) < 3e-2
+    print(f"{jobs} eager jobs ran while the graph built in {graph.build_s:.1f} s")
+    assert jobs >= 3
+    # Then the next job replays the graph
+    assert _rel(_clip(decoder, z), eager) < 3e-2
     # And a second size evicts the first (capacity 1)
     _clip(decoder, torch.randn(16, 2, 20, 36))
     graphs.wait(timeout=300)
@@ -136,11 +138,13 @@ def test_async_pipeline_with_fast_decoder_matches_sequential(fast: WanDecoder,
         assert torch.equal(frames["async"][k], plane), f"frame {k} differs"
 
 
-def test_step_batch_of_two_equals_two_single_clips(fast: WanDecoder) -> None:
-    # Batching (several clips per chunk) is measured in bench/decode.py; here: it is exact.
-    step = WanStep(fast.vae)
-    z = torch.randn(2, 16, 3, H, W, device=CUDA, dtype=torch.bfloat16)
-    torch.backends.cudnn.deterministic = True
+def test_step_batch_of_two_equals_two_single_clips() -> None:
+    # Batching (several clips per chunk) is measured in bench/decode.py; here: it computes the
+    # same function (fp32, no TF32: bf16 would differ by its rounding, cuDNN picks other
+    # algorithms for another batch size).
+    step = WanStep(build_vae("wan2.1", seed=0).to(CUDA))
+    z = torch.randn(2, 16, 3, H, W, device=CUDA)
+    torch.backends.cudnn.allow_tf32 = False
     try:
         with torch.inference_mode():
             both, c2 = step(z[:, :, :1])
@@ -148,5 +152,5 @@ def test_step_batch_of_two_equals_two_single_clips(fast: WanDecoder) -> None:
             both, _ = step(z[:, :, 1:2], c2)
             one, _ = step(z[:1, :, 1:2], c1)
     finally:
-        torch.backends.cudnn.deterministic = False
-    assert _rel(both[:1].float(), one.float()) < 1e-2
+        torch.backends.cudnn.allow_tf32 = True
+    assert _rel(both[:1], one) < 1e-4

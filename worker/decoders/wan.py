@@ -84,12 +84,13 @@ class WanDecoder:
         return latent_h * scale, latent_w * scale
 
     def warmup(self, latent_h: int, latent_w: int) -> None:
-        """One short eager decode, then (CUDA) the steady-state graph for this size."""
+        """(CUDA) compile and capture the steady-state graph for this size, then one short
+        decode through it, so the first job pays no first-call costs."""
+        if self.graphs is not None:
+            self.graphs.prepare(self.graph_key(latent_h, latent_w))
         z = torch.randn((self.latent_channels, 2, latent_h, latent_w))
         for _ in self.stream(z):
             pass
-        if self.graphs is not None:
-            self.graphs.prepare(self.graph_key(latent_h, latent_w))
 
     def graph_key(self, latent_h: int, latent_w: int, batch: int = 1) -> Key:
         return (batch, self.latent_channels, latent_h, latent_w, self.dtype)

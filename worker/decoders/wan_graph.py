@@ -92,7 +92,8 @@ class ChunkGraphs:
         self._failed: set[Key] = set()
         self._pending: set[Key] = set()
         self._builders: list[threading.Thread] = []
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the dicts and sets above
+        self._build_lock = threading.Lock()  # one compile/capture at a time
 
     @classmethod
     def for_vae(cls, vae: Any, device: torch.device, *, capacity: int = 2) -> ChunkGraphs:
@@ -108,27 +109,34 @@ class ChunkGraphs:
                 self._graphs.move_to_end(key)
             return graph
 
-    def prepare(self, key: Key, *, thread_local: bool = False) -> ChunkGraph | None:
-        """Compile and capture ``key`` now (blocking); None if it cannot be captured."""
-        if self.capacity <= 0 or key in self._failed:
+    def prepare(self, key: Key) -> ChunkGraph | None:
+        """Compile and capture ``key`` now (blocking); None if it cannot be captured.
+
+        One build at a time (a second caller for the same key waits and gets its graph):
+        two captures at once, or a capture while another thread compiles, break each other.
+        """
+        if self.capacity <= 0:
             return None
-        graph = self.get(key)
-        if graph is not None:
+        with self._build_lock:
+            if key in self._failed:
+                return None
+            graph = self.get(key)
+            if graph is not None:
+                return graph
+            t0 = time.perf_counter()
+            try:
+                graph = self._capture(key)
+            except Exception:  # a graph is an optimisation: the eager step stays correct
+                log.exception("decode graph for %s not captured; this size stays eager", key)
+                self._failed.add(key)
+                return None
+            graph.build_s = time.perf_counter() - t0
+            log.info("decode graph for %s built in %.1f s", key, graph.build_s)
+            with self._lock:
+                self._graphs[key] = graph
+                while len(self._graphs) > self.capacity:
+                    self._graphs.popitem(last=False)
             return graph
-        t0 = time.perf_counter()
-        try:
-            graph = self._capture(key, thread_local)
-        except Exception:  # a graph is an optimisation: the eager step stays correct
-            log.exception("decode graph for %s not captured; this size stays eager", key)
-            self._failed.add(key)
-            return None
-        graph.build_s = time.perf_counter() - t0
-        log.info("decode graph for %s built in %.1f s", key, graph.build_s)
-        with self._lock:
-            self._graphs[key] = graph
-            while len(self._graphs) > self.capacity:
-                self._graphs.popitem(last=False)
-        return graph
 
     def prepare_later(self, key: Key) -> threading.Thread | None:
         """``prepare`` in a background thread (once per key); the caller decodes eagerly."""
@@ -140,7 +148,7 @@ class ChunkGraphs:
 
         def build() -> None:
             try:
-                self.prepare(key, thread_local=True)
+                self.prepare(key)
             finally:
                 with self._lock:
                     self._pending.discard(key)
@@ -156,7 +164,7 @@ class ChunkGraphs:
         for thread in list(self._builders):
             thread.join(timeout)
 
-    def _capture(self, key: Key, thread_local: bool) -> ChunkGraph:
+    def _capture(self, key: Key) -> ChunkGraph:
         # All of it on a stream of its own: a background build must not queue behind (or
         # in front of) the job decoding on the compute stream meanwhile.
         side = torch.cuda.Stream(self.device)
@@ -173,9 +181,11 @@ class ChunkGraphs:
                 self._fn(z, caches)
         side.synchronize()
         graph = torch.cuda.CUDAGraph()
-        mode = "thread_local" if thread_local else "global"
+        # thread_local: the job decoding eagerly on another thread meanwhile may allocate
+        # (cudaMalloc) without invalidating this capture; the allocator sends only this
+        # stream's allocations to the graph's pool.
         with torch.inference_mode(), torch.cuda.graph(graph, stream=side,
-                                                      capture_error_mode=mode):
+                                                      capture_error_mode="thread_local"):
             out, new = self._fn(z, caches)
             for static, fresh in zip(caches, new, strict=True):
                 static.copy_(fresh)
