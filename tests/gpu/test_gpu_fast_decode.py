@@ -22,7 +22,9 @@ H, W = 30, 52  # latents of 240x416 frames: compile cost is per size, not per pi
 
 
 def _clip(decoder: WanDecoder, z: torch.Tensor) -> torch.Tensor:
-    return torch.cat([c.float() for c in decoder.stream(z)], dim=1)
+    # clone: a chunk is the graph's output buffer, rewritten by the next replay (and .float()
+    # of an fp32 chunk is the chunk itself)
+    return torch.cat([c.float().clone() for c in decoder.stream(z)], dim=1)
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:

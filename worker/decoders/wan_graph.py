@@ -87,6 +87,9 @@ class ChunkGraphs:
             # its default limit of 8, further sizes would quietly run uncompiled.
             dynamo = torch._dynamo.config
             dynamo.recompile_limit = max(dynamo.recompile_limit, 64)
+            # cuDNN times its algorithms once per conv shape (at the warm-up before capture)
+            # and the graph keeps the fastest; eager decoding is unaffected in speed (measured).
+            torch.backends.cudnn.benchmark = True
             self._fn = torch.compile(step.__call__, fullgraph=True, dynamic=False)
         self._graphs: OrderedDict[Key, ChunkGraph] = OrderedDict()
         self._failed: set[Key] = set()
