@@ -97,6 +97,7 @@ class ChunkGraphs:
         self._builders: list[threading.Thread] = []
         self._lock = threading.Lock()  # guards the dicts and sets above
         self._build_lock = threading.Lock()  # one compile/capture at a time
+        self._side: torch.cuda.Stream | None = None  # builds' own stream, made once
 
     @classmethod
     def for_vae(cls, vae: Any, device: torch.device, *, capacity: int = 2) -> ChunkGraphs:
@@ -169,8 +170,11 @@ class ChunkGraphs:
 
     def _capture(self, key: Key) -> ChunkGraph:
         # All of it on a stream of its own: a background build must not queue behind (or
-        # in front of) the job decoding on the compute stream meanwhile.
-        side = torch.cuda.Stream(self.device)
+        # in front of) the job decoding on the compute stream meanwhile. One stream for every
+        # build: the allocator caches freed blocks per stream.
+        if self._side is None:
+            self._side = torch.cuda.Stream(self.device)
+        side = self._side
         side.wait_stream(torch.cuda.current_stream(self.device))
         b, c, h, w, dtype = key
         with torch.cuda.stream(side):
@@ -193,6 +197,10 @@ class ChunkGraphs:
             for static, fresh in zip(caches, new, strict=True):
                 static.copy_(fresh)
         side.synchronize()
+        # The warm-up runs' working set (about one eager chunk) sits cached on the build
+        # stream, where the job's compute stream can never reuse it: give it back. The
+        # graph's own pool is held by the graph and stays.
+        torch.cuda.empty_cache()
         return ChunkGraph(graph, z, caches, out, 0.0)
 
 
