@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from worker.decoders.wan import WanDecoder, build_vae
-from worker.decoders.wan_graph import ChunkGraphs, _DecoderWeights
+from worker.decoders.wan_graph import ChunkGraph, ChunkGraphs, _DecoderWeights
 from worker.decoders.wan_step import CACHE_T, WanStep, supports
 
 
@@ -89,3 +89,52 @@ def test_cpu_decoder_has_no_graphs_and_zero_capacity_prepares_nothing() -> None:
     graphs = ChunkGraphs(WanStep(vae), torch.device("cpu"), capacity=0, compile=False)
     assert graphs.prepare((1, 16, 4, 4, torch.float32)) is None
     assert graphs.prepare_later((1, 16, 4, 4, torch.float32)) is None
+
+
+class _RecordingGraphs(ChunkGraphs):
+    """The cache's bookkeeping without CUDA: ``_capture`` records the key (or fails for keys in
+    ``fail``) and returns an empty graph record; the real capture runs in tests/gpu."""
+
+    def __init__(self, capacity: int, fail: tuple[object, ...] = ()) -> None:
+        super().__init__(WanStep(build_vae("tiny")), torch.device("cpu"), capacity=capacity,
+                         compile=False)
+        self.built: list[object] = []
+        self.fail = fail
+
+    def _capture(self, key):  # type: ignore[no-untyped-def]
+        self.built.append(key)
+        if key in self.fail:
+            raise RuntimeError("capture failed")
+        empty = torch.empty(0)
+        return ChunkGraph(graph=None, z=empty, caches=[], out=empty, build_s=0.0)  # type: ignore[arg-type]
+
+
+def _key(h: int) -> tuple[int, int, int, int, torch.dtype]:
+    return (1, 16, h, h, torch.bfloat16)
+
+
+def test_graph_cache_builds_once_and_evicts_least_recently_used() -> None:
+    graphs = _RecordingGraphs(capacity=2)
+    a, b, c = _key(4), _key(6), _key(8)
+    assert graphs.prepare(a) is graphs.prepare(a) is not None
+    graphs.prepare(b)
+    assert graphs.get(a) is not None  # a is now the most recently used
+    graphs.prepare(c)
+    assert graphs.built == [a, b, c]
+    assert graphs.get(b) is None and graphs.get(a) is not None and graphs.get(c) is not None
+
+
+def test_failed_capture_leaves_the_size_eager_and_is_not_retried() -> None:
+    graphs = _RecordingGraphs(capacity=2, fail=(_key(4),))
+    assert graphs.prepare(_key(4)) is None
+    assert graphs.prepare(_key(4)) is None and graphs.prepare_later(_key(4)) is None
+    assert graphs.built == [_key(4)]
+
+
+def test_background_build_starts_once_per_size() -> None:
+    graphs = _RecordingGraphs(capacity=2)
+    assert graphs.prepare_later(_key(4)) is not None
+    assert graphs.prepare_later(_key(4)) is None  # pending (or already built): no second build
+    graphs.wait(timeout=30)
+    assert graphs.prepare_later(_key(4)) is None
+    assert graphs.get(_key(4)) is not None and graphs.built == [_key(4)]
