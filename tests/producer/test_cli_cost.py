@@ -16,9 +16,10 @@ from typer.testing import CliRunner
 
 from producer.app import make_app
 from producer.cli_cost import UnsupportedBackendError, cost_app, parse_duration, read_results
-from producer.cost import default_catalog, job_cost, prices_for
+from producer.cost import default_catalog, prices_for
 from producer.fleet import fleet_summary
-from producer.spec import JobResult, SegmentInfo, StageTimings, WorkerInfo
+from producer.spec import JobResult
+from tests.producer.test_cost import make_result as cost_result
 from tests.require import require_binary
 from tests.services import RedisServer
 
@@ -51,40 +52,11 @@ def app(backend_url: str) -> Iterator[Celery]:
 
 
 def make_result(job_id: str, tenant: str, node: str, age_s: float, wall_s: float) -> JobResult:
-    prices = prices_for("g7e.2xlarge", "on-demand", default_catalog())
-    video_s = wall_s / 2
-    cost = job_cost(
-        tenant=tenant,
-        prices=prices,
-        gpu_seconds=wall_s,
-        s3_puts=2,
-        stored_bytes=2_000_000,
-        video_seconds=video_s,
-    )
-    segment = SegmentInfo(
-        index=0,
-        uri=f"s3://b/o/{tenant}/{job_id}/segment-00000.mp4",
-        first_frame=0,
-        frames=int(video_s * 16),
-        bytes=2_000_000,
-        sha256="0" * 64,
-        seconds=video_s,
-    )
-    return JobResult(
-        job_id=job_id,
-        tenant=tenant,
-        spec_digest="0" * 64,
-        segments=(segment,),
-        manifest_uri=f"s3://b/o/{tenant}/{job_id}/manifest.json",
-        frames=int(video_s * 16),
-        video_seconds=video_s,
-        width=832,
-        height=480,
-        fps=16.0,
-        timings=StageTimings(wall_s=wall_s, decode_s=wall_s * 0.9),
-        worker=WorkerInfo(hostname="h", node=node, pid=1, device="cuda:0"),
-        cost=cost,
-        finished_at=time.time() - age_s,
+    """test_cost's JobResult factory, priced as g7e.2xlarge on demand, finished ``age_s`` ago."""
+    return cost_result(
+        job_id, tenant, node=node, finished_at=time.time() - age_s, wall_s=wall_s,
+        video_seconds=wall_s / 2, prices=prices_for("g7e.2xlarge", "on-demand", default_catalog()),
+        s3_puts=2, stored_bytes=2_000_000,
     )
 
 
