@@ -39,7 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from worker.decoders.wan import WanDecoder, build_vae
-from worker.decoders.wan_graph import ChunkGraphs
+from worker.decoders.wan_graph import ChunkGraphs, steady_caches
 from worker.decoders.wan_step import WanStep, set_memory_format
 
 CL = torch.channels_last_3d
@@ -88,10 +88,10 @@ class Clip:
         elif v.compile:
             self.fn = torch.compile(self.step.__call__, fullgraph=True, dynamic=False)
             b, c, h, w, dtype = key
+            caches = steady_caches(self.step, key, torch.device("cuda"), self.fmt)
             z = torch.zeros((b, c, 1, h, w), device="cuda", dtype=dtype).contiguous(
                 memory_format=self.fmt)
             with torch.inference_mode():
-                _, caches = self.step(z)
                 for _ in range(3):
                     self.fn(z, caches)
         torch.cuda.synchronize()
