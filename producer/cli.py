@@ -180,7 +180,7 @@ def exporter(
 ) -> None:
     """Fleet-wide Prometheus exporter of the Redis queue depth (one per fleet)."""
     from producer.settings import get_settings
-    from worker.metrics import run_exporter
+    from worker.ops.exporter import run_exporter
 
     s = get_settings()
     run_exporter(s.broker_url, s.exporter_port, cloudwatch, interval)

@@ -1,26 +1,23 @@
-"""Prometheus series of a worker and of the fleet exporter: the only prometheus_client user.
+"""Prometheus series of a worker: jobs, stage timings, output, cost and GPU samples.
 
 Worker series live in :data:`WORKER_REGISTRY` (served by :func:`start_metrics_server` in the
 process that runs tasks: with Celery's prefork pool that is the pool child, so start it from
-``worker_process_init``, where CUDA is initialised too). The queue-depth series lives in
-:data:`EXPORTER_REGISTRY`, served by :func:`run_exporter`, one per fleet: a worker must not
-report the fleet's backlog N times.
+``worker_process_init``, where CUDA is initialised too). The fleet's queue depth is not a
+worker's to report: :mod:`worker.ops.exporter` serves it, one per fleet.
 
 Metric names follow Prometheus conventions (base units, ``_total`` counters, ``_ratio`` 0..1).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import sys
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 from wsgiref.simple_server import WSGIServer
 
-import redis
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -32,18 +29,14 @@ from prometheus_client import (
 )
 
 from producer.spec import JobResult, Prices
+from worker.ops.exporter import EXPORTER_REGISTRY
 
 log = logging.getLogger(__name__)
 
 STATUSES = ("success", "failure", "retry", "cancelled")
 STAGES = ("load", "decode", "postprocess", "d2h", "encode", "upload")
-#: kombu's Redis transport keeps priority step N > 0 of queue Q in the list ``Q\x06\x16N``
-#: (``Channel.sep``); ":" is summed too, for transports configured with ``sep=":"``.
-KOMBU_SEPARATORS = ("\x06\x16", ":")
-PRIORITY_STEPS = range(1, 10)
 
 WORKER_REGISTRY = CollectorRegistry()
-EXPORTER_REGISTRY = CollectorRegistry()
 ProcessCollector(registry=WORKER_REGISTRY)
 PlatformCollector(registry=WORKER_REGISTRY)
 
@@ -115,12 +108,6 @@ GPU_PRICE = Gauge(
     ["instance_type", "capacity"],
     registry=WORKER_REGISTRY,
 )
-QUEUE_DEPTH = Gauge(
-    "framefleet_queue_depth",
-    "Messages waiting in a Celery queue, all priority steps summed.",
-    ["queue"],
-    registry=EXPORTER_REGISTRY,
-)
 
 for _stage in STAGES:  # every stage series exists from the start, so dashboards show zeros
     STAGE_SECONDS.labels(stage=_stage)
@@ -133,7 +120,8 @@ _SUFFIXES = {
 
 
 def metric_names() -> frozenset[str]:
-    """Every ``framefleet_*`` series name this module can expose (suffixes included)."""
+    """Every ``framefleet_*`` series name framefleet exposes, suffixes included: a worker's
+    and the fleet exporter's (dashboards and alert rules use both)."""
     names: set[str] = set()
     for registry in (WORKER_REGISTRY, EXPORTER_REGISTRY):
         for family in registry.collect():
@@ -325,104 +313,3 @@ class NvmlSampler(threading.Thread):
         level = logging.DEBUG if key in self._errors_seen else logging.WARNING
         self._errors_seen.add(key)
         log.log(level, "metrics sampler: %s failed: %s", what, error, exc_info=error)
-
-
-# --- fleet exporter ---------------------------------------------------------------------------
-
-
-def queue_names(queue: str) -> list[str]:
-    """The Redis lists kombu uses for ``queue``: the plain name, then one per priority step."""
-    return [queue] + [f"{queue}{sep}{n}" for sep in KOMBU_SEPARATORS for n in PRIORITY_STEPS]
-
-
-def _depth(client: redis.Redis, queue: str) -> int:
-    pipe = client.pipeline(transaction=False)
-    for name in queue_names(queue):
-        pipe.llen(name)
-    # A key of another type under one of these names is not ours: skip it, do not fail.
-    sizes = pipe.execute(raise_on_error=False)
-    return sum(size for size in sizes if isinstance(size, int))
-
-
-def queue_depth(redis_url: str, queue: str = "video") -> int:
-    """Messages waiting in a Celery queue on a Redis broker, all priority steps summed."""
-    client = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=5)
-    try:
-        return _depth(client, queue)
-    finally:
-        client.close()
-
-
-def export_once(client: redis.Redis, queues: Iterable[str], cloudwatch: Any = None) -> None:
-    """Set ``framefleet_queue_depth`` per queue; with a CloudWatch client, also put it there."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    for queue in queues:
-        try:
-            depth = _depth(client, queue)
-        except redis.RedisError as e:
-            # No stale number: the series disappears while Redis cannot be read.
-            log.warning("queue depth of %r unavailable: %s", queue, e)
-            with contextlib.suppress(KeyError):
-                QUEUE_DEPTH.remove(queue)
-            continue
-        QUEUE_DEPTH.labels(queue=queue).set(depth)
-        if cloudwatch is not None:
-            try:
-                cloudwatch.put_metric_data(
-                    Namespace="Framefleet",
-                    MetricData=[
-                        {
-                            "MetricName": "QueueDepth",
-                            "Dimensions": [{"Name": "Queue", "Value": queue}],
-                            "Value": float(depth),
-                            "Unit": "Count",
-                        }
-                    ],
-                )
-            except (BotoCoreError, ClientError) as e:  # keep serving Prometheus regardless
-                log.warning("CloudWatch put_metric_data failed: %s", e)
-
-
-def run_exporter(
-    redis_url: str,
-    port: int,
-    cloudwatch: bool,
-    interval_s: float,
-    *,
-    queues: Sequence[str] = ("video",),
-    addr: str = "0.0.0.0",
-    stop: threading.Event | None = None,
-    max_iterations: int | None = None,
-    cloudwatch_client: Any = None,
-) -> None:
-    """Serve ``framefleet_queue_depth`` on ``addr:port``, refreshed every ``interval_s``.
-
-    With ``cloudwatch`` the depth also goes to CloudWatch (namespace ``Framefleet``, metric
-    ``QueueDepth``, dimension ``Queue``) for the autoscaling group; ``cloudwatch_client``
-    replaces the default ``boto3.client("cloudwatch")``. Runs until ``stop`` is set or after
-    ``max_iterations`` refreshes; the HTTP server is stopped on the way out.
-    """
-    if interval_s <= 0:
-        raise ValueError(f"interval_s must be > 0, got {interval_s!r}")
-    stop = stop or threading.Event()
-    cw = cloudwatch_client
-    if cloudwatch and cw is None:
-        import boto3
-
-        cw = boto3.client("cloudwatch")
-    client = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=5)
-    server, _thread = start_http_server(port, addr=addr, registry=EXPORTER_REGISTRY)
-    log.info("exporter serving queue depth of %s on %s:%d", list(queues), addr, port)
-    try:
-        done = 0
-        while not stop.is_set():
-            export_once(client, queues, cw if cloudwatch else None)
-            done += 1
-            if max_iterations is not None and done >= max_iterations:
-                break
-            stop.wait(interval_s)
-    finally:
-        server.shutdown()
-        server.server_close()
-        client.close()

@@ -9,7 +9,7 @@ import redis
 
 from producer.client import Client
 from producer.spec import JobSpec
-from worker.metrics import queue_depth
+from worker.ops.exporter import queue_depth
 
 
 def _spec(job_id: str) -> JobSpec:

@@ -1,22 +1,17 @@
-"""Worker metrics scraped over real HTTP, and queue depth against a real Redis broker."""
+"""Worker metrics scraped over real HTTP from a server of this test process."""
 
 from __future__ import annotations
 
 import re
 import secrets
 import sys
-import threading
 import time
 import types
 import urllib.request
 from collections.abc import Iterator
 
-import boto3
 import pytest
-import redis
-from botocore.stub import Stubber
 
-from producer.app import TASK_NAME, make_app
 from producer.cost import default_catalog, job_cost, prices_for
 from producer.spec import JobResult, SegmentInfo, StageTimings, WorkerInfo
 from tests.services import free_port
@@ -249,89 +244,3 @@ def test_sampler_reads_nvml_on_a_gpu_machine(metrics_port: int) -> None:
     util = [v for (n, _), v in samples.items() if n == "framefleet_gpu_utilization_ratio"]
     assert used and used[0] > 0
     assert util and 0.0 <= util[0] <= 1.0
-
-
-# --- queue depth and exporter -----------------------------------------------------------------
-
-
-def test_queue_depth_sums_celery_priority_lists(redis_url: str) -> None:
-    queue = f"video-{secrets.token_hex(4)}"
-    app = make_app(broker_url=redis_url, backend_url=redis_url)
-    try:
-        # When real Celery messages are sent with several priorities (kombu: one list each).
-        for priority in (0, 0, 3, 5, 9):
-            app.send_task(TASK_NAME, args=[{}], queue=queue, priority=priority)
-    finally:
-        app.close()
-    client = redis.Redis.from_url(redis_url)
-    try:
-        lists = [k for k in client.keys(f"{queue}*") if client.type(k) == b"list"]
-        assert len(lists) >= 3  # the messages really are spread over priority lists
-        # And a list in the ":" form, as a transport with sep=":" would write it.
-        client.lpush(f"{queue}:7", b"{}")
-    finally:
-        client.close()
-    assert metrics.queue_depth(redis_url, queue) == 6
-    assert metrics.queue_depth(redis_url, f"absent-{queue}") == 0
-
-
-def test_exporter_serves_queue_depth_and_puts_it_to_cloudwatch(
-    redis_url: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    queue = f"video-{secrets.token_hex(4)}"
-    client = redis.Redis.from_url(redis_url)
-    client.lpush(queue, b"a", b"b")
-    client.lpush(f"{queue}\x06\x163", b"c")
-    client.close()
-    # CloudWatch itself is out of reach: botocore's Stubber checks the exact request instead.
-    cloudwatch = boto3.client(
-        "cloudwatch", region_name="us-east-2", aws_access_key_id="x", aws_secret_access_key="x"
-    )
-    stubber = Stubber(cloudwatch)
-    expected = {
-        "Namespace": "Framefleet",
-        "MetricData": [
-            {
-                "MetricName": "QueueDepth",
-                "Dimensions": [{"Name": "Queue", "Value": queue}],
-                "Value": 3.0,
-                "Unit": "Count",
-            }
-        ],
-    }
-    for _ in range(50):
-        stubber.add_response("put_metric_data", {}, expected)
-    port = free_port()
-    stop = threading.Event()
-    thread = threading.Thread(
-        target=metrics.run_exporter,
-        args=(redis_url, port, True, 0.1),
-        kwargs={
-            "queues": [queue],
-            "addr": "127.0.0.1",
-            "stop": stop,
-            "cloudwatch_client": cloudwatch,
-        },
-        daemon=True,
-    )
-    with stubber:
-        thread.start()
-        try:
-            deadline = time.monotonic() + 10
-            depth = 0.0
-            while time.monotonic() < deadline:
-                try:
-                    depth = value(scrape(port), "framefleet_queue_depth", queue=queue)
-                except OSError:
-                    depth = 0.0  # not listening yet
-                if depth == 3:
-                    break
-                time.sleep(0.05)
-            assert depth == 3
-        finally:
-            stop.set()
-            thread.join(10)
-    assert not thread.is_alive()
-    # At least one put was made, and each matched the expected request (a mismatch is logged).
-    assert len(stubber._queue) < 50  # type: ignore[attr-defined]
-    assert "put_metric_data failed" not in caplog.text

@@ -1,0 +1,158 @@
+"""The fleet exporter against a real Redis broker; CloudWatch checked by botocore's Stubber."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from typing import Any
+
+import boto3
+import pytest
+import redis
+from botocore.stub import Stubber
+
+from producer.app import TASK_NAME, make_app
+from tests.services import free_port
+from tests.worker.test_metrics import scrape, value
+from worker.ops import exporter
+from worker.ops.cloudwatch import put_queue_depth
+
+
+def test_queue_depth_sums_celery_priority_lists(redis_url: str) -> None:
+    queue = f"video-{secrets.token_hex(4)}"
+    app = make_app(broker_url=redis_url, backend_url=redis_url)
+    try:
+        # When real Celery messages are sent with several priorities (kombu: one list each).
+        for priority in (0, 0, 3, 5, 9):
+            app.send_task(TASK_NAME, args=[{}], queue=queue, priority=priority)
+    finally:
+        app.close()
+    client = redis.Redis.from_url(redis_url)
+    try:
+        lists = [k for k in client.keys(f"{queue}*") if client.type(k) == b"list"]
+        assert len(lists) >= 3  # the messages really are spread over priority lists
+        # And a list in the ":" form, as a transport with sep=":" would write it.
+        client.lpush(f"{queue}:7", b"{}")
+    finally:
+        client.close()
+    assert exporter.queue_depth(redis_url, queue) == 6
+    assert exporter.queue_depth(redis_url, f"absent-{queue}") == 0
+
+
+def test_exporter_serves_queue_depth_and_puts_it_to_cloudwatch(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue = f"video-{secrets.token_hex(4)}"
+    client = redis.Redis.from_url(redis_url)
+    client.lpush(queue, b"a", b"b")
+    client.lpush(f"{queue}\x06\x163", b"c")
+    client.close()
+    # CloudWatch itself is out of reach: botocore's Stubber checks the exact request instead.
+    cloudwatch = boto3.client(
+        "cloudwatch", region_name="us-east-2", aws_access_key_id="x", aws_secret_access_key="x"
+    )
+    stubber = Stubber(cloudwatch)
+    expected = {
+        "Namespace": "Framefleet",
+        "MetricData": [
+            {
+                "MetricName": "QueueDepth",
+                "Dimensions": [{"Name": "Queue", "Value": queue}],
+                "Value": 3.0,
+                "Unit": "Count",
+            }
+        ],
+    }
+    for _ in range(50):
+        stubber.add_response("put_metric_data", {}, expected)
+    port = free_port()
+    stop = threading.Event()
+    thread = threading.Thread(
+        target=exporter.run_exporter,
+        args=(redis_url, port, True, 0.1),
+        kwargs={
+            "queues": [queue],
+            "addr": "127.0.0.1",
+            "stop": stop,
+            "cloudwatch_client": cloudwatch,
+        },
+        daemon=True,
+    )
+    with stubber:
+        thread.start()
+        try:
+            deadline = time.monotonic() + 10
+            depth = 0.0
+            while time.monotonic() < deadline:
+                try:
+                    depth = value(scrape(port), "framefleet_queue_depth", queue=queue)
+                except OSError:
+                    depth = 0.0  # not listening yet
+                if depth == 3:
+                    break
+                time.sleep(0.05)
+            assert depth == 3
+        finally:
+            stop.set()
+            thread.join(10)
+    assert not thread.is_alive()
+    # At least one put was made, and each matched the expected request (a mismatch is logged).
+    assert len(stubber._queue) < 50  # type: ignore[attr-defined]
+    assert "put_metric_data failed" not in caplog.text
+
+
+def _cloudwatch() -> Any:
+    return boto3.client(
+        "cloudwatch", region_name="us-east-2", aws_access_key_id="x", aws_secret_access_key="x"
+    )
+
+
+def test_cloudwatch_failure_is_logged_and_the_prometheus_series_still_set(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue = f"video-{secrets.token_hex(4)}"
+    client = redis.Redis.from_url(redis_url)
+    cloudwatch = _cloudwatch()
+    stubber = Stubber(cloudwatch)
+    stubber.add_client_error("put_metric_data", "Throttling", http_status_code=400)
+    stubber.add_response("put_metric_data", {})
+    try:
+        client.lpush(queue, b"a")
+        with stubber, caplog.at_level(logging.WARNING, logger="worker.ops.cloudwatch"):
+            exporter.export_once(client, [queue], cloudwatch)
+            gauge = exporter.EXPORTER_REGISTRY.get_sample_value(
+                "framefleet_queue_depth", {"queue": queue}
+            )
+            assert gauge == 1
+            assert "put_metric_data failed" in caplog.text
+            # The next put goes through and says so.
+            assert put_queue_depth(cloudwatch, queue, 1) is True
+            stubber.assert_no_pending_responses()
+    finally:
+        client.close()
+
+
+def test_unreadable_broker_removes_the_series_instead_of_a_stale_value(redis_url: str) -> None:
+    queue = f"video-{secrets.token_hex(4)}"
+    good = redis.Redis.from_url(redis_url)
+    # Nothing listens on a fresh free port: every read is refused at once.
+    down = redis.Redis(host="127.0.0.1", port=free_port(), socket_connect_timeout=1)
+    try:
+        good.lpush(queue, b"a", b"b")
+        exporter.export_once(good, [queue])
+        sample = ("framefleet_queue_depth", {"queue": queue})
+        assert exporter.EXPORTER_REGISTRY.get_sample_value(*sample) == 2
+        exporter.export_once(down, [queue])
+        assert exporter.EXPORTER_REGISTRY.get_sample_value(*sample) is None
+    finally:
+        good.close()
+        down.close()
+
+
+def test_queue_names_cover_every_priority_step() -> None:
+    names = exporter.queue_names("video")
+    assert names[0] == "video"
+    assert "video\x06\x169" in names and "video:1" in names
+    assert len(names) == len(set(names)) == 1 + 2 * 9
