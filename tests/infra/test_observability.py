@@ -161,7 +161,9 @@ def test_dashboard_and_rules_use_only_metrics_the_worker_defines() -> None:
     exprs, recorded = rule_exprs()
     for expr in [*dashboard_exprs(), *exprs]:
         for name in METRIC.findall(expr):
-            assert name in defined, f"{name} (in {expr!r}) is not defined in worker/metrics.py nor worker/ops/exporter.py"
+            assert name in defined, (
+                f"{name} (in {expr!r}) is defined neither in worker/metrics.py nor in worker/ops/"
+            )
         for name in RECORDED.findall(expr):
             assert name in recorded, f"{name} (in {expr!r}) is not recorded in alerts.yml"
 
