@@ -24,8 +24,8 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from producer.cost import Catalog, PricingError, load_catalog, prices_for
-from producer.errors import FramefleetError
+from producer.cost import Catalog, load_catalog, prices_for
+from producer.errors import FramefleetError, PricingError, UnsupportedBackendError
 from producer.fleet import FleetRow, fleet_summary
 from producer.settings import get_settings
 from producer.spec import JobResult
@@ -43,10 +43,6 @@ err = Console(stderr=True)
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
-
-
-class UnsupportedBackendError(FramefleetError, ValueError):
-    """The result backend is not one ``cost report`` can scan (only Redis is)."""
 
 
 def parse_duration(text: str) -> float | None:
@@ -112,7 +108,7 @@ def cost_over_time(
     for r in results:
         if r.cost is None:
             continue
-        group = r.tenant if by == "tenant" else "all"
+        group = r.manifest.tenant if by == "tenant" else "all"
         start = math.floor(r.finished_at / bucket_s) * bucket_s
         acc = sums.setdefault(group, {}).setdefault(start, [0.0, 0.0])
         acc[0] += r.cost.total_usd

@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from producer.errors import FramefleetError
+from producer.errors import PricingError, UnknownInstanceTypeError
 from producer.settings import get_settings
 from producer.spec import CostReport, JobSpec, Prices
 
@@ -47,14 +47,6 @@ Capacity = Literal["on-demand", "spot"]
 #: S3 bills storage per GB-month with GB = 2**30 bytes (AWS's billing unit).
 BYTES_PER_GB = 2**30
 SECONDS_PER_HOUR = 3600.0
-
-
-class PricingError(FramefleetError, ValueError):
-    """A price is missing or invalid, or the override file is malformed; names the entry."""
-
-
-class UnknownInstanceTypeError(PricingError):
-    """The instance type is not in the catalog (nor in the override file)."""
 
 
 @dataclass(frozen=True)

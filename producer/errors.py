@@ -1,9 +1,25 @@
 """The one error tree of framefleet, shared by producer and worker.
 
 ``RetryableError``: the job may succeed if run again (S3 throttling or 5xx, lost connection,
-CUDA out of memory). ``FatalJobError``: running again cannot help (bad input, unknown decoder);
-fatal errors fail the job at once and never loop. Builtins are inherited where they fit, so
-callers can also catch ``ValueError`` / ``FileNotFoundError``.
+CUDA out of memory). ``FatalJobError``: running again cannot help (bad input, unknown decoder,
+a price the catalog lacks); fatal errors fail the job at once and never loop. Builtins are
+inherited where they fit, so callers can also catch ``ValueError`` / ``FileNotFoundError``.
+
+The tree::
+
+    FramefleetError
+    ├── RetryableError
+    │   ├── StorageError
+    │   └── DeviceOutOfMemory
+    ├── FatalJobError
+    │   ├── InvalidJobError (ValueError)
+    │   ├── InputNotFoundError (FileNotFoundError)
+    │   ├── JobConflictError
+    │   └── PricingError (ValueError)
+    │       └── UnknownInstanceTypeError
+    ├── JobCancelled              the client asked; neither retried nor a failure
+    ├── UnsupportedBackendError   (ValueError) an operator command, not a job
+    └── JobFailed                 the client's view of a job that ended in FAILURE
 
 This module lives in ``producer`` (not ``worker``) because Celery re-creates a task's exception
 on the client by importing its module: the client must be able to import it without torch.
@@ -36,6 +52,17 @@ class JobConflictError(FatalJobError):
     """A ``job_id`` was reused with a different spec."""
 
 
+class PricingError(FatalJobError, ValueError):
+    """A price is missing or invalid, or the override file is malformed; names the entry.
+
+    Fatal: a job that needs a price would read the same catalog on every retry.
+    """
+
+
+class UnknownInstanceTypeError(PricingError):
+    """The instance type is not in the catalog (nor in the override file)."""
+
+
 class JobCancelled(FramefleetError):
     """The job was cancelled by the client; it stopped between chunks and wrote no manifest."""
 
@@ -46,6 +73,13 @@ class StorageError(RetryableError):
 
 class DeviceOutOfMemory(RetryableError):
     """The GPU ran out of memory; retried once with a smaller working set."""
+
+
+class UnsupportedBackendError(FramefleetError, ValueError):
+    """An operator tool cannot work on this result backend (``cost report`` scans Redis only).
+
+    Not a job's error: it is raised on the command line, before any job is read.
+    """
 
 
 class JobFailed(FramefleetError):

@@ -96,12 +96,12 @@ def fleet_summary(
     factor = fleet_hours / busy_hours if busy_hours > 0 else 1.0
     groups: dict[str, list[JobResult]] = {}
     for r in results:
-        groups.setdefault(r.tenant if by == "tenant" else "all", []).append(r)
+        groups.setdefault(r.manifest.tenant if by == "tenant" else "all", []).append(r)
     rows = []
     for name in sorted(groups):
         items = groups[name]
         costs = [r.cost for r in items if r.cost is not None]
-        video_minutes = sum(r.video_seconds for r in items) / 60.0
+        video_minutes = sum(r.manifest.video_seconds for r in items) / 60.0
         priced_minutes = sum(c.video_seconds for c in costs) / 60.0
         gpu_usd = sum(c.gpu_usd for c in costs)
         direct = sum(c.total_usd for c in costs)

@@ -28,13 +28,12 @@ from prometheus_client import (
     start_http_server,
 )
 
-from producer.spec import JobResult, Prices
+from producer.spec import STAGE_NAMES, JobResult, Prices
 from worker.ops.exporter import EXPORTER_REGISTRY
 
 log = logging.getLogger(__name__)
 
 STATUSES = ("success", "failure", "retry", "cancelled")
-STAGES = ("load", "decode", "postprocess", "d2h", "encode", "upload")
 
 WORKER_REGISTRY = CollectorRegistry()
 ProcessCollector(registry=WORKER_REGISTRY)
@@ -109,7 +108,7 @@ GPU_PRICE = Gauge(
     registry=WORKER_REGISTRY,
 )
 
-for _stage in STAGES:  # every stage series exists from the start, so dashboards show zeros
+for _stage in STAGE_NAMES:  # every stage series exists from the start, so dashboards show zeros
     STAGE_SECONDS.labels(stage=_stage)
 
 _SUFFIXES = {
@@ -186,11 +185,12 @@ def observe_job(status: str, tenant: str, result: JobResult | None) -> None:
     if not result.reused:
         timings = result.timings
         JOB_WALL.observe(timings.wall_s)
-        for stage in STAGES:
+        for stage in STAGE_NAMES:
             STAGE_SECONDS.labels(stage=stage).observe(getattr(timings, f"{stage}_s"))
-        FRAMES.inc(result.frames)
-        OUTPUT_BYTES.inc(sum(segment.bytes for segment in result.segments))
-        VIDEO_SECONDS.inc(result.video_seconds)
+        output = result.manifest
+        FRAMES.inc(output.frames)
+        OUTPUT_BYTES.inc(sum(segment.bytes for segment in output.segments))
+        VIDEO_SECONDS.inc(output.video_seconds)
         if timings.gpu_busy_ratio is not None:
             GPU_BUSY.labels(device=result.worker.device).set(timings.gpu_busy_ratio)
     if result.cost is not None:

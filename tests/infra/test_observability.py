@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from producer.cost import default_catalog, job_cost, prices_for
-from producer.spec import JobResult, SegmentInfo, StageTimings, WorkerInfo
+from producer.spec import JobResult, Manifest, SegmentInfo, StageTimings, WorkerInfo
 from tests.require import require_binary
 from tests.services import REPO_ROOT, _Process, free_ports
 from worker import metrics
@@ -227,16 +227,18 @@ def _result(job_id: str, tenant: str) -> JobResult:
         seconds=5.0,
     )  # fmt: skip
     return JobResult(
-        job_id=job_id,
-        tenant=tenant,
-        spec_digest="0" * 64,
-        segments=(segment,),
+        manifest=Manifest(
+            job_id=job_id,
+            tenant=tenant,
+            spec_digest="0" * 64,
+            segments=(segment,),
+            frames=80,
+            video_seconds=5.0,
+            width=832,
+            height=480,
+            fps=16.0,
+        ),
         manifest_uri="s3://b/manifest.json",
-        frames=80,
-        video_seconds=5.0,
-        width=832,
-        height=480,
-        fps=16.0,
         timings=StageTimings(load_s=0.1, decode_s=6.0, encode_s=1.0, wall_s=8.0),
         worker=WorkerInfo(hostname="h", node="gpu0@h", pid=1, device="cuda:0"),
         cost=cost,

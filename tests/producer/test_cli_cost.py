@@ -15,8 +15,9 @@ from celery import Celery
 from typer.testing import CliRunner
 
 from producer.app import make_app
-from producer.cli_cost import UnsupportedBackendError, cost_app, parse_duration, read_results
+from producer.cli_cost import cost_app, parse_duration, read_results
 from producer.cost import default_catalog, prices_for
+from producer.errors import UnsupportedBackendError
 from producer.fleet import fleet_summary
 from producer.spec import JobResult
 from tests.producer.test_cost import make_result as cost_result
@@ -96,10 +97,10 @@ def test_read_results_keeps_successful_job_results_in_the_window(
     app: Celery, stored: list[JobResult]
 ) -> None:
     everything = read_results(app)
-    assert [r.job_id for r in everything] == ["old", "a1", "a2", "b1"]  # oldest first
+    assert [r.manifest.job_id for r in everything] == ["old", "a1", "a2", "b1"]  # oldest first
     assert everything[1] == stored[0]  # round trip through Celery's JSON is exact
     recent = read_results(app, since=time.time() - 24 * HOUR)
-    assert [r.job_id for r in recent] == ["a1", "a2", "b1"]
+    assert [r.manifest.job_id for r in recent] == ["a1", "a2", "b1"]
 
 
 def test_read_results_refuses_a_backend_it_cannot_scan() -> None:

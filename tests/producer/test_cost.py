@@ -10,8 +10,6 @@ import pytest
 
 from producer.cost import (
     BYTES_PER_GB,
-    PricingError,
-    UnknownInstanceTypeError,
     configured_prices,
     cost_for_job,
     default_catalog,
@@ -19,10 +17,24 @@ from producer.cost import (
     load_catalog,
     prices_for,
 )
-from producer.errors import FramefleetError
+from producer.errors import (
+    FatalJobError,
+    FramefleetError,
+    PricingError,
+    RetryableError,
+    UnknownInstanceTypeError,
+)
 from producer.fleet import fleet_summary, inferred_fleet_gpu_hours
 from producer.settings import get_settings
-from producer.spec import JobResult, Prices, SegmentInfo, StageTimings, WorkerInfo, parse_spec
+from producer.spec import (
+    JobResult,
+    Manifest,
+    Prices,
+    SegmentInfo,
+    StageTimings,
+    WorkerInfo,
+    parse_spec,
+)
 
 
 def close(a: float, b: float) -> bool:
@@ -62,16 +74,18 @@ def make_result(
         seconds=video_seconds,
     )
     return JobResult(
-        job_id=job_id,
-        tenant=tenant,
-        spec_digest="0" * 64,
-        segments=(segment,),
+        manifest=Manifest(
+            job_id=job_id,
+            tenant=tenant,
+            spec_digest="0" * 64,
+            segments=(segment,),
+            frames=int(video_seconds * 16),
+            video_seconds=video_seconds,
+            width=832,
+            height=480,
+            fps=16.0,
+        ),
         manifest_uri=f"s3://bucket/out/{tenant}/{job_id}/manifest.json",
-        frames=int(video_seconds * 16),
-        video_seconds=video_seconds,
-        width=832,
-        height=480,
-        fps=16.0,
         timings=StageTimings(wall_s=wall_s, decode_s=wall_s * 0.8, gpu_busy_ratio=0.9),
         worker=WorkerInfo(hostname="host", node=node, pid=1, device="cuda:0"),
         cost=cost,
@@ -108,6 +122,13 @@ def test_unknown_instance_type_is_a_clear_value_error() -> None:
     with pytest.raises(UnknownInstanceTypeError, match=r"'p9\.huge'") as info:
         prices_for("p9.huge", "on-demand", default_catalog())
     assert isinstance(info.value, ValueError) and isinstance(info.value, FramefleetError)
+
+
+def test_a_pricing_error_fails_a_job_at_once() -> None:
+    # A retry would read the same catalog: pricing errors are fatal, never retried.
+    with pytest.raises(FatalJobError):
+        prices_for("g7e.2xlarge", "spot", default_catalog())
+    assert not issubclass(PricingError, RetryableError)
 
 
 def test_spot_without_a_configured_price_is_an_error() -> None:

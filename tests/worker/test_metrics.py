@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from producer.cost import default_catalog, job_cost, prices_for
-from producer.spec import JobResult, SegmentInfo, StageTimings, WorkerInfo
+from producer.spec import JobResult, Manifest, SegmentInfo, StageTimings, WorkerInfo
 from tests.services import free_port
 from worker import metrics
 
@@ -72,16 +72,18 @@ def make_result(tenant: str, *, reused: bool = False) -> JobResult:
         gpu_busy_ratio=0.97,
     )
     return JobResult(
-        job_id="j",
-        tenant=tenant,
-        spec_digest="0" * 64,
-        segments=segments,
+        manifest=Manifest(
+            job_id="j",
+            tenant=tenant,
+            spec_digest="0" * 64,
+            segments=segments,
+            frames=96,
+            video_seconds=6.0,
+            width=832,
+            height=480,
+            fps=16.0,
+        ),
         manifest_uri=f"s3://b/out/{tenant}/j/manifest.json",
-        frames=96,
-        video_seconds=6.0,
-        width=832,
-        height=480,
-        fps=16.0,
         timings=timings,
         worker=WorkerInfo(hostname="h", node="gpu0@h", pid=1, device="cuda:0"),
         cost=cost,
