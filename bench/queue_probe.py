@@ -11,7 +11,8 @@ Production code is untouched: this module only connects Celery signal handlers t
 Times are ``CLOCK_MONOTONIC``: on Linux one clock for every process of the host, so the
 benchmark (same host) can subtract its own readings from them, and NTP steps cannot skew a
 sample. The clock is read before the Redis push, so the push does not count. Without
-``FRAMEFLEET_BENCH_PROBE_URL`` the handlers do nothing.
+``BENCH_QUEUE_PROBE_URL`` the handlers do nothing (a benchmark's hook, so deliberately not a
+``FRAMEFLEET_*`` variable: those are the product's settings, all in ``producer/settings.py``).
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from typing import Any
 import redis
 from celery.signals import task_postrun, task_prerun, task_received
 
-#: The Redis list the records go to (in the database of FRAMEFLEET_BENCH_PROBE_URL).
+#: The Redis list the records go to (in the database of BENCH_QUEUE_PROBE_URL).
 EVENTS_KEY = "framefleet:bench:events"
-URL_ENV = "FRAMEFLEET_BENCH_PROBE_URL"
+URL_ENV = "BENCH_QUEUE_PROBE_URL"
 
 # One client per process; redis-py drops connections inherited across a fork by itself.
 _client: redis.Redis | None = None
