@@ -1,4 +1,4 @@
-"""Cost-to-serve (DESIGN §6): a dated price catalog and the cost model, as pure functions.
+"""Cost-to-serve: a dated price catalog and the cost model, as pure functions.
 
 The only I/O is :func:`load_catalog`, which reads an optional JSON or TOML file that overrides
 any catalog entry. Every price carries where it came from and when; those strings travel in
@@ -105,7 +105,7 @@ def _g7e(size: str, gpus: int, usd: float) -> InstancePrice:
 
 
 def default_catalog() -> Catalog:
-    """The built-in catalog. g7e.2xlarge uses the AWS post's figure (DESIGN §6).
+    """The built-in catalog. g7e.2xlarge uses the figure of the AWS post on G7e video inference.
 
     The same export lists g7e.2xlarge at $3.36312/h, i.e. the post's $3.36 unrounded.
     No spot price is built in: spot prices move daily, so they come from the override file.

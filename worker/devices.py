@@ -1,7 +1,8 @@
 """Which device decodes, and what the job result says about it.
 
-Nothing here touches CUDA at import: a worker initialises CUDA only in the process that runs
-tasks, after any fork (DESIGN §5).
+Nothing here touches CUDA at import. A worker initialises CUDA only in the process that runs
+tasks, after any fork: a CUDA context does not survive ``fork()``, and Celery's prefork pool
+forks its children after the main process has started.
 """
 
 from __future__ import annotations
