@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from producer.spec import Manifest
+from producer.spec import Manifest, segment_name
 from worker.decoders.pattern import read_frame_index
 from worker.encode import read_frames_rgb
 from worker.storage import read_uri
@@ -30,7 +30,7 @@ def main() -> int:
     indices: list[int] = []
     with tempfile.TemporaryDirectory() as tmp:
         for seg in manifest.segments:
-            data = read_uri(f"{base}/segment-{seg.index:05d}.mp4", 1024**3)
+            data = read_uri(f"{base}/{segment_name(seg.index)}", 1024**3)
             ok = len(data) == seg.bytes and hashlib.sha256(data).hexdigest() == seg.sha256
             path = Path(tmp) / f"{seg.index}.mp4"
             path.write_bytes(data)

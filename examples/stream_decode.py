@@ -34,7 +34,8 @@ def main() -> None:
     })
     result = run_job(spec, default_decoders())
     t = result.timings
-    print(f"{result.frames} frames {result.width}x{result.height} -> {result.manifest_uri}")
+    m = result.manifest
+    print(f"{m.frames} frames {m.width}x{m.height} -> {result.manifest_uri}")
     print(f"wall {t.wall_s:.2f} s: decode {t.decode_s:.2f} s, encode {t.encode_s:.2f} s")
 
 

@@ -23,7 +23,8 @@ def main(input_uri: str, output_uri: str) -> None:
     })
     handle = Client().submit(spec)
     result = handle.wait(progress=True)
-    print(f"{result.frames} frames in {len(result.segments)} segments: {result.manifest_uri}")
+    m = result.manifest
+    print(f"{m.frames} frames in {len(m.segments)} segments: {result.manifest_uri}")
     if result.cost is not None:
         print(f"cost ${result.cost.total_usd:.6f} (${result.cost.usd_per_video_minute:.4f}/min)")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Iterable
 from typing import Any, Literal
 from urllib.parse import urlparse
 
@@ -19,6 +20,12 @@ from producer.errors import InvalidJobError
 #: Identifiers that become object-key components: no slash, no "." / ".." (path traversal).
 ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 SCHEMA_VERSION: Literal[1] = 1
+#: JobResult's own version. 2: the ten fields a result shared with its manifest moved into
+#: ``JobResult.manifest`` (read ``result.manifest.frames``, not ``result.frames``).
+RESULT_SCHEMA_VERSION: Literal[2] = 2
+#: Where a job's time goes, in pipeline order: ``StageTimings`` has one ``{stage}_s`` field per
+#: name, the worker pipeline measures every one but ``load``, and metrics label by them.
+STAGE_NAMES: tuple[str, ...] = ("load", "decode", "postprocess", "d2h", "encode", "upload")
 
 
 class Frozen(BaseModel):
@@ -117,8 +124,14 @@ class VideoSpec(Frozen):
     stitch: bool = Field(default=False, description="also write full.mp4 (all segments)")
 
 
+def segment_name(index: int) -> str:
+    """File name of segment ``index`` in a job's output folder (and in the worker's scratch)."""
+    return f"segment-{index:05d}.mp4"
+
+
 class OutputSpec(Frozen):
-    """Final keys: ``{uri}/{tenant}/{job_id}/segment-00000.mp4 … manifest.json``."""
+    """Final keys: ``{uri}/{tenant}/{job_id}/segment-00000.mp4 … manifest.json``
+    (see :func:`segment_name`)."""
 
     uri: str
 
@@ -218,6 +231,18 @@ class StageTimings(Frozen):
     )
 
 
+def check_stage_fields(fields: Iterable[str], owner: str, skip: tuple[str, ...] = ()) -> None:
+    """Raise unless ``fields`` has a ``{stage}_s`` for every stage of :data:`STAGE_NAMES` but
+    ``skip``: the records that spell stages as fields cannot drift from the one list."""
+    have = set(fields)
+    missing = [s for s in STAGE_NAMES if s not in skip and f"{s}_s" not in have]
+    if missing:
+        raise TypeError(f"{owner} has no field for stages {missing} of STAGE_NAMES")
+
+
+check_stage_fields(StageTimings.model_fields, "StageTimings")
+
+
 class WorkerInfo(Frozen):
     hostname: str
     node: str
@@ -241,7 +266,7 @@ class Prices(Frozen):
 
 
 class CostReport(Frozen):
-    """Direct cost-to-serve of one job (DESIGN §6)."""
+    """Direct cost-to-serve of one job: its GPU time, S3 requests and storage, at ``prices``."""
 
     tenant: str
     prices: Prices
@@ -274,20 +299,12 @@ class Manifest(Frozen):
 
 
 class JobResult(Frozen):
-    """What a successful job returns through the result backend."""
+    """What a successful job returns through the result backend: the manifest it wrote (the
+    facts about the output) and how the run went (where, how long, at what cost)."""
 
-    schema_version: Literal[1] = SCHEMA_VERSION
-    job_id: str
-    tenant: str
-    spec_digest: str
-    segments: tuple[SegmentInfo, ...]
+    schema_version: Literal[2] = RESULT_SCHEMA_VERSION
+    manifest: Manifest
     manifest_uri: str
-    full_uri: str | None = None
-    frames: int
-    video_seconds: float
-    width: int
-    height: int
-    fps: float
     timings: StageTimings
     worker: WorkerInfo
     cost: CostReport | None = None

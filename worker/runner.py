@@ -27,6 +27,7 @@ from producer.spec import (
     SegmentInfo,
     StageTimings,
     WorkerInfo,
+    segment_name,
 )
 from worker.decoders.base import ChunkDecoder
 from worker.devices import resolve_device, worker_info
@@ -109,13 +110,10 @@ def _reuse(out: JobOutput, spec: JobSpec, info: WorkerInfo, t0: float) -> JobRes
             f"job_id {spec.job_id!r}: {out.uri(MANIFEST)} was written by a different spec"
         )
     for seg in manifest.segments:
-        if not out.exists(f"segment-{seg.index:05d}.mp4"):
+        if not out.exists(segment_name(seg.index)):
             return None  # incomplete (deleted by hand?): run again, overwriting
     return JobResult(
-        job_id=spec.job_id, tenant=spec.tenant, spec_digest=manifest.spec_digest,
-        segments=manifest.segments, manifest_uri=out.uri(MANIFEST), full_uri=manifest.full_uri,
-        frames=manifest.frames, video_seconds=manifest.video_seconds, width=manifest.width,
-        height=manifest.height, fps=manifest.fps,
+        manifest=manifest, manifest_uri=out.uri(MANIFEST),
         timings=StageTimings(wall_s=time.perf_counter() - t0), worker=info, reused=True,
         finished_at=time.time(),
     )
@@ -139,8 +137,7 @@ def run_job(spec: JobSpec, decoders: DecoderCache, ctx: JobContext | None = None
     segments: list[SegmentInfo] = []
 
     def sink(seg: ClosedSegment) -> None:
-        name = f"segment-{seg.index:05d}.mp4"
-        uri = out.put_file(name, seg.file.path)
+        uri = out.put_file(segment_name(seg.index), seg.file.path)
         segments.append(SegmentInfo(
             index=seg.index, uri=uri, first_frame=seg.first_frame, frames=seg.file.frames,
             bytes=seg.file.bytes, sha256=seg.file.sha256, seconds=seg.file.frames / spec.video.fps,
@@ -167,7 +164,7 @@ def run_job(spec: JobSpec, decoders: DecoderCache, ctx: JobContext | None = None
         full_uri = None
         if spec.video.stitch:
             full = concat_segments(
-                [Path(tmp) / f"segment-{s.index:05d}.mp4" for s in segments], Path(tmp) / "f.mp4"
+                [Path(tmp) / segment_name(s.index) for s in segments], Path(tmp) / "f.mp4"
             )
             full_uri = out.put_file("full.mp4", full.path)
     video_seconds = report.frames / spec.video.fps
@@ -181,17 +178,13 @@ def run_job(spec: JobSpec, decoders: DecoderCache, ctx: JobContext | None = None
     stats = report.stats
     wall = time.perf_counter() - t0
     timings = StageTimings(
-        load_s=load_s, decode_s=stats.decode_s, postprocess_s=stats.postprocess_s,
-        d2h_s=stats.d2h_s, encode_s=stats.encode_s, upload_s=stats.upload_s,
-        backpressure_s=stats.backpressure_s, wall_s=wall, gpu_busy_ratio=stats.gpu_busy_ratio,
+        load_s=load_s, **stats.stage_seconds(), backpressure_s=stats.backpressure_s,
+        wall_s=wall, gpu_busy_ratio=stats.gpu_busy_ratio,
     )
     stored = sum(s.bytes for s in segments)
     cost = ctx.cost(spec, wall, out.puts, stored, video_seconds) if ctx.cost else None
     return JobResult(
-        job_id=spec.job_id, tenant=spec.tenant, spec_digest=manifest.spec_digest,
-        segments=tuple(segments), manifest_uri=manifest_uri, full_uri=full_uri,
-        frames=report.frames, video_seconds=video_seconds, width=report.width,
-        height=report.height, fps=spec.video.fps, timings=timings, worker=info, cost=cost,
+        manifest=manifest, manifest_uri=manifest_uri, timings=timings, worker=info, cost=cost,
         finished_at=time.time(),
     )
 

@@ -19,7 +19,7 @@ import psutil
 import redis
 
 from producer.client import Client, JobHandle
-from producer.spec import JobResult, JobSpec, Progress
+from producer.spec import JobResult, JobSpec, Progress, segment_name
 from tests.e2e.helpers import pattern_spec, put_latents, verify_output
 from tests.services import WorkerProcess
 
@@ -232,7 +232,7 @@ def assert_exactly_once(
     check_frames = set(jobs.specs if verify is None else verify)
     for job_id, result in results.items():
         assert jobs.handles[job_id].status() == "SUCCESS", job_id
-        assert result.job_id == job_id and not result.reused, (job_id, result.reused)
+        assert result.manifest.job_id == job_id and not result.reused, (job_id, result.reused)
         assert succeeded(workers, job_id) == 1, (
             f"{job_id}: {succeeded(workers, job_id)} successful executions"
         )
@@ -262,11 +262,12 @@ def assert_broker_drained(url: str, timeout: float = 10.0) -> None:
 def verify_listing(s3: Any, bucket: str, result: JobResult) -> None:
     """The cheap half of ``verify_output``: manifest == result, and exactly its objects exist."""
     client = s3.client()
-    prefix = f"out/{result.tenant}/{result.job_id}/"
+    manifest = result.manifest
+    prefix = f"out/{manifest.tenant}/{manifest.job_id}/"
     listed = {o["Key"]: o["Size"] for o in
               client.list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"]}
-    expected = {prefix + f"segment-{s.index:05d}.mp4": s.bytes for s in result.segments}
+    expected = {prefix + segment_name(s.index): s.bytes for s in manifest.segments}
     manifest_key = prefix + "manifest.json"
-    assert listed.pop(manifest_key, None) is not None, f"{result.job_id}: no manifest"
-    assert listed == expected, (result.job_id, listed, expected)
-    assert sum(s.frames for s in result.segments) == result.frames
+    assert listed.pop(manifest_key, None) is not None, f"{manifest.job_id}: no manifest"
+    assert listed == expected, (manifest.job_id, listed, expected)
+    assert sum(s.frames for s in manifest.segments) == manifest.frames

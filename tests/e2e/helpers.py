@@ -19,6 +19,7 @@ from producer.spec import (
     Manifest,
     OutputSpec,
     VideoSpec,
+    segment_name,
 )
 from worker.decoders.pattern import read_frame_index
 from worker.encode import read_frames_rgb
@@ -52,28 +53,26 @@ def verify_output(s3: Any, bucket: str, result: JobResult, tmp: Path) -> list[in
     Returns the frame indices read from the video, in playback order.
     """
     client = s3.client()
-    prefix = f"out/{result.tenant}/{result.job_id}/"
+    prefix = f"out/{result.manifest.tenant}/{result.manifest.job_id}/"
     manifest_key = prefix + "manifest.json"
     assert result.manifest_uri == f"s3://{bucket}/{manifest_key}"
     manifest = Manifest.model_validate_json(
         client.get_object(Bucket=bucket, Key=manifest_key)["Body"].read()
     )
-    assert manifest.segments == result.segments
-    assert manifest.frames == result.frames
+    assert manifest.segments == result.manifest.segments
+    assert manifest.frames == result.manifest.frames
     listed = {o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"]}
-    expected = {prefix + f"segment-{s.index:05d}.mp4" for s in manifest.segments}
+    expected = {prefix + segment_name(s.index) for s in manifest.segments}
     assert listed == expected | {manifest_key}, listed ^ (expected | {manifest_key})
     indices: list[int] = []
     for seg in manifest.segments:
-        data = client.get_object(Bucket=bucket, Key=prefix + f"segment-{seg.index:05d}.mp4")[
-            "Body"
-        ].read()
+        data = client.get_object(Bucket=bucket, Key=prefix + segment_name(seg.index))["Body"].read()
         assert len(data) == seg.bytes
         assert hashlib.sha256(data).hexdigest() == seg.sha256
-        path = tmp / f"{result.job_id}-{seg.index}.mp4"
+        path = tmp / f"{manifest.job_id}-{seg.index}.mp4"
         path.write_bytes(data)
         got = [read_frame_index(f) for f in read_frames_rgb(path)]
         assert got == list(range(seg.first_frame, seg.first_frame + seg.frames))
         indices += got
-    assert indices == list(range(result.frames))
+    assert indices == list(range(manifest.frames))
     return indices

@@ -316,7 +316,7 @@ def test_load_through_two_workers(
     assert_broker_drained(client.app.conf.broker_url)
     # and both workers took part
     assert {r.worker.node for r in results.values()} == {w.nodename for w in workers}
-    frames = sum(r.frames for r in results.values())
+    frames = sum(r.manifest.frames for r in results.values())
     print(f"chaos: {n} jobs ({frames} frames) submitted in {submitted:.1f} s, all done in "
           f"{wall:.1f} s ({n / wall:.1f} jobs/s) through 2 workers; frames decoded and checked "
           f"for {n if sample is None else len(sample)}, in {time.monotonic() - t0 - wall:.1f} s")

@@ -39,9 +39,9 @@ def test_five_jobs_through_two_workers(
     results = [h.wait(timeout=180) for h in handles]
     # Then every job succeeded, its objects match its manifest, and every frame is there once
     for spec, result in zip(specs, results, strict=True):
-        assert result.job_id == spec.job_id
-        assert result.frames == 1 + 4 * (6 + 3 * int(spec.job_id[-1]) - 1)
-        assert (result.width, result.height) == (320, 256)
+        assert result.manifest.job_id == spec.job_id
+        assert result.manifest.frames == 1 + 4 * (6 + 3 * int(spec.job_id[-1]) - 1)
+        assert (result.manifest.width, result.manifest.height) == (320, 256)
         verify_output(s3, s3_bucket, result, tmp_path)
         assert result.timings.wall_s > 0 and result.timings.encode_s > 0
     # and both workers took part

@@ -13,6 +13,8 @@ from worker.decoders.pattern import PatternDecoder, read_frame_index
 from worker.decoders.wan import WanDecoder, build_vae
 from worker.encode import read_frames_rgb
 from worker.pipeline import ClosedSegment, run_pipeline
+from worker.pipeline.hostcopy import HostCopy
+from worker.pipeline.launch import cuda_streams
 from worker.pipeline.postprocess import rgb_to_yuv420, yuv420_shape
 
 pytestmark = [
@@ -41,6 +43,29 @@ def _collect(decoder, latents, tmp: Path, mode: str, slots: int = 3, sink_delay:
                  pipeline=PipelineSpec(mode=mode, ring_slots=slots), scratch=tmp, sink=sink,
                  frame_tap=tap)
     return frames, segments
+
+
+def test_host_copy_waits_for_the_post_process_and_times_the_chunk() -> None:
+    # Given a slot's copy whose staging is written only after ~10 ms of compute-stream work
+    compute, copy_stream = cuda_streams(CUDA)
+    copy = HostCopy((4, 6, 8), CUDA, copy_stream)
+    copy.staging.zero_()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(compute):
+        copy.mark_start()
+        torch.cuda._sleep(20_000_000)  # stands in for the decode: GPU busy, nothing written
+        copy.mark_decoded()
+        copy.staging[:3].fill_(7)  # stands in for the post-process
+        copy.issue(3)
+    # When the writer waits for it
+    planes = copy.wait()
+    # Then the pinned host planes hold what the compute stream wrote (the copy waited for it)
+    assert planes.shape == (3, 6, 8) and planes.is_pinned()
+    assert bool((planes == 7).all())
+    seconds = copy.seconds()
+    assert set(seconds) == {"decode_s", "postprocess_s", "d2h_s", "busy_s"}
+    assert seconds["decode_s"] > 1e-3 and seconds["busy_s"] >= seconds["decode_s"]
+    assert seconds["d2h_s"] >= 0
 
 
 def test_async_and_sequential_identical_uint8_frames(tmp_path: Path) -> None:

@@ -3,9 +3,22 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 from producer.errors import InvalidJobError
-from producer.spec import JobResult, JobSpec, parse_spec
+from producer.spec import (
+    RESULT_SCHEMA_VERSION,
+    STAGE_NAMES,
+    JobResult,
+    JobSpec,
+    Manifest,
+    SegmentInfo,
+    StageTimings,
+    WorkerInfo,
+    check_stage_fields,
+    parse_spec,
+    segment_name,
+)
 
 GOOD = {
     "job_id": "job-1",
@@ -90,6 +103,48 @@ def test_format_must_be_inferable() -> None:
 def test_job_result_schema_requires_segments() -> None:
     with pytest.raises(Exception):  # noqa: B017 - pydantic ValidationError
         JobResult.model_validate({"job_id": "x"})
+
+
+def _result() -> JobResult:
+    segment = SegmentInfo(index=0, uri="s3://b/out/acme/j/" + segment_name(0), first_frame=0,
+                          frames=5, bytes=10, sha256="0" * 64, seconds=0.3125)
+    manifest = Manifest(job_id="j", tenant="acme", spec_digest="0" * 64, frames=5, width=64,
+                        height=32, fps=16.0, video_seconds=0.3125, segments=(segment,))
+    return JobResult(manifest=manifest, manifest_uri="s3://b/out/acme/j/manifest.json",
+                     timings=StageTimings(wall_s=1.0), finished_at=1.0,
+                     worker=WorkerInfo(hostname="h", node="n", pid=1, device="cpu"))
+
+
+def test_job_result_carries_its_manifest_once() -> None:
+    # Given a result in the current schema
+    result = _result()
+    data = result.model_dump(mode="json")
+    # Then the manifest's facts are in it exactly once, under "manifest", and it round-trips
+    assert data["schema_version"] == RESULT_SCHEMA_VERSION == 2
+    assert data["manifest"]["frames"] == 5 and "frames" not in data
+    assert JobResult.model_validate_json(result.model_dump_json()) == result
+
+
+def test_job_result_of_schema_1_is_refused() -> None:
+    # A version-1 result (the manifest's fields copied flat) names what does not fit.
+    flat = _result().model_dump(mode="json")
+    flat.update(flat.pop("manifest"))  # brings the manifest's schema_version 1 along
+    with pytest.raises(ValidationError, match="schema_version") as info:
+        JobResult.model_validate(flat)
+    assert "manifest" in str(info.value)
+
+
+def test_segment_name_is_the_output_layout() -> None:
+    assert segment_name(0) == "segment-00000.mp4"
+    assert segment_name(12345) == "segment-12345.mp4"
+
+
+def test_stage_names_are_checked_against_the_records_that_spell_them() -> None:
+    assert STAGE_NAMES == ("load", "decode", "postprocess", "d2h", "encode", "upload")
+    assert {f"{s}_s" for s in STAGE_NAMES} <= set(StageTimings.model_fields)
+    # and a record missing a stage is refused by name
+    with pytest.raises(TypeError, match=r"\['d2h'\]"):
+        check_stage_fields(["load_s", "decode_s", "postprocess_s", "encode_s", "upload_s"], "X")
 
 
 def test_jobspec_type_is_exported() -> None:

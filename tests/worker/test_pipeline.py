@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from producer.spec import PipelineSpec, VideoSpec
+from producer.errors import InvalidJobError
+from producer.spec import STAGE_NAMES, PipelineSpec, VideoSpec
 from worker.decoders.pattern import PatternDecoder, read_frame_index
 from worker.encode import read_frames_rgb
-from worker.pipeline import ClosedSegment, run_pipeline
+from worker.pipeline import ClosedSegment, PipelineStats, run_pipeline
+from worker.pipeline.stats import PIPELINE_STAGES
 
 
 def _indices(segments: list[ClosedSegment]) -> list[int]:
@@ -106,3 +108,60 @@ def test_cancel_stops_between_chunks(tmp_path: Path, mode: str) -> None:
                             cancelled=lambda: len(seen) >= 3, progress=progress)
     assert report.cancelled  # type: ignore[attr-defined]
     assert max(seen) < 117
+
+
+@pytest.mark.parametrize(("shape", "message"), [
+    ((16, 3, 4), r"\(C, T, h, w\).*\(16, 3, 4\)"),
+    ((4, 3, 4, 4), "4 latent channels, decoder pattern expects 16"),
+    ((16, 0, 4, 4), "empty latents"),
+])
+@pytest.mark.parametrize("mode", ["async", "sequential"])
+def test_latents_that_do_not_fit_are_refused_before_any_work(
+    tmp_path: Path, mode: str, shape: tuple[int, ...], message: str
+) -> None:
+    class Counting(PatternDecoder):
+        chunks = 0
+
+        def stream(self, latents: torch.Tensor):  # type: ignore[no-untyped-def]
+            for chunk in super().stream(latents):
+                Counting.chunks += 1
+                yield chunk
+
+    with pytest.raises(InvalidJobError, match=message):
+        run_pipeline(Counting(), torch.zeros(shape), video=VideoSpec(),
+                     pipeline=PipelineSpec(mode=mode), scratch=tmp_path, sink=lambda s: None)
+    assert Counting.chunks == 0 and list(tmp_path.iterdir()) == []
+
+
+def test_odd_frame_sizes_are_refused_by_name(tmp_path: Path) -> None:
+    class Odd(PatternDecoder):
+        def output_size(self, latent_h: int, latent_w: int) -> tuple[int, int]:
+            return latent_h * 8 + 1, latent_w * 8
+
+    with pytest.raises(InvalidJobError, match="32x33 frames; yuv420p needs even sizes"):
+        run_pipeline(Odd(), torch.zeros(16, 2, 4, 4), video=VideoSpec(),
+                     pipeline=PipelineSpec(), scratch=tmp_path, sink=lambda s: None)
+
+
+def test_a_decoder_error_that_mentions_a_size_is_not_called_bad_input(tmp_path: Path) -> None:
+    # Latents that fit pass the shape check; a later error is the decoder's own, unchanged
+    class Broken(PatternDecoder):
+        def stream(self, latents: torch.Tensor):  # type: ignore[no-untyped-def]
+            yield from list(super().stream(latents))[:1]
+            raise RuntimeError("Expected size 4 but got size 3 (a bug in the model)")
+
+    with pytest.raises(RuntimeError, match="a bug in the model") as info:
+        run_pipeline(Broken(), torch.zeros(16, 3, 4, 4), video=VideoSpec(),
+                     pipeline=PipelineSpec(), scratch=tmp_path, sink=lambda s: None)
+    assert not isinstance(info.value, InvalidJobError)
+
+
+def test_pipeline_stats_fill_every_stage_but_load(tmp_path: Path) -> None:
+    _, report = _run(tmp_path, "async")
+    stats: PipelineStats = report.stats  # type: ignore[attr-defined]
+    assert PIPELINE_STAGES == tuple(s for s in STAGE_NAMES if s != "load")
+    seconds = stats.stage_seconds()
+    assert list(seconds) == [f"{s}_s" for s in PIPELINE_STAGES]
+    # the CPU path times decode, post-process and encode; there is no copy to time
+    assert all(seconds[f"{s}_s"] > 0 for s in ("decode", "postprocess", "encode"))
+    assert seconds["d2h_s"] == 0.0 and stats.gpu_busy_ratio is None

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from producer.errors import DeviceOutOfMemory, JobConflictError
-from producer.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec, VideoSpec
+from producer.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec, VideoSpec, segment_name
 from worker.decoders.pattern import PatternDecoder
 from worker.runner import DecoderCache, JobContext, run_job
 
@@ -28,9 +28,9 @@ def test_outputs_and_manifest(tmp_path: Path) -> None:
     result = run_job(spec, DecoderCache(torch.device("cpu")))
     folder = tmp_path / "out" / "default" / "r1"
     names = sorted(p.name for p in folder.iterdir())
-    assert names == ["manifest.json"] + [f"segment-{i:05d}.mp4" for i in range(3)]
+    assert names == ["manifest.json"] + [segment_name(i) for i in range(3)]
     manifest = json.loads((folder / "manifest.json").read_text())
-    assert manifest["frames"] == 13 == result.frames
+    assert manifest["frames"] == 13 == result.manifest.frames
     assert [s["first_frame"] for s in manifest["segments"]] == [0, 5, 10]
     assert result.manifest_uri == (folder / "manifest.json").as_uri()
     # The manifest is the last file written: no segment is newer
@@ -42,7 +42,7 @@ def test_rerun_reuses_complete_output_and_refuses_other_spec(tmp_path: Path) -> 
     cache = DecoderCache(torch.device("cpu"))
     first = run_job(_spec(tmp_path), cache)
     again = run_job(_spec(tmp_path), cache)
-    assert again.reused and again.segments == first.segments
+    assert again.reused and again.manifest.segments == first.manifest.segments
     with pytest.raises(JobConflictError, match="different spec"):
         run_job(_spec(tmp_path, crf=30), cache)
 
@@ -71,4 +71,4 @@ def test_oom_is_retryable_and_tiled_attempt_succeeds(tmp_path: Path) -> None:
     with pytest.raises(DeviceOutOfMemory, match="tiled=False"):
         run_job(_spec(tmp_path), cache)
     result = run_job(_spec(tmp_path), cache, JobContext(tiled=True))
-    assert result.frames == 13
+    assert result.manifest.frames == 13

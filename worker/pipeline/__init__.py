@@ -1,4 +1,5 @@
-"""The asynchronous frame pipeline (DESIGN §4). No Celery, boto3 or Prometheus in here."""
+"""The asynchronous frame pipeline: latents in, MP4 segments out, the GPU never waiting on
+the encoder. No Celery, boto3 or Prometheus in here."""
 
 from worker.pipeline.engine import PipelineReport, run_pipeline
 from worker.pipeline.segments import ClosedSegment, SegmentSink

@@ -1,22 +1,19 @@
 """Drives one job's frames: decoder → post-process → ring → writer → segments → sink.
 
-``async`` mode, CUDA: the main thread only launches work. Chunk i is decoded and post-processed
-on the compute stream into slot i mod N's GPU staging; the copy stream waits on that (event
-``processed``) and copies into the slot's pinned host buffer (event ``copied``); the writer waits
-on ``copied``. The main thread blocks only when all N slots are in flight (back-pressure).
-``async`` mode, CPU: the same code without streams/events; the post-process writes the host
-buffer directly, and decoding still overlaps encoding/upload through the writer thread.
+``async`` mode: the main thread decodes chunk i into ring slot i mod N and hands the slot to
+the writer thread, which waits for its planes, encodes them and releases the slot; the main
+thread blocks only when all N slots are in flight (back-pressure). How a slot is filled is
+the device's business (``launch.py``): on CUDA the main thread only queues kernels and an
+asynchronous copy, on the CPU it decodes and post-processes into the slot itself.
 ``sequential`` mode: the naive baseline — decode, synchronous fp32 copy to the host, CPU
 post-process, encode, upload, chunk by chunk on one thread.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,8 +23,9 @@ from producer.errors import InvalidJobError
 from producer.spec import PipelineSpec, VideoSpec
 from worker.decoders.base import TEMPORAL_RATIO, ChunkDecoder, frames_for_latents
 from worker.encode import yuv_frame
+from worker.pipeline.launch import CpuLaunch, CudaLaunch, Launch, cuda_streams
 from worker.pipeline.postprocess import rgb_to_yuv420, yuv420_shape
-from worker.pipeline.ring import HostChunk, Ring
+from worker.pipeline.ring import Ring
 from worker.pipeline.segments import Segmenter, SegmentSink
 from worker.pipeline.stats import PipelineStats
 from worker.pipeline.writer import FrameTap, Writer
@@ -50,16 +48,6 @@ def encoder_threads(requested: int | None) -> int:
     return 2 if (os.cpu_count() or 2) < 64 else 3
 
 
-@functools.cache
-def cuda_streams(device: torch.device) -> tuple[torch.cuda.Stream, torch.cuda.Stream]:
-    """(compute, copy) streams of ``device``, created once per worker process.
-
-    The caching allocator keeps freed blocks per stream: new streams for every job would
-    strand the previous job's cached working set and cudaMalloc a fresh one.
-    """
-    return torch.cuda.Stream(device), torch.cuda.Stream(device)
-
-
 def run_pipeline(
     decoder: ChunkDecoder,
     latents: torch.Tensor,
@@ -77,8 +65,10 @@ def run_pipeline(
     ``progress(frames_done, frames_total, segments_done)`` and ``cancelled()`` are called
     between chunks. ``frame_tap(first_frame, planes)`` sees each chunk's yuv420p planes on the
     host just before encoding (tests compare modes with it; copy what you keep). Errors from
-    the decoder, the encoders or the sink propagate unchanged.
+    the decoder, the encoders or the sink propagate unchanged; latents whose shape does not
+    fit the decoder raise :class:`InvalidJobError` before any work starts.
     """
+    check_shape(decoder, latents)
     _, t, lh, lw = latents.shape
     height, width = decoder.output_size(lh, lw)
     total = frames_for_latents(t)
@@ -96,16 +86,30 @@ def run_pipeline(
     return report
 
 
-def _decoded_chunks(decoder: ChunkDecoder, latents: torch.Tensor) -> Iterator[torch.Tensor]:
-    """The decoder's chunks; a shape mismatch inside the model becomes a fatal input error."""
-    try:
-        yield from decoder.stream(latents)
-    except torch.OutOfMemoryError:
-        raise  # mapped to a retryable error by the runner
-    except (RuntimeError, ValueError) as e:
-        if "Expected" in str(e) or "size" in str(e) or "shape" in str(e):
-            raise InvalidJobError(f"input: latents do not fit decoder {decoder.name}: {e}") from e
-        raise
+def check_shape(decoder: ChunkDecoder, latents: torch.Tensor) -> None:
+    """Refuse latents the decoder cannot take: rank, channels, empty axes, odd frame sizes.
+
+    Checked here, up front, so that every error the decoder raises later is a real failure
+    (a kernel, the device, a bug), never bad input in disguise.
+    """
+    name = decoder.name
+    if latents.ndim != 4:
+        raise InvalidJobError(
+            f"input: latents must be (C, T, h, w) for decoder {name}, "
+            f"got shape {tuple(latents.shape)}"
+        )
+    c, t, lh, lw = latents.shape
+    if c != decoder.latent_channels:
+        raise InvalidJobError(
+            f"input: {c} latent channels, decoder {name} expects {decoder.latent_channels}"
+        )
+    if t < 1 or lh < 1 or lw < 1:
+        raise InvalidJobError(f"input: empty latents, shape {tuple(latents.shape)}")
+    height, width = decoder.output_size(lh, lw)
+    if height % 2 or width % 2:
+        raise InvalidJobError(
+            f"input: decoder {name} would make {width}x{height} frames; yuv420p needs even sizes"
+        )
 
 
 def _run_async(
@@ -117,50 +121,29 @@ def _run_async(
     _, _, lh, lw = latents.shape
     height, width = decoder.output_size(lh, lw)
     device = decoder.device
-    cuda = device.type == "cuda"
-    ring = Ring(pipeline.ring_slots, TEMPORAL_RATIO, height, width, device)
+    launch: Launch
+    if device.type == "cuda":
+        compute, copy = cuda_streams(device)
+        ring = Ring(pipeline.ring_slots, TEMPORAL_RATIO, height, width, device, copy)
+        launch = CudaLaunch(compute)
+    else:
+        ring = Ring(pipeline.ring_slots, TEMPORAL_RATIO, height, width, device)
+        launch = CpuLaunch(stats)
     writer = Writer(ring, segmenter, stats, frame_tap)
     writer.start()
-    compute, copy = cuda_streams(device) if cuda else (None, None)
-    window: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
-    if cuda:
-        window = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
     done = 0
     try:
-        stream_ctx = torch.cuda.stream(compute) if compute is not None else contextlib.nullcontext()
-        with stream_ctx:
-            if window is not None:
-                window[0].record()
-            chunks = _decoded_chunks(decoder, latents)
+        with launch.active():
+            chunks = iter(decoder.stream(latents))
             while True:
                 slot, waited = ring.acquire(writer.check)
                 stats.add(backpressure_s=waited)
-                if slot.start is not None:
-                    slot.start.record()
-                t0 = time.perf_counter()
-                chunk = next(chunks, None)
-                if chunk is None:
+                n = launch.fill(slot, chunks)
+                if n is None:
                     ring.release(slot)
                     break
-                n = chunk.shape[1]
                 slot.first_frame, slot.frames = done, n
-                if cuda:
-                    assert slot.staging is not None and copy is not None
-                    slot.decoded.record()
-                    rgb_to_yuv420(chunk, slot.staging[:n])
-                    slot.processed.record()
-                    # The copy stream starts only once the post-process has written staging;
-                    # staging belongs to the slot, so no allocator reuse can race the copy.
-                    copy.wait_event(slot.processed)
-                    with torch.cuda.stream(copy):
-                        slot.host[:n].copy_(slot.staging[:n], non_blocking=True)
-                        slot.copied.record()
-                else:
-                    t1 = time.perf_counter()
-                    rgb_to_yuv420(chunk, slot.host[:n])
-                    stats.add(decode_s=t1 - t0, postprocess_s=time.perf_counter() - t1)
-                del chunk
-                writer.put(HostChunk(slot))
+                writer.put(slot)
                 done += n
                 stats.add(chunks=1, frames=n)
                 if progress is not None:
@@ -168,12 +151,8 @@ def _run_async(
                 if cancelled():
                     writer.abort()
                     return True
-            if window is not None:
-                window[1].record()
         writer.flush()
-        if window is not None:
-            window[1].synchronize()
-            stats.add(window_s=window[0].elapsed_time(window[1]) / 1e3)
+        stats.add(window_s=launch.window_s())
         if progress is not None:
             progress(done, total, stats.segments)
         return False
@@ -191,7 +170,7 @@ def _run_sequential(
     done = 0
     sync = torch.cuda.synchronize if decoder.device.type == "cuda" else (lambda: None)
     try:
-        chunks = _decoded_chunks(decoder, latents)
+        chunks = iter(decoder.stream(latents))
         while True:
             t0 = time.perf_counter()
             chunk = next(chunks, None)

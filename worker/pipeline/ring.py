@@ -1,12 +1,8 @@
-"""The ring of staging slots between the compute stream and the writer.
+"""The ring of staging slots between the main thread and the writer.
 
-Each slot owns, allocated once per job (nothing per chunk on the hot path):
-- ``host``: the yuv420p planes of one chunk on the host (pinned on CUDA, so the D2H copy is a
-  real asynchronous DMA);
-- ``staging``: the same planes on the GPU, written by the post-process on the compute stream
-  (None on the CPU path, where the post-process writes ``host`` directly);
-- CUDA events: ``start`` / ``decoded`` / ``processed`` on the compute stream for timing, and
-  ``copied`` on the copy stream, which the writer waits on.
+Each slot owns, allocated once per job (nothing per chunk on the hot path), the yuv420p planes
+of one chunk on the host. On CUDA a :class:`HostCopy` owns them, together with their GPU
+staging twin and the copy between the two; on the CPU the post-process writes them directly.
 
 A slot goes back to the free list only when the writer calls ``release``: the main thread can
 never overwrite staging or host memory that a copy or the encoder still reads.
@@ -18,10 +14,10 @@ import queue
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
+from worker.pipeline.hostcopy import HostCopy
 from worker.pipeline.postprocess import yuv420_shape
 
 
@@ -29,59 +25,37 @@ from worker.pipeline.postprocess import yuv420_shape
 class Slot:
     index: int
     host: torch.Tensor
-    staging: torch.Tensor | None
-    start: Any = None
-    decoded: Any = None
-    processed: Any = None
-    copied: Any = None
+    #: CUDA: the copy that fills ``host``; None on the CPU, where ``host`` is written directly.
+    copy: HostCopy | None = None
     first_frame: int = 0
     frames: int = 0
 
-
-class HostChunk:
-    """One chunk on its way to the host (vLLM's AsyncOutput shape): the slot that holds it and
-    one blocking ``wait``. The GPU staging tensor stays referenced by the slot until released."""
-
-    def __init__(self, slot: Slot) -> None:
-        self.slot = slot
-
-    @property
-    def first_frame(self) -> int:
-        return self.slot.first_frame
-
-    @property
-    def frames(self) -> int:
-        return self.slot.frames
-
     def wait(self) -> torch.Tensor:
-        """Block until the planes are on the host; return them (frames, H*3/2, W)."""
-        if self.slot.copied is not None:
-            # A blocking event: the thread sleeps in the driver instead of spinning.
-            self.slot.copied.synchronize()
-        return self.slot.host[: self.slot.frames]
+        """Block until this chunk's planes are on the host; return them (frames, H*3/2, W)."""
+        if self.copy is not None:
+            return self.copy.wait()
+        return self.host[: self.frames]
 
 
 class Ring:
     """N preallocated slots; ``acquire`` blocks while all are in flight (back-pressure)."""
 
     def __init__(
-        self, slots: int, max_frames: int, height: int, width: int, device: torch.device
+        self, slots: int, max_frames: int, height: int, width: int, device: torch.device,
+        copy_stream: torch.cuda.Stream | None = None,
     ) -> None:
-        self.device = device
-        self.cuda = device.type == "cuda"
+        """On CUDA, ``copy_stream`` is the stream every slot's device-to-host copy runs on."""
         shape = yuv420_shape(max_frames, height, width)
         self.slots: list[Slot] = []
         self._free: queue.Queue[int] = queue.Queue()
         for i in range(slots):
-            host = torch.empty(shape, dtype=torch.uint8, pin_memory=self.cuda)
-            slot = Slot(i, host, None)
-            if self.cuda:
-                slot.staging = torch.empty(shape, dtype=torch.uint8, device=device)
-                slot.start = torch.cuda.Event(enable_timing=True)
-                slot.decoded = torch.cuda.Event(enable_timing=True)
-                slot.processed = torch.cuda.Event(enable_timing=True)
-                slot.copied = torch.cuda.Event(enable_timing=True, blocking=True)
-            self.slots.append(slot)
+            if device.type == "cuda":
+                if copy_stream is None:
+                    raise ValueError("a CUDA ring needs the copy stream")
+                copy = HostCopy(shape, device, copy_stream)
+                self.slots.append(Slot(i, copy.host, copy))
+            else:
+                self.slots.append(Slot(i, torch.empty(shape, dtype=torch.uint8)))
             self._free.put(i)
 
     def acquire(self, check: Callable[[], None], poll_s: float = 0.05) -> tuple[Slot, float]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import av
 
-from producer.spec import VideoSpec
+from producer.spec import VideoSpec, segment_name
 from worker.encode import EncodedFile, SegmentEncoder
 from worker.pipeline.stats import PipelineStats
 from worker.pipeline.threads import QueueThread
@@ -36,7 +36,7 @@ _END = None  # the end marker of a segment's frame queue
 
 
 class _SegmentJob:
-    """One segment: frames in, encoded file out, then the sink; errors kept for the owner."""
+    """One segment: frames in, encoded file out, then the sink."""
 
     def __init__(
         self, index: int, first_frame: int, path: Path, size: tuple[int, int],
@@ -45,7 +45,6 @@ class _SegmentJob:
         self.index = index
         self.first_frame = first_frame
         self.count = 0
-        self.error: BaseException | None = None
         self._encoder = SegmentEncoder(path, size[1], size[0], video)
         self._sink = sink
         self._stats = stats
@@ -102,7 +101,7 @@ class Segmenter:
         self._next_index = 0
 
     def _open(self, first_frame: int) -> None:
-        path = self.scratch / f"segment-{self._next_index:05d}.mp4"
+        path = self.scratch / segment_name(self._next_index)
         job = _SegmentJob(
             self._next_index, first_frame, path, self.size, self.video, self.sink, self.stats
         )

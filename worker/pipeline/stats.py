@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from dataclasses import dataclass, field
+
+from producer.spec import STAGE_NAMES, check_stage_fields
+
+#: The stages the pipeline measures: every stage but ``load``, which the runner times before
+#: the pipeline starts.
+PIPELINE_STAGES = tuple(s for s in STAGE_NAMES if s != "load")
 
 
 @dataclass
@@ -28,7 +35,16 @@ class PipelineStats:
             for name, value in seconds.items():
                 setattr(self, name, getattr(self, name) + value)
 
+    def stage_seconds(self) -> dict[str, float]:
+        """``{stage}_s`` of every pipeline stage: the StageTimings fields these stats fill."""
+        with self._lock:
+            return {f"{s}_s": getattr(self, f"{s}_s") for s in PIPELINE_STAGES}
+
     @property
     def gpu_busy_ratio(self) -> float | None:
         """Compute-stream busy time over the decode window; None off the GPU."""
         return self.busy_s / self.window_s if self.window_s > 0 else None
+
+
+check_stage_fields((f.name for f in dataclasses.fields(PipelineStats)), "PipelineStats",
+                   skip=("load",))

@@ -1,5 +1,6 @@
-"""The one thread shape of the pipeline (DESIGN §8): a bounded queue, a stop flag,
-``get(timeout=…)``, and errors kept for the owner instead of dying silently."""
+"""The one thread shape of the pipeline, used by the writer and every segment encoder: a
+bounded queue, a stop flag, ``get(timeout=…)``, and errors kept for the owner instead of
+dying silently."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The writer thread: takes chunks in order, waits for their copy, feeds the segmenter.
+"""The writer thread: takes chunks in order, waits for their planes, feeds the segmenter.
 
 Keeps every codec and upload call off the main thread (the main thread only launches kernels
 and copies). Each chunk's frames are copied into AVFrames, then its ring slot is released: the
@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 
 from worker.encode import yuv_frame
-from worker.pipeline.ring import HostChunk, Ring
+from worker.pipeline.ring import Ring, Slot
 from worker.pipeline.segments import Segmenter
 from worker.pipeline.stats import PipelineStats
 from worker.pipeline.threads import QueueThread
@@ -22,7 +22,7 @@ _END = None
 FrameTap = Callable[[int, torch.Tensor], None]
 
 
-class Writer(QueueThread[HostChunk]):
+class Writer(QueueThread[Slot]):
     def __init__(
         self, ring: Ring, segmenter: Segmenter, stats: PipelineStats, tap: FrameTap | None = None
     ) -> None:
@@ -32,7 +32,7 @@ class Writer(QueueThread[HostChunk]):
         self.stats = stats
         self.tap = tap
 
-    def handle(self, item: HostChunk) -> None:
+    def handle(self, item: Slot) -> None:
         self._write(item)
 
     def finish(self) -> None:
@@ -41,21 +41,14 @@ class Writer(QueueThread[HostChunk]):
     def aborted(self) -> None:
         self.segmenter.abort()
 
-    def _write(self, chunk: HostChunk) -> None:
-        planes = chunk.wait()
-        slot = chunk.slot
-        if slot.copied is not None:
-            # Every event of this slot has completed once ``copied`` has: reading is free.
-            self.stats.add(
-                decode_s=slot.start.elapsed_time(slot.decoded) / 1e3,
-                postprocess_s=slot.decoded.elapsed_time(slot.processed) / 1e3,
-                d2h_s=slot.processed.elapsed_time(slot.copied) / 1e3,
-                busy_s=slot.start.elapsed_time(slot.processed) / 1e3,
-            )
+    def _write(self, slot: Slot) -> None:
+        planes = slot.wait()
+        if slot.copy is not None:
+            self.stats.add(**slot.copy.seconds())
         if self.tap is not None:
-            self.tap(chunk.first_frame, planes)
-        frames = [yuv_frame(planes[j].numpy()) for j in range(chunk.frames)]
-        first = chunk.first_frame
+            self.tap(slot.first_frame, planes)
+        frames = [yuv_frame(planes[j].numpy()) for j in range(slot.frames)]
+        first = slot.first_frame
         self.ring.release(slot)
         for j, frame in enumerate(frames):
             self.segmenter.add(frame, first + j)
