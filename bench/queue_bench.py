@@ -1,6 +1,6 @@
 """Queue benchmark on a loopback Redis: submit→start latency and producer submit throughput.
 
-1. Latency with an idle worker: a real ``celery -A producer.app worker`` (concurrency 1,
+1. Latency with an idle worker: a real ``celery -A worker.main worker`` (concurrency 1,
    prefetch 1, as in ``tests/services.py``) consumes the ``video`` queue of a throwaway
    redis-server; jobs go one at a time through ``producer.client.Client.submit``, each after
    the previous one finished and the worker had ``--idle-ms`` to go back to waiting. A job is

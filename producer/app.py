@@ -1,4 +1,8 @@
-"""Celery app factory: the fleet's delivery semantics live here (DESIGN §5).
+"""The Celery app factory: the fleet's delivery semantics live here.
+
+Nothing is built at import. ``make_app(settings)`` builds an app for whoever asks: the client
+(``producer.client``), the worker entry point (``worker.main``, which adds the task and the
+hardened consumer), Flower's dashboard (``producer.dashboard``) and the embedded demo.
 
 - JSON only: anyone who can write to Redis must not be able to run code (no pickle).
 - ``acks_late`` + ``reject_on_worker_lost``: a job whose worker dies is delivered again.
@@ -10,6 +14,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +23,12 @@ from kombu import Queue
 
 from producer.settings import Settings, get_settings
 
+#: The one task of the fleet, as producers send it and workers register it.
 TASK_NAME = "framefleet.decode_video"
+#: The queue every job goes to and every worker consumes.
 QUEUE = "video"
+#: The module ``celery -A`` loads to run a worker (it builds the app with the task).
+WORKER_APP = "worker.main"
 
 
 def embedded_urls(data_dir: str | Path) -> tuple[str, str, dict[str, Any]]:
@@ -42,10 +51,12 @@ def make_app(
     broker_url: str | None = None,
     backend_url: str | None = None,
     settings: Settings | None = None,
-    *,
-    task_imports: bool = True,
 ) -> Celery:
-    """Build the framefleet Celery app; URLs default to the settings (FRAMEFLEET_*)."""
+    """Build a framefleet Celery app; URLs default to ``settings`` (default: the environment).
+
+    The app has no tasks: the producer only sends them by name (``TASK_NAME``), and the worker
+    entry point registers the task on the app it builds.
+    """
     s = settings or get_settings()
     broker = broker_url or s.broker_url
     backend = backend_url or (s.backend_url if broker_url is None else broker_url)
@@ -87,10 +98,6 @@ def make_app(
         task_queues=[Queue(QUEUE, routing_key=QUEUE)],
         task_routes={TASK_NAME: {"queue": QUEUE}},
         task_default_priority=4,
-        # The worker side registers its tasks and consumer from here; the producer never
-        # imports them.
-        imports=["worker.tasks"] if task_imports else [],
-        worker_consumer="worker.consumer:FramefleetConsumer",
         worker_hijack_root_logger=False,
     )
     return app
@@ -101,7 +108,18 @@ def redis_priority(priority: int) -> int:
     return 9 - priority
 
 
-#: The module-level app that ``celery -A producer.app worker`` finds.
-app = make_app()
-#: Flower's app: events name the tasks, so the dashboard needs no worker code (no torch).
-dashboard_app = make_app(task_imports=False)
+def worker_command(
+    name: str, *, events: bool = True, alone: bool = False, loglevel: str = "INFO"
+) -> list[str]:
+    """The command line of one worker process (one job at a time) named ``name``.
+
+    ``events``: send task events (Flower, the e2e tests). ``alone``: the only worker on its
+    broker (the embedded demo), so no gossip, mingle or heartbeat with peers.
+    """
+    cmd = [sys.executable, "-m", "celery", "-A", WORKER_APP, "worker", "-Q", QUEUE,
+           "-c", "1", "--prefetch-multiplier", "1", "-n", name, "-l", loglevel]
+    if events:
+        cmd.append("-E")
+    if alone:
+        cmd += ["--without-gossip", "--without-mingle", "--without-heartbeat"]
+    return cmd

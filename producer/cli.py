@@ -6,7 +6,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -24,6 +24,9 @@ from producer.spec import (
     parse_spec,
 )
 
+if TYPE_CHECKING:
+    from producer.client import Client
+
 cli = typer.Typer(help="framefleet: a GPU worker fleet for generative-video decoding.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
 cli.add_typer(cost_app, name="cost")
@@ -31,7 +34,8 @@ console = Console(soft_wrap=True)
 err = Console(stderr=True)
 
 
-def _client() -> object:
+def _client() -> Client:
+    # Imported when a command needs it: ``framefleet --help`` does not load Celery.
     from producer.client import Client
 
     return Client()
@@ -43,8 +47,9 @@ def _fail(e: Exception) -> None:
 
 
 def print_result(result: JobResult) -> None:
-    console.print(f"[green]SUCCESS[/green] {result.job_id}: {result.frames} frames, "
-                  f"{len(result.segments)} segments, {result.width}x{result.height}, "
+    m = result.manifest
+    console.print(f"[green]SUCCESS[/green] {m.job_id}: {m.frames} frames, "
+                  f"{len(m.segments)} segments, {m.width}x{m.height}, "
                   f"wall {result.timings.wall_s:.2f} s")
     console.print(f"manifest: {result.manifest_uri}")
     if result.cost is not None:
@@ -82,7 +87,7 @@ def submit(
                 output=OutputSpec(uri=output),
                 pipeline=PipelineSpec.model_validate({"mode": mode}), priority=priority,
             ).model_dump(mode="json"))
-        handle = _client().submit(job)  # type: ignore[attr-defined]
+        handle = _client().submit(job)
         console.print(job.job_id)
         if wait:
             print_result(handle.wait(progress=True))
@@ -93,7 +98,7 @@ def submit(
 @cli.command()
 def status(job_id: str) -> None:
     """State and progress of a job."""
-    handle = _client().get(job_id)  # type: ignore[attr-defined]
+    handle = _client().get(job_id)
     state = handle.status()
     progress = handle.progress()
     extra = f" {progress.frames_done}/{progress.frames_total} frames" if progress else ""
@@ -105,7 +110,7 @@ def wait_cmd(job_id: str, timeout: Optional[float] = None,
              json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Wait for a job with a progress bar; print its result."""
     try:
-        result = _client().get(job_id).wait(timeout=timeout, progress=not json_out)  # type: ignore[attr-defined]
+        result = _client().get(job_id).wait(timeout=timeout, progress=not json_out)
     except (FramefleetError, TimeoutError) as e:
         _fail(e)
     if json_out:
@@ -117,7 +122,7 @@ def wait_cmd(job_id: str, timeout: Optional[float] = None,
 @cli.command()
 def cancel(job_id: str) -> None:
     """Cancel a job: it stops between chunks and writes no manifest."""
-    _client().cancel(job_id)  # type: ignore[attr-defined]
+    _client().cancel(job_id)
     console.print(f"cancel requested for {job_id}")
 
 
@@ -133,7 +138,7 @@ def worker(
     if gpus is None and cpu == 0:
         gpus = "all"
     try:
-        raise typer.Exit(launch(gpus, cpu, get_settings().metrics_port))
+        raise typer.Exit(launch(gpus, cpu, get_settings()))
     except ValueError as e:
         _fail(e)
 
@@ -153,10 +158,11 @@ def demo(
         _fail(ValueError(f"--decoder: unknown decoder {decoder!r}"))
     result, wall = run_demo(decoder, frames, out, width, height)
     print_result(result)
-    for seg in result.segments:
+    m = result.manifest
+    for seg in m.segments:
         console.print(f"  {seg.uri}  frames {seg.first_frame}-{seg.first_frame + seg.frames - 1}")
-    console.print(f"demo: {result.frames} frames, {len(result.segments)} segments, "
-                  f"wall {wall:.1f} s ({decoder}, {result.width}x{result.height})")
+    console.print(f"demo: {m.frames} frames, {len(m.segments)} segments, "
+                  f"wall {wall:.1f} s ({decoder}, {m.width}x{m.height})")
 
 
 @cli.command()
@@ -164,7 +170,7 @@ def healthcheck(timeout: float = 5.0) -> None:
     """Exit 0 when a worker on this host answers a Celery ping."""
     import socket
 
-    replies = _client().ping(timeout=timeout)  # type: ignore[attr-defined]
+    replies = _client().ping(timeout=timeout)
     host = socket.gethostname()
     names = [name for reply in replies for name in reply]
     if not any(name.endswith(f"@{host}") for name in names):
@@ -188,12 +194,12 @@ def exporter(
 
 @cli.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def flower(ctx: typer.Context) -> None:
-    """Flower dashboard on the fleet's broker (``celery -A producer.app flower``; extra
+    """Flower dashboard on the fleet's broker (``celery -A producer.dashboard flower``; extra
     arguments such as ``--port=5555`` are passed on)."""
     import os
 
     os.execvp(sys.executable, [sys.executable, "-m", "celery", "-A",
-                               "producer.app:dashboard_app", "flower", *ctx.args])
+                               "producer.dashboard", "flower", *ctx.args])
 
 
 def main() -> None:

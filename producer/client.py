@@ -15,7 +15,7 @@ from celery.result import AsyncResult
 from producer.app import TASK_NAME, make_app, redis_priority
 from producer.control import flags_for
 from producer.errors import InvalidJobError, JobCancelled, JobConflictError, JobFailed
-from producer.settings import get_settings
+from producer.settings import Settings, get_settings
 from producer.spec import JobResult, JobSpec, Progress
 
 FINISHED = {"SUCCESS", "FAILURE", "REVOKED"}
@@ -73,9 +73,10 @@ class JobHandle:
                 if state in FINISHED:
                     result = self.result()
                     if bar is not None:
+                        done = result.manifest
                         bar.update(Progress(
-                            frames_done=result.frames, frames_total=result.frames,
-                            segments_done=len(result.segments)))
+                            frames_done=done.frames, frames_total=done.frames,
+                            segments_done=len(done.segments)))
                     return result
                 if bar is not None and state == "PROGRESS" and isinstance(info, dict):
                     bar.update(Progress.model_validate(info))
@@ -110,13 +111,18 @@ class _Bar:
 
 
 class Client:
-    """Submit and follow jobs. URLs default to ``FRAMEFLEET_BROKER_URL`` / ``_RESULT_BACKEND``."""
+    """Submit and follow jobs.
+
+    ``settings`` (default: the environment's) give the fleet's limits and, unless ``app`` or
+    the URLs are given, the broker and result backend of the app built with ``make_app``.
+    """
 
     def __init__(
         self, broker_url: str | None = None, backend_url: str | None = None,
-        app: Celery | None = None,
+        app: Celery | None = None, settings: Settings | None = None,
     ) -> None:
-        self.app = app or make_app(broker_url, backend_url)
+        self.settings = settings or get_settings()
+        self.app = app or make_app(broker_url, backend_url, self.settings)
         if app is None and hasattr(self.app.backend, "result_consumer"):
             # JobHandle polls the backend; Celery's per-task pub/sub SUBSCRIBE on send would
             # cost two extra Redis round trips per submit for nothing.
@@ -126,7 +132,7 @@ class Client:
         """Enqueue ``spec``. The same job_id with the same spec returns the existing job's
         handle instead of running it twice (unless it ended in FAILURE or was cancelled);
         the same job_id with a different spec raises JobConflictError."""
-        settings = get_settings()
+        settings = self.settings
         if spec.time_limit_s > settings.max_time_limit_s:
             raise InvalidJobError(
                 f"time_limit_s: {spec.time_limit_s} exceeds the fleet's max_time_limit_s "
@@ -137,7 +143,7 @@ class Client:
         if size > settings.max_message_bytes:
             raise InvalidJobError(f"job spec is {size} bytes, over {settings.max_message_bytes}")
         digest = spec.digest()
-        flags = flags_for(self.app)
+        flags = flags_for(self.app, self.settings)
         existing = flags.claim(spec.job_id, digest, clear_cancel=True)
         handle = JobHandle(self.app, spec.job_id)
         if existing is not None:
@@ -174,7 +180,7 @@ class Client:
     def cancel(self, job_id: str) -> None:
         """Cooperative cancel: the worker stops between chunks and writes no manifest.
         A job still queued is dropped when a worker receives it."""
-        flags_for(self.app).set_cancel(job_id)
+        flags_for(self.app, self.settings).set_cancel(job_id)
         self.app.control.revoke(job_id)
 
     def ping(self, timeout: float = 1.0) -> list[dict[str, Any]]:

@@ -13,13 +13,15 @@ from typing import Any, Protocol
 
 from celery import Celery
 
-from producer.settings import get_settings
+from producer.settings import Settings, get_settings
 
 SPEC_TTL_S = 30 * 86_400
 CANCEL_TTL_S = 2 * 86_400
 
 
-class _Flags(Protocol):
+class Flags(Protocol):
+    """The job registry and the cancel and preempted flags (Redis or files)."""
+
     def claim(self, job_id: str, digest: str, clear_cancel: bool = False) -> str | None: ...
     def release(self, job_id: str) -> None: ...
     def set_cancel(self, job_id: str) -> None: ...
@@ -108,14 +110,11 @@ class FileFlags:
         return (self.root / "preempted" / node).exists()
 
 
-def flags_for(app: Celery) -> _Flags:
-    """The registry of ``app``'s result backend (Redis), or files for the embedded mode."""
+def flags_for(app: Celery, settings: Settings | None = None) -> Flags:
+    """The registry of ``app``'s result backend (Redis), or files under the data folder of
+    ``settings`` (default: the environment's) for the embedded mode."""
     client = getattr(app.backend, "client", None)
     if client is not None and hasattr(client, "set"):
         return RedisFlags(client)
-    return FileFlags(Path(get_settings().data_dir).absolute() / "flags")
-
-
-def claim_job(app: Celery, job_id: str, digest: str) -> str | None:
-    """Register ``job_id`` → spec digest; return the digest already registered, if any."""
-    return flags_for(app).claim(job_id, digest)
+    data_dir = (settings or get_settings()).data_dir
+    return FileFlags(Path(data_dir).absolute() / "flags")

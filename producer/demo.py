@@ -9,10 +9,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+from producer.app import worker_command
+from producer.client import Client
+from producer.settings import Settings
 from producer.spec import DecoderSpec, InputSpec, JobResult, JobSpec, OutputSpec, VideoSpec
 
 
@@ -29,9 +31,7 @@ def write_latents(path: Path, frames: int, height: int, width: int, seed: int = 
 
 
 def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "celery", "-A", "producer.app", "worker", "-Q", "video",
-           "-c", "1", "--prefetch-multiplier", "1", "-n", "demo@%h", "--without-gossip",
-           "--without-mingle", "--without-heartbeat", "-l", "INFO"]
+    cmd = worker_command("demo@%h", events=False, alone=True)
     with log.open("wb") as f:
         return subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -52,15 +52,11 @@ def run_demo(decoder: str, frames: int, out: Path, width: int, height: int,
     """Run one job through a real embedded-mode worker; returns the result and wall seconds."""
     out = out.absolute()
     data_dir = out / ".framefleet"
-    env = dict(os.environ)
+    # The worker process reads the embedded mode from its environment; this process gets
+    # the same settings explicitly.
+    env = {k: v for k, v in os.environ.items() if k != "FRAMEFLEET_RESULT_BACKEND"}
     env.update(FRAMEFLEET_BROKER_URL="filesystem://", FRAMEFLEET_DATA_DIR=str(data_dir))
-    env.pop("FRAMEFLEET_RESULT_BACKEND", None)
-    os.environ.update(FRAMEFLEET_BROKER_URL="filesystem://", FRAMEFLEET_DATA_DIR=str(data_dir))
-    os.environ.pop("FRAMEFLEET_RESULT_BACKEND", None)
-    from producer.client import Client
-    from producer.settings import get_settings
-
-    get_settings.cache_clear()
+    settings = Settings(broker_url="filesystem://", data_dir=str(data_dir), result_backend=None)
     latents = write_latents(out / "input" / "latents.npy", frames, height, width)
     spec = JobSpec(
         job_id=f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}",
@@ -73,7 +69,7 @@ def run_demo(decoder: str, frames: int, out: Path, width: int, height: int,
     data_dir.mkdir(parents=True, exist_ok=True)
     worker = start_worker(env, data_dir / "worker.log")
     try:
-        client = Client()
+        client = Client(settings=settings)
         t0 = time.perf_counter()
         handle = client.submit(spec)
         result = handle.wait(timeout=timeout, progress=True)

@@ -32,6 +32,8 @@ import redis
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
+from producer.app import QUEUE, WORKER_APP
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LOG_TAIL_CHARS = 4000
 
@@ -471,7 +473,7 @@ class S3Server(_Process):
 
 
 class WorkerProcess(_Process):
-    """A real ``celery -A producer.app worker`` subprocess consuming the ``video`` queue.
+    """A real ``celery -A worker.main worker`` subprocess consuming the ``video`` queue.
 
     Runs from the repository root with ``os.environ`` plus ``env``; stdout and stderr go to
     ``<logdir>/<name>.log``. The nodename is ``<name>@<host>``.
@@ -483,7 +485,7 @@ class WorkerProcess(_Process):
     term_group = False
 
     def __init__(
-        self, name: str, logdir: Path, env: Mapping[str, str] | None = None, queue: str = "video"
+        self, name: str, logdir: Path, env: Mapping[str, str] | None = None, queue: str = QUEUE
     ) -> None:
         super().__init__(f"celery worker {name}", logdir / f"{name}.log")
         self.worker_name = name
@@ -494,7 +496,7 @@ class WorkerProcess(_Process):
     def argv(self) -> list[str]:
         """The command line."""
         return [
-            sys.executable, "-m", "celery", "-A", "producer.app", "worker",
+            sys.executable, "-m", "celery", "-A", WORKER_APP, "worker",
             "-Q", self.queue,
             "-c", "1",
             "--prefetch-multiplier", "1",

@@ -5,8 +5,11 @@
   saying why, so the submitter sees a clear error instead of a job PENDING forever.
 - An item that is not even a kombu envelope (raw bytes pushed onto the Redis list by hand):
   kombu's Redis channel raises while decoding it and Celery stops the whole worker
-  ("Unrecoverable error"). The guard below drops such an item with a critical log instead;
-  BRPOP already removed it, so nothing else is lost and the worker stays up.
+  ("Unrecoverable error"). ``install_brpop_guard()`` drops such an item with a critical log
+  instead; BRPOP already removed it, so nothing else is lost and the worker stays up.
+
+Nothing happens at import: the worker entry point (``worker.main``) names the consumer class in
+its app's configuration and installs the guard.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ log = logging.getLogger(__name__)
 
 
 class FramefleetConsumer(Consumer):  # type: ignore[misc]
+    """Celery's consumer that also records FAILURE for a message it cannot decode."""
+
     def _fail(self, message: Any, exc: Exception) -> None:
         task_id = (message.headers or {}).get("id")
         if not task_id:
@@ -45,7 +50,9 @@ class FramefleetConsumer(Consumer):  # type: ignore[misc]
         super().on_invalid_task(body, message, exc)
 
 
-def _guard_brpop_read() -> None:
+def install_brpop_guard() -> None:
+    """Patch kombu's Redis channel so that an item that is not an envelope is dropped, not
+    fatal. Idempotent: a second call leaves the one guard in place."""
     original = kombu_redis.Channel._brpop_read
     if getattr(original, "framefleet_guard", False):
         return
@@ -59,6 +66,3 @@ def _guard_brpop_read() -> None:
 
     guarded.framefleet_guard = True  # type: ignore[attr-defined]
     kombu_redis.Channel._brpop_read = guarded  # type: ignore[method-assign]
-
-
-_guard_brpop_read()

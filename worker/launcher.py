@@ -13,12 +13,16 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from producer.app import worker_command
+from producer.settings import Settings
 
 log = logging.getLogger(__name__)
+#: The decoder a GPU worker warms up when ``FRAMEFLEET_WARMUP_DECODER`` is unset.
+GPU_WARMUP_DECODER = "wan2.1-vae"
 
 
 def count_gpus() -> int:
@@ -64,27 +68,21 @@ class WorkerSlot:
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     started: float = 0.0
-    log_path: str | None = None
-    history: list[int] = field(default_factory=list)
 
 
-def worker_command(name: str, loglevel: str = "INFO") -> list[str]:
-    return [sys.executable, "-m", "celery", "-A", "producer.app", "worker", "-Q", "video",
-            "-c", "1", "--prefetch-multiplier", "1", "-E", "-n", name, "-l", loglevel]
-
-
-def plan_workers(gpus: list[int], cpu: int, metrics_port: int) -> list[WorkerSlot]:
+def plan_workers(
+    gpus: list[int], cpu: int, metrics_port: int, warmup_decoder: str = GPU_WARMUP_DECODER
+) -> list[WorkerSlot]:
+    """One slot per GPU (pinned, warming up ``warmup_decoder``), then ``cpu`` CPU slots."""
     host = socket.gethostname()
     slots = []
     for i in gpus:
         # PCI order: the index means the same GPU to CUDA, NVML and nvidia-smi.
         env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": str(i),
                "FRAMEFLEET_DEVICE": "cuda",
-               # Load and warm the decoder before the first job (unless configured otherwise).
-               "FRAMEFLEET_WARMUP_DECODER": os.environ.get("FRAMEFLEET_WARMUP_DECODER",
-                                                           "wan2.1-vae"),
-               "FRAMEFLEET_METRICS_PORT": str(metrics_port + i if metrics_port else 0),
-               "FRAMEFLEET_GPU_INDEX": str(i)}
+               # Load and warm the decoder before the first job, not during it.
+               "FRAMEFLEET_WARMUP_DECODER": warmup_decoder,
+               "FRAMEFLEET_METRICS_PORT": str(metrics_port + i if metrics_port else 0)}
         slots.append(WorkerSlot(f"gpu{i}@{host}", env))
     threads = max(1, (os.cpu_count() or 1) // max(1, cpu))
     for j in range(cpu):
@@ -134,7 +132,6 @@ class Launcher:
                         slot.restarts = 0
                     delay = min(self.max_backoff_s, 2.0 ** slot.restarts)
                     slot.restarts += 1
-                    slot.history.append(code)
                     log.warning("%s exited with %s; restarting in %.0f s", slot.name, code, delay)
                     next_start[slot.name] = now + delay
                 elif now >= next_start[slot.name]:
@@ -150,9 +147,11 @@ class Launcher:
         return 0
 
 
-def launch(gpus: str | None, cpu: int, metrics_port: int) -> int:
+def launch(gpus: str | None, cpu: int, settings: Settings) -> int:
+    """Plan, start and supervise the workers (``--gpus``/``--cpu``) until SIGTERM/SIGINT."""
     selected = parse_gpus(gpus, count_gpus()) if gpus else []
-    slots = plan_workers(selected, cpu, metrics_port)
+    slots = plan_workers(selected, cpu, settings.metrics_port,
+                         settings.warmup_decoder or GPU_WARMUP_DECODER)
     if not slots:
         raise ValueError("no workers to start: no GPU found; use --cpu N")
     launcher = Launcher(slots)

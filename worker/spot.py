@@ -2,7 +2,7 @@
 
 AWS posts ``latest/meta-data/spot/instance-action`` two minutes before it reclaims a spot
 instance (404 until then). On a notice the worker stops taking jobs and hands its running job
-back to the queue so another worker finishes it (see ``worker/tasks.py``).
+back to the queue so another worker finishes it (see ``worker/concerns/cancel.py``).
 """
 
 from __future__ import annotations

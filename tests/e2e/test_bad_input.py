@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import redis
 
-from producer.app import TASK_NAME
+from producer.app import QUEUE, TASK_NAME
 from producer.client import Client, JobHandle
 from producer.errors import JobConflictError, JobFailed
 from tests.e2e.helpers import pattern_spec, put_latents, verify_output
@@ -93,12 +93,12 @@ def test_bad_inputs_fail_clearly_and_the_worker_stays_healthy(
         "headers": {"lang": "py", "task": TASK_NAME, "id": task_id, "root_id": task_id,
                     "parent_id": None, "group": None, "retries": 0},
         "properties": {"correlation_id": task_id, "reply_to": "", "delivery_mode": 2,
-                       "delivery_info": {"exchange": "", "routing_key": "video"},
+                       "delivery_info": {"exchange": "", "routing_key": QUEUE},
                        "priority": 0, "body_encoding": "base64",
                        "delivery_tag": str(uuid.uuid4())},
     }
-    r.lpush("video", b"this is not a message at all")
-    r.lpush("video", json.dumps(envelope))
+    r.lpush(QUEUE, b"this is not a message at all")
+    r.lpush(QUEUE, json.dumps(envelope))
     expected["non-json-body"] = (JobHandle(client.app, task_id), "JSON only")
     # When they have all been delivered, and a good job comes after them
     done = client.submit(pattern_spec("good", good_uri, s3_bucket)).wait(timeout=120)

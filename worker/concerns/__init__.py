@@ -1,0 +1,55 @@
+"""The task's concerns: small objects around one run of a job, one module each.
+
+The task body (``worker.tasks``) only parses, claims, leases and runs; everything a run needs
+around it (progress, cancel and preemption, the OOM fallback, retries, metrics) is a concern,
+in the manner of Dramatiq's middleware.
+
+The interface (``worker.concerns.base``):
+
+- ``TaskRun``: one execution of the task for one job: the Celery task (``run.task``), the
+  spec, the worker's settings, the cancel flags, the node name, and two lists a concern may
+  append to in ``before_run``: ``progress_hooks`` (called with each ``Progress``) and
+  ``cancel_checks`` (polled between chunks; one ``True`` stops the run with ``JobCancelled``).
+- ``Concern``: created once per run as ``Concern(run)`` (so it may keep that run's state on
+  ``self``), with three hooks, each a no-op by default:
+
+  - ``before_run()``: before the runner starts. May register hooks, or raise: an error
+    raised here ends the run like one from the runner (it goes through ``on_error``).
+  - ``on_error(error) -> Outcome | None``: the run raised ``error``. Return an ``Outcome``
+    to decide how the run ends, or None to leave it to the next concern. The first answer
+    wins; no answer means ``Failed(error)``.
+  - ``on_outcome(outcome)``: the run's end is decided (success, failure, retry, cancelled):
+    observe it (metrics, notifications). It cannot change the outcome; an exception here is
+    logged and ignored.
+
+- ``Outcome``: how a run ends: ``status`` (what ``on_outcome`` sees: success, failure, retry,
+  cancelled), ``error``/``result``, and ``settle(run)``, which the task does last: return the
+  result, or raise the error, Celery's Retry (``retries.Retry``/``Requeue``) or Ignore
+  (``cancel.Revoked``). A new kind of end is a new ``Outcome`` subclass in its concern's
+  module.
+
+A new concern is a module of this package with a ``Concern`` subclass, added to ``CONCERNS``
+below. The order matters for ``on_error`` only: a concern for a specific error comes before a
+general one (``DeviceOutOfMemory`` is a ``RetryableError``, so ``OomFallback`` comes before
+``Retries``).
+"""
+
+from __future__ import annotations
+
+from worker.concerns.base import Concern, Failed, Outcome, Succeeded, TaskRun, run_concerns
+from worker.concerns.cancel import CancelAndPreempt
+from worker.concerns.metrics import JobMetrics
+from worker.concerns.oom import OomFallback
+from worker.concerns.progress import ProgressReport
+from worker.concerns.retries import Retries
+
+#: The task's concerns, in the order ``before_run`` and ``on_error`` ask them.
+CONCERNS: tuple[type[Concern], ...] = (
+    ProgressReport,
+    CancelAndPreempt,
+    OomFallback,
+    Retries,
+    JobMetrics,
+)
+
+__all__ = ["CONCERNS", "Concern", "Failed", "Outcome", "Succeeded", "TaskRun", "run_concerns"]

@@ -1,0 +1,85 @@
+"""Cancel and preemption: both stop a run between chunks, and end differently.
+
+The runner polls the flags (``producer.control``) between chunks, at most every
+``FRAMEFLEET_CANCEL_POLL_S``: a cancel flag on the job, or a preempted flag on this node.
+
+- Cancelled by the client → REVOKED, no manifest; the worker goes on to the next job.
+- Preempted (a spot interruption notice: ``preempt_node`` has stopped this worker consuming
+  and flagged the node) → the job goes back to the queue at once for another worker; a
+  requeue, not a failure.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import ClassVar, NoReturn
+
+from celery import Celery
+from celery.exceptions import Ignore
+
+from producer.app import QUEUE
+from producer.control import flags_for
+from producer.errors import JobCancelled
+from worker.concerns.base import Concern, Outcome, Status, TaskRun, Throttle
+from worker.concerns.retries import Requeue
+from worker.lease import REDIS_DOWN
+
+log = logging.getLogger(__name__)
+
+
+class CancelAndPreempt(Concern):
+    """Polls the cancel and preempted flags; ends a stopped run as REVOKED or requeued."""
+
+    def __init__(self, run: TaskRun) -> None:
+        super().__init__(run)
+        self.every = Throttle(run.settings.cancel_poll_s)
+        self.preempted = False
+
+    def before_run(self) -> None:
+        self.run.cancel_checks.append(self.poll)
+        job_id = self.run.spec.job_id
+        if self.run.flags.cancelled(job_id):
+            raise JobCancelled(f"job {job_id} was cancelled before it started")
+
+    def poll(self) -> bool:
+        if not self.every.due():
+            return False
+        try:
+            self.preempted = self.run.flags.preempted(self.run.node)
+            return self.preempted or self.run.flags.cancelled(self.run.spec.job_id)
+        except REDIS_DOWN as e:  # read again at the next poll
+            log.warning("job %s: cancel flags not read: %s", self.run.spec.job_id, e)
+            return False
+
+    def on_error(self, error: BaseException) -> Outcome | None:
+        if not isinstance(error, JobCancelled):
+            return None
+        if self.preempted:
+            # Back to the queue at once for another worker (this one no longer consumes).
+            log.warning("job %s handed back: node %s is being reclaimed", self.run.spec.job_id,
+                        self.run.node)
+            return Requeue(error=error)
+        log.info("%s", error)
+        return Revoked(error=error)
+
+
+@dataclass(frozen=True)
+class Revoked(Outcome):
+    """REVOKED, the state a client's cancel ends in, with the cancel message; no retry."""
+
+    status: ClassVar[Status] = "cancelled"
+
+    def settle(self, run: TaskRun) -> NoReturn:
+        run.task.update_state(state="REVOKED", meta={
+            "exc_type": "JobCancelled", "exc_message": str(self.error),
+            "exc_module": "producer.errors",
+        })
+        raise Ignore() from self.error
+
+
+def preempt_node(app: Celery, node: str) -> None:
+    """On a spot notice: ``node`` stops consuming, and its running job (polling the flag)
+    stops between chunks and is requeued by ``CancelAndPreempt``."""
+    app.control.cancel_consumer(QUEUE, destination=[node])
+    flags_for(app).set_preempted(node)

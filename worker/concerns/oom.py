@@ -1,0 +1,28 @@
+"""The OOM fallback: a CUDA out-of-memory runs the job again at once, in spatial tiles.
+
+Tiled decode has the smaller working set; a job that does not fit even tiled fails (retrying
+the same thing cannot help). The requeue does not spend the retry budget.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from producer.errors import DeviceOutOfMemory, FatalJobError
+from worker.concerns.base import Concern, Failed, Outcome
+from worker.concerns.retries import Requeue
+
+log = logging.getLogger(__name__)
+
+
+class OomFallback(Concern):
+    """``DeviceOutOfMemory`` → requeue with ``tiled=True``; when already tiled → FAILURE."""
+
+    def on_error(self, error: BaseException) -> Outcome | None:
+        if not isinstance(error, DeviceOutOfMemory):
+            return None
+        if self.run.tiled:
+            return Failed(error=FatalJobError(f"{error}; tiled decode did not fit either"),
+                          cause=error)
+        log.warning("job %s: %s; retrying with tiled decode", self.run.spec.job_id, error)
+        return Requeue(error=error, kwargs={"tiled": True})

@@ -1,0 +1,35 @@
+"""Progress: the runner's reports become the job's PROGRESS state in the result backend.
+
+At most one write every ``PROGRESS_PERIOD_S`` (the last report, all frames done, always goes
+through). Best effort: Redis being away fails no job.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from producer.spec import Progress
+from worker.concerns.base import Concern, TaskRun, Throttle
+from worker.lease import REDIS_DOWN
+
+log = logging.getLogger(__name__)
+PROGRESS_PERIOD_S = 0.2
+
+
+class ProgressReport(Concern):
+    """Stores throttled PROGRESS states (``Progress`` as meta) for the submitter to read."""
+
+    def __init__(self, run: TaskRun) -> None:
+        super().__init__(run)
+        self.every = Throttle(PROGRESS_PERIOD_S)
+
+    def before_run(self) -> None:
+        self.run.progress_hooks.append(self.report)
+
+    def report(self, p: Progress) -> None:
+        if not self.every.due(final=p.frames_done == p.frames_total):
+            return
+        try:
+            self.run.task.update_state(state="PROGRESS", meta=p.model_dump())
+        except REDIS_DOWN as e:
+            log.warning("job %s: progress not stored: %s", self.run.spec.job_id, e)
