@@ -38,14 +38,15 @@ def main() -> None:
     ap.add_argument("--out", default="bench/results/fleet.json")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="fffleet-"))
+    # The launcher's workers read these from their environment; this process gets the same
+    # settings explicitly.
     env = {"FRAMEFLEET_BROKER_URL": "filesystem://", "FRAMEFLEET_DATA_DIR": str(work / "data"),
            "FRAMEFLEET_METRICS_PORT": "0", "PYTHONUNBUFFERED": "1"}
-    os.environ.update(env)
     from producer.client import Client
-    from producer.settings import get_settings
+    from producer.settings import Settings
     from producer.spec import JobSpec
 
-    get_settings.cache_clear()
+    settings = Settings(broker_url="filesystem://", data_dir=str(work / "data"), metrics_port=0)
     w, h = (int(v) for v in args.size.split("x"))
     t = (args.frames - 1) // 4 + 1
     latents = work / "z.npy"
@@ -57,7 +58,7 @@ def main() -> None:
     log = (work / "launcher.log").open("wb")
     launcher = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env}, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
-    client = Client()
+    client = Client(settings=settings)
     try:
         deadline = time.monotonic() + 300
         while not client.ping(timeout=1.0):  # workers answer once ready (warm-up included)
@@ -80,15 +81,16 @@ def main() -> None:
             os.killpg(launcher.pid, signal.SIGKILL)
         log.close()
     for r in results:  # every output complete: sizes and hashes of the files on disk
-        assert sum(s.frames for s in r.segments) == r.frames == args.frames
-        for s in r.segments:
+        m = r.manifest
+        assert sum(s.frames for s in m.segments) == m.frames == args.frames
+        for s in m.segments:
             path = Path(s.uri.removeprefix("file://"))
             assert path.stat().st_size == s.bytes
     report: dict[str, Any] = {
         "command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "workers": workers, "jobs": args.jobs, "size": args.size, "frames": args.frames,
         "decoder": args.decoder, "wall_s": wall, "jobs_per_s": args.jobs / wall,
-        "per_job": [{"job_id": r.job_id, "node": r.worker.node, "device": r.worker.device,
+        "per_job": [{"job_id": r.manifest.job_id, "node": r.worker.node, "device": r.worker.device,
                      "gpu": r.worker.gpu_name, "gpu_uuid": r.worker.gpu_uuid,
                      "wall_s": r.timings.wall_s, "decode_s": r.timings.decode_s,
                      "gpu_busy_ratio": r.timings.gpu_busy_ratio,
