@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import secrets
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -14,7 +16,7 @@ import redis
 from botocore.stub import Stubber
 
 from producer.app import TASK_NAME, make_app
-from tests.services import free_port
+from tests.services import REPO_ROOT, free_port
 from tests.worker.test_metrics import scrape, value
 from worker.ops import exporter
 from worker.ops.cloudwatch import put_queue_depth
@@ -156,3 +158,27 @@ def test_queue_names_cover_every_priority_step() -> None:
     assert names[0] == "video"
     assert "video\x06\x169" in names and "video:1" in names
     assert len(names) == len(set(names)) == 1 + 2 * 9
+
+
+_WITHOUT_WORKER_EXTRA = """
+import sys
+BLOCKED = {"torch", "av", "diffusers", "safetensors", "pynvml", "numpy"}
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ImportError(f"blocked import of {name}")
+        return None
+sys.meta_path.insert(0, Block())
+import worker.ops.exporter, worker.ops.cloudwatch
+print("ok")
+"""
+
+
+def test_exporter_imports_without_the_worker_extra() -> None:
+    # The exporter runs in the producer image, which has the [ops] extra but no torch or av.
+    done = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_WORKER_EXTRA], cwd=REPO_ROOT, capture_output=True,
+        text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
