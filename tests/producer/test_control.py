@@ -1,0 +1,119 @@
+"""The job registry and the cancel/preempted flags, in Redis and in files (embedded mode)."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from producer.app import make_app
+from producer.control import (
+    CANCEL_TTL_S,
+    SPEC_TTL_S,
+    FileFlags,
+    Flags,
+    RedisFlags,
+    flags_for,
+)
+from producer.settings import Settings
+
+
+@pytest.fixture(params=["redis", "files"])
+def flags(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Flags]:
+    if request.param == "redis":
+        client = redis.Redis.from_url(request.getfixturevalue("redis_url"))
+        yield RedisFlags(client)
+        client.close()
+    else:
+        yield FileFlags(tmp_path / "flags")
+
+
+def _id() -> str:
+    return f"ctl-{secrets.token_hex(6)}"
+
+
+def test_the_first_claim_wins_and_release_frees_the_job_id(flags: Flags) -> None:
+    job = _id()
+    assert flags.claim(job, "digest-a") is None
+    # A second claim, whatever its digest, gets the registered one back
+    assert flags.claim(job, "digest-b") == "digest-a"
+    assert flags.claim(job, "digest-a") == "digest-a"
+    flags.release(job)
+    assert flags.claim(job, "digest-b") is None
+
+
+def test_claims_racing_for_one_job_id_have_one_winner(flags: Flags) -> None:
+    job = _id()
+    results: list[str | None] = []
+    barrier = threading.Barrier(8)
+
+    def claim(n: int) -> None:
+        barrier.wait(timeout=10)
+        results.append(flags.claim(job, f"digest-{n}"))
+
+    threads = [threading.Thread(target=claim, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=20)
+    winners = [n for n, got in enumerate(results) if got is None]
+    assert len(results) == 8 and len(winners) == 1
+    # Every loser was told the winner's digest
+    registered = flags.claim(job, "late")
+    assert registered is not None
+    assert sorted(got for got in results if got is not None) == [registered] * 7
+
+
+def test_a_new_claim_clears_a_stale_cancel_flag_an_old_one_does_not(flags: Flags) -> None:
+    job = _id()
+    flags.set_cancel(job)
+    assert flags.cancelled(job)
+    # A fresh submission of a job_id clears a cancel left from before
+    assert flags.claim(job, "d", clear_cancel=True) is None
+    assert not flags.cancelled(job)
+    # A cancel of the running job survives a duplicate submission
+    flags.set_cancel(job)
+    assert flags.claim(job, "d", clear_cancel=True) == "d"
+    assert flags.cancelled(job)
+    flags.clear_cancel(job)
+    assert not flags.cancelled(job)
+
+
+def test_preempted_flags_are_per_node(flags: Flags) -> None:
+    node = f"gpu0@{_id()}"
+    assert not flags.preempted(node)
+    flags.set_preempted(node)
+    assert flags.preempted(node)
+    assert not flags.preempted(f"gpu1@{node.split('@')[1]}")
+
+
+def test_redis_keys_expire(redis_url: str) -> None:
+    r = redis.Redis.from_url(redis_url)
+    flags = RedisFlags(r)
+    job, node = _id(), f"gpu0@{_id()}"
+    flags.claim(job, "d")
+    flags.set_cancel(job)
+    flags.set_preempted(node)
+    assert 0 < r.ttl(f"framefleet:spec:{job}") <= SPEC_TTL_S
+    assert 0 < r.ttl(f"framefleet:cancel:{job}") <= CANCEL_TTL_S
+    assert 0 < r.ttl(f"framefleet:preempted:{node}") <= CANCEL_TTL_S
+
+
+def test_flags_for_follows_the_result_backend(redis_url: str, tmp_path: Path) -> None:
+    # A Redis backend keeps the flags in that Redis
+    redis_app = make_app(redis_url, redis_url)
+    job = _id()
+    assert isinstance(flags_for(redis_app), RedisFlags)
+    flags_for(redis_app).set_cancel(job)
+    assert redis.Redis.from_url(redis_url).exists(f"framefleet:cancel:{job}")
+    # The embedded mode keeps them as files under the settings' data folder
+    settings = Settings(broker_url="filesystem://", data_dir=str(tmp_path / "data"))
+    embedded = make_app(settings=settings)
+    files = flags_for(embedded, settings)
+    assert isinstance(files, FileFlags)
+    files.set_cancel(job)
+    assert (tmp_path / "data" / "flags" / "cancel" / job).exists()

@@ -1,0 +1,334 @@
+"""The task's concerns through Celery's own retry machinery, against a real Redis backend.
+
+Tasks run eagerly (``Task.apply``): Celery executes a retry at once in the same process
+(countdowns are not waited for), so a test sees every attempt, the final state, and what the
+concerns recorded on the way: the backend's PROGRESS/REVOKED states, the cancel flags, the
+``framefleet_jobs_total`` counters.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from celery import Celery, Task
+
+from producer.app import make_app
+from producer.control import flags_for
+from producer.errors import FatalJobError, JobCancelled, StorageError
+from producer.settings import Settings, get_settings
+from producer.spec import DecoderSpec, InputSpec, JobResult, JobSpec, OutputSpec, Progress
+from worker import tasks
+from worker.concerns import CONCERNS, Concern, Outcome, TaskRun, run_concerns
+from worker.concerns.retries import backoff
+from worker.decoders.pattern import PatternDecoder
+from worker.metrics import JOBS
+from worker.runner import DecoderCache, JobContext, run_job
+
+Work = Callable[[TaskRun, JobContext, int], JobResult]
+
+
+@pytest.fixture
+def app(redis_url: str) -> Celery:
+    return make_app(redis_url, redis_url)
+
+
+@pytest.fixture
+def tenant() -> str:
+    """A tenant of its own, so the counters a test reads are its own."""
+    return f"t-{secrets.token_hex(4)}"
+
+
+def _spec(tmp: Path, tenant: str) -> JobSpec:
+    np.save(tmp / "z.npy", np.zeros((16, 4, 4, 6), np.float32))
+    return JobSpec(job_id=f"c-{secrets.token_hex(6)}", tenant=tenant,
+                   input=InputSpec(uri=(tmp / "z.npy").as_uri()),
+                   decoder=DecoderSpec(name="pattern"),
+                   output=OutputSpec(uri=(tmp / "out").as_uri()))
+
+
+def _jobs(status: str, tenant: str) -> float:
+    for sample in next(iter(JOBS.collect())).samples:
+        if sample.name == "framefleet_jobs_total" and sample.labels == {
+            "status": status, "tenant": tenant,
+        }:
+            return sample.value
+    return 0.0
+
+
+def _counts(tenant: str) -> dict[str, float]:
+    return {s: _jobs(s, tenant) for s in ("success", "failure", "retry", "cancelled")}
+
+
+class Scripted:
+    """A task on ``app`` that runs ``work`` inside ``concerns``; ``attempts`` counts runs."""
+
+    def __init__(self, app: Celery, spec: JobSpec, settings: Settings, work: Work,
+                 concerns: tuple[Callable[[TaskRun], Concern], ...] = CONCERNS) -> None:
+        self.attempts = 0
+        self.runs: list[TaskRun] = []
+
+        def body(task: Task, tiled: bool = False) -> dict[str, Any]:
+            self.attempts += 1
+            run = TaskRun(task=task, spec=spec, settings=settings, flags=flags_for(app),
+                          tiled=tiled)
+            self.runs.append(run)
+            return run_concerns(run, concerns, lambda ctx: work(run, ctx, self.attempts))
+
+        self.task: Task = app.task(bind=True, name=f"test.scripted.{secrets.token_hex(4)}",
+                                   shared=False, lazy=False)(body)
+
+
+def _real_run(cache: DecoderCache) -> Callable[[TaskRun, JobContext], JobResult]:
+    def work(run: TaskRun, ctx: JobContext) -> JobResult:
+        return run_job(run.spec, cache, ctx)
+    return work
+
+
+def _apply(scripted: Scripted, job_id: str) -> Any:
+    return scripted.task.apply(task_id=job_id)
+
+
+def test_backoff_doubles_up_to_its_cap() -> None:
+    s = Settings(retry_backoff_s=2.0, retry_backoff_max_s=10.0)
+    assert [backoff(n, s) for n in range(5)] == [2.0, 4.0, 8.0, 10.0, 10.0]
+
+
+def test_a_retryable_error_spends_the_budget_then_fails(
+    app: Celery, tmp_path: Path, tenant: str
+) -> None:
+    # Given a run that always hits a retryable error, and a budget of two retries
+    spec = _spec(tmp_path, tenant)
+
+    def work(run: TaskRun, ctx: JobContext, attempt: int) -> JobResult:
+        raise StorageError(f"S3 503 on attempt {attempt}")
+
+    scripted = Scripted(app, spec, Settings(retry_max=2), work)
+    # When the task runs
+    result = _apply(scripted, spec.job_id)
+    # Then it ran three times and failed with the last error
+    assert scripted.attempts == 3
+    assert result.state == "FAILURE"
+    assert isinstance(result.result, StorageError) and "attempt 3" in str(result.result)
+    assert _counts(tenant) == {"success": 0, "failure": 1, "retry": 2, "cancelled": 0}
+
+
+def test_a_retry_that_succeeds_returns_the_result(
+    app: Celery, tmp_path: Path, tenant: str
+) -> None:
+    spec = _spec(tmp_path, tenant)
+    real = _real_run(DecoderCache(torch.device("cpu")))
+
+    def work(run: TaskRun, ctx: JobContext, attempt: int) -> JobResult:
+        if attempt == 1:
+            raise StorageError("connection reset")
+        return real(run, ctx)
+
+    scripted = Scripted(app, spec, Settings(retry_max=1), work)
+    result = _apply(scripted, spec.job_id)
+    assert result.state == "SUCCESS"
+    assert JobResult.model_validate(result.result).manifest.frames == 13
+    assert _counts(tenant) == {"success": 1, "failure": 0, "retry": 1, "cancelled": 0}
+
+
+def test_a_fatal_error_fails_at_once(app: Celery, tmp_path: Path, tenant: str) -> None:
+    spec = _spec(tmp_path, tenant)
+
+    def work(run: TaskRun, ctx: JobContext, attempt: int) -> JobResult:
+        raise FatalJobError("input.uri: not a latents file")
+
+    scripted = Scripted(app, spec, Settings(retry_max=5), work)
+    result = _apply(scripted, spec.job_id)
+    assert scripted.attempts == 1
+    assert result.state == "FAILURE" and "input.uri" in str(result.result)
+    assert _counts(tenant)["failure"] == 1 and _counts(tenant)["retry"] == 0
+
+
+class _OomUnlessTiled(PatternDecoder):
+    def __init__(self, fits_tiled: bool, tiled: bool = False) -> None:
+        super().__init__()
+        self.fits_tiled, self.tiled = fits_tiled, tiled
+
+    def with_tiling(self) -> _OomUnlessTiled:
+        return _OomUnlessTiled(self.fits_tiled, tiled=True)
+
+    def stream(self, latents: torch.Tensor) -> Iterator[torch.Tensor]:
+        if not (self.tiled and self.fits_tiled):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")
+        yield from super().stream(latents)
+
+
+class _Cache(DecoderCache):
+    def __init__(self, fits_tiled: bool) -> None:
+        super().__init__(torch.device("cpu"))
+        self.fits_tiled = fits_tiled
+
+    def get(self, spec: DecoderSpec) -> PatternDecoder:
+        return _OomUnlessTiled(self.fits_tiled)
+
+
+@pytest.mark.parametrize("fits_tiled", [True, False])
+def test_out_of_memory_runs_again_tiled_outside_the_budget(
+    app: Celery, tmp_path: Path, tenant: str, fits_tiled: bool
+) -> None:
+    # Given a decoder that runs out of memory unless tiled (and, tiled, fits or not)
+    spec = _spec(tmp_path, tenant)
+    scripted = Scripted(app, spec, Settings(retry_max=0), _real_run_work(_Cache(fits_tiled)))
+    # When the task runs with no retry budget at all
+    result = _apply(scripted, spec.job_id)
+    # Then it ran once more at once, tiled; a tiled OOM is fatal, naming both attempts
+    assert scripted.attempts == 2
+    assert [run.tiled for run in scripted.runs] == [False, True]
+    if fits_tiled:
+        assert result.state == "SUCCESS"
+        assert _counts(tenant) == {"success": 1, "failure": 0, "retry": 1, "cancelled": 0}
+    else:
+        assert result.state == "FAILURE"
+        assert isinstance(result.result, FatalJobError)
+        assert "tiled decode did not fit either" in str(result.result)
+        assert _counts(tenant) == {"success": 0, "failure": 1, "retry": 1, "cancelled": 0}
+
+
+def _real_run_work(cache: DecoderCache) -> Work:
+    real = _real_run(cache)
+    return lambda run, ctx, attempt: real(run, ctx)
+
+
+def test_cancel_before_start_is_revoked_and_runs_nothing(
+    app: Celery, tmp_path: Path, tenant: str
+) -> None:
+    spec = _spec(tmp_path, tenant)
+    flags_for(app).set_cancel(spec.job_id)
+
+    def work(run: TaskRun, ctx: JobContext, attempt: int) -> JobResult:
+        raise AssertionError("a cancelled job must not run")
+
+    scripted = Scripted(app, spec, Settings(), work)
+    _apply(scripted, spec.job_id)
+    meta = app.backend.get_task_meta(spec.job_id)
+    assert meta["status"] == "REVOKED"
+    assert "cancelled before it started" in str(meta["result"])
+    assert _counts(tenant) == {"success": 0, "failure": 0, "retry": 0, "cancelled": 1}
+
+
+def test_cancel_mid_run_is_polled_and_revoked(app: Celery, tmp_path: Path, tenant: str) -> None:
+    spec = _spec(tmp_path, tenant)
+    polls: list[bool] = []
+
+    def work(run: TaskRun, ctx: JobContext, attempt: int) -> JobResult:
+        polls.append(ctx.cancelled())
+        run.flags.set_cancel(run.spec.job_id)
+        polls.append(ctx.cancelled())
+        raise JobCancelled(f"job {run.spec.job_id} was cancelled")
+
+    scripted = Scripted(app, spec, Settings(cancel_poll_s=0), work)
+    _apply(scripted, spec.job_id)
+    assert polls == [False, True]
+    assert scripted.attempts == 1
+    assert app.backend.get_task_meta(spec.job_id)["status"] == "REVOKED"
+    assert _counts(tenant)["cancelled"] == 1
+
+
+def test_preemption_requeues_outside_the_budget(app: Celery, tmp_path: Path, tenant: str) -> None:
+    # Given a node that is preempted while the job runs, and no retry budget at all
+    spec = _spec(tmp_path, tenant)
+    real = _real_run(DecoderCache(torch.device("cpu")))
+
+    def work(run: TaskRun, ctx: JobContext, attempt: int) -> JobResult:
+        if attempt == 1:
+            run.flags.set_preempted(run.node)
+            assert ctx.cancelled()
+            raise JobCancelled("stopped between chunks")
+        # The next delivery (another worker in a fleet; here the same, no longer flagged)
+        run.flags.r.delete(f"framefleet:preempted:{run.node}")  # type: ignore[attr-defined]
+        return real(run, ctx)
+
+    scripted = Scripted(app, spec, Settings(retry_max=0, cancel_poll_s=0), work)
+    # When the task runs
+    result = _apply(scripted, spec.job_id)
+    # Then the job went back to the queue (not REVOKED, not failed) and its next run succeeded
+    assert scripted.attempts == 2
+    assert result.state == "SUCCESS"
+    assert _counts(tenant) == {"success": 1, "failure": 0, "retry": 1, "cancelled": 0}
+
+
+def test_progress_is_stored_throttled_and_the_last_always(
+    app: Celery, tmp_path: Path, tenant: str
+) -> None:
+    spec = _spec(tmp_path, tenant)
+    seen: list[Any] = []
+
+    def stored() -> Any:
+        meta = app.backend.get_task_meta(spec.job_id)
+        return meta["status"], (meta["result"] or {}).get("frames_done")
+
+    def work(run: TaskRun, ctx: JobContext, attempt: int) -> JobResult:
+        ctx.progress(Progress(frames_done=1, frames_total=3, segments_done=0))
+        seen.append(stored())
+        ctx.progress(Progress(frames_done=2, frames_total=3, segments_done=0))  # too soon
+        seen.append(stored())
+        ctx.progress(Progress(frames_done=3, frames_total=3, segments_done=1))  # the last
+        seen.append(stored())
+        raise FatalJobError("stop here")
+
+    _apply(Scripted(app, spec, Settings(), work), spec.job_id)
+    assert seen == [("PROGRESS", 1), ("PROGRESS", 1), ("PROGRESS", 3)]
+
+
+def test_a_new_concern_plugs_in_and_cannot_break_the_outcome(
+    app: Celery, tmp_path: Path, tenant: str
+) -> None:
+    # Given a concern added after the default ones, whose outcome hook fails
+    spec = _spec(tmp_path, tenant)
+    events: list[str] = []
+
+    class Recorder(Concern):
+        def before_run(self) -> None:
+            events.append(f"before {self.run.spec.job_id}")
+            self.run.progress_hooks.append(lambda p: events.append(f"progress {p.frames_done}"))
+
+        def on_error(self, error: BaseException) -> Outcome | None:
+            events.append(f"error {type(error).__name__}")  # only errors nobody decided
+            return None
+
+        def on_outcome(self, outcome: Outcome) -> None:
+            events.append(f"outcome {outcome.status}")
+            raise RuntimeError("webhook down")
+
+    real = _real_run(DecoderCache(torch.device("cpu")))
+    scripted = Scripted(app, spec, Settings(), lambda run, ctx, attempt: real(run, ctx),
+                        concerns=(*CONCERNS, Recorder))
+    # When the job runs
+    result = _apply(scripted, spec.job_id)
+    # Then the concern saw the run, its progress and its end, and the job still succeeded
+    assert result.state == "SUCCESS"
+    assert events[0] == f"before {spec.job_id}"
+    assert "progress 13" in events
+    assert events[-1] == "outcome success"
+    assert not any(e.startswith("error") for e in events)
+
+
+def test_decode_video_registered_on_one_app_runs_a_job(
+    app: Celery, tmp_path: Path, tenant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given the real task registered on this app only, and an OOM on the first attempt
+    monkeypatch.setattr(tasks, "_decoders", _Cache(fits_tiled=True))
+    get_settings.cache_clear()
+    try:
+        task = tasks.register(app)
+        other = make_app("memory://", "cache+memory://")
+        spec = _spec(tmp_path, tenant)
+        # When it runs (eagerly, through Celery's retry)
+        result = task.apply(args=[spec.model_dump(mode="json")], task_id=spec.job_id)
+    finally:
+        get_settings.cache_clear()
+    # Then the job succeeded tiled, and the other app never got the task
+    assert result.state == "SUCCESS", result.traceback
+    assert JobResult.model_validate(result.result).manifest.job_id == spec.job_id
+    assert task.name not in other.tasks
+    assert _counts(tenant) == {"success": 1, "failure": 0, "retry": 1, "cancelled": 0}
