@@ -24,9 +24,9 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from producer.cost import Catalog, load_catalog, prices_for
 from producer.errors import FramefleetError, PricingError, UnsupportedBackendError
 from producer.fleet import FleetRow, fleet_summary
+from producer.pricing import Catalog, load_catalog, prices_for
 from producer.settings import get_settings
 from producer.spec import JobResult
 
@@ -354,4 +354,6 @@ def prices(
         highlight=False,
     )
     if cap == "spot" and catalog.spot_discount is None:
-        console.print("spot prices without an entry: set them in the pricing file (see cost.py)")
+        console.print(
+            "spot prices without an entry: set them in the pricing file (see producer/pricing.py)"
+        )

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from producer.cost import default_catalog, job_cost, prices_for
+from producer.cost import job_cost
+from producer.pricing import default_catalog, prices_for
 from producer.spec import JobResult, Manifest, SegmentInfo, StageTimings, WorkerInfo
 from tests.require import require_binary
 from tests.services import REPO_ROOT, _Process, free_ports

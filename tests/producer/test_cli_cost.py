@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 
 from producer.app import make_app
 from producer.cli_cost import cost_app, parse_duration, read_results
-from producer.cost import default_catalog, prices_for
 from producer.errors import UnsupportedBackendError
 from producer.fleet import fleet_summary
+from producer.pricing import default_catalog, prices_for
 from producer.spec import JobResult
 from tests.producer.test_cost import make_result as cost_result
 from tests.require import require_binary

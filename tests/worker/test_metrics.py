@@ -12,7 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from producer.cost import default_catalog, job_cost, prices_for
+from producer.cost import job_cost
+from producer.pricing import default_catalog, prices_for
 from producer.spec import JobResult, Manifest, SegmentInfo, StageTimings, WorkerInfo
 from tests.services import free_port
 from worker import metrics
