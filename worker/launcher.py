@@ -63,6 +63,8 @@ def parse_gpus(value: str, available: int) -> list[int]:
 
 @dataclass
 class WorkerSlot:
+    """One supervised worker: its node name, its environment, its process and restarts."""
+
     name: str
     env: dict[str, str]
     proc: subprocess.Popen[bytes] | None = None
@@ -147,11 +149,16 @@ class Launcher:
         return 0
 
 
+def plan_for(gpus: list[int], cpu: int, settings: Settings) -> list[WorkerSlot]:
+    """``plan_workers`` with the settings' metrics port and warm-up decoder."""
+    return plan_workers(gpus, cpu, settings.metrics_port,
+                        settings.warmup_decoder or GPU_WARMUP_DECODER)
+
+
 def launch(gpus: str | None, cpu: int, settings: Settings) -> int:
     """Plan, start and supervise the workers (``--gpus``/``--cpu``) until SIGTERM/SIGINT."""
     selected = parse_gpus(gpus, count_gpus()) if gpus else []
-    slots = plan_workers(selected, cpu, settings.metrics_port,
-                         settings.warmup_decoder or GPU_WARMUP_DECODER)
+    slots = plan_for(selected, cpu, settings)
     if not slots:
         raise ValueError("no workers to start: no GPU found; use --cpu N")
     launcher = Launcher(slots)

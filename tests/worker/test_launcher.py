@@ -13,7 +13,8 @@ import pytest
 import redis
 
 from producer.app import make_app
-from worker.launcher import parse_gpus, plan_workers
+from producer.settings import Settings
+from worker.launcher import parse_gpus, plan_for, plan_workers
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,6 +43,15 @@ def test_one_pinned_worker_per_gpu() -> None:
     assert slots[2].env["FRAMEFLEET_DEVICE"] == "cpu"
     assert slots[0].env["FRAMEFLEET_WARMUP_DECODER"] == "wan2.1-vae"
     assert "FRAMEFLEET_WARMUP_DECODER" not in slots[2].env
+
+
+def test_gpu_workers_warm_up_the_configured_decoder() -> None:
+    # FRAMEFLEET_WARMUP_DECODER goes through the settings; unset, GPU workers warm up Wan
+    configured = plan_for([1], 0, Settings(warmup_decoder="pattern", metrics_port=9500))
+    default = plan_for([1], 0, Settings(warmup_decoder=None))
+    assert configured[0].env["FRAMEFLEET_WARMUP_DECODER"] == "pattern"
+    assert configured[0].env["FRAMEFLEET_METRICS_PORT"] == "9501"
+    assert default[0].env["FRAMEFLEET_WARMUP_DECODER"] == "wan2.1-vae"
 
 
 def _nodes(app: object, timeout: float = 1.0) -> set[str]:
