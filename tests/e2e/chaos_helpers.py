@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import psutil
 import redis
 
+from producer.app import TASK_NAME
 from producer.client import Client, JobHandle
 from producer.spec import JobResult, JobSpec, Progress, segment_name
 from tests.e2e.helpers import pattern_spec, put_latents, verify_output
@@ -179,7 +180,7 @@ def wait_gone(process: psutil.Process, timeout: float) -> None:
 
 
 def _task_lines(workers: Sequence[WorkerProcess], job_id: str, what: str) -> int:
-    pattern = re.compile(rf"Task framefleet\.decode_video\[{re.escape(job_id)}\] {what}")
+    pattern = re.compile(rf"Task {re.escape(TASK_NAME)}\[{re.escape(job_id)}\] {what}")
     return sum(len(pattern.findall(w.log_text())) for w in workers)
 
 
@@ -194,7 +195,7 @@ _STAMP = r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): INFO/MainProcess\] "
 def received_at(workers: Sequence[WorkerProcess], job_id: str) -> list[float]:
     """Unix times (from the worker logs) at which ``job_id`` was received, sorted."""
     pattern = re.compile(
-        _STAMP + rf"Task framefleet\.decode_video\[{re.escape(job_id)}\] received", re.M
+        _STAMP + rf"Task {re.escape(TASK_NAME)}\[{re.escape(job_id)}\] received", re.M
     )
     return sorted(
         datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()

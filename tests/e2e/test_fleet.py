@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import redis
 
+from producer.app import TASK_NAME
 from producer.client import Client
 from producer.errors import JobConflictError, JobFailed
 from tests.e2e.helpers import pattern_spec, put_latents, verify_output
@@ -58,7 +59,7 @@ def test_same_job_id_twice_runs_once(
     # Submitting the same job again returns the existing job instead of running it again
     again = client.submit(spec).wait(timeout=60)
     assert again == first
-    assert worker.log_text().count("Task framefleet.decode_video[dup-1] received") == 1
+    assert worker.log_text().count(f"Task {TASK_NAME}[dup-1] received") == 1
     # A different spec under the same job_id is refused before it reaches the queue
     with pytest.raises(JobConflictError, match="dup-1"):
         client.submit(pattern_spec("dup-1", uri, s3_bucket, segment_frames=5))
