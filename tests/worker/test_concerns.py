@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import redis
 import torch
 from celery import Celery, Task
 
@@ -88,6 +89,11 @@ def _real_run(cache: DecoderCache) -> Callable[[TaskRun, JobContext], JobResult]
     def work(run: TaskRun, ctx: JobContext) -> JobResult:
         return run_job(run.spec, cache, ctx)
     return work
+
+
+def _real_run_work(cache: DecoderCache) -> Work:
+    real = _real_run(cache)
+    return lambda run, ctx, attempt: real(run, ctx)
 
 
 def _apply(scripted: Scripted, job_id: str) -> Any:
@@ -194,11 +200,6 @@ def test_out_of_memory_runs_again_tiled_outside_the_budget(
         assert _counts(tenant) == {"success": 0, "failure": 1, "retry": 1, "cancelled": 0}
 
 
-def _real_run_work(cache: DecoderCache) -> Work:
-    real = _real_run(cache)
-    return lambda run, ctx, attempt: real(run, ctx)
-
-
 def test_cancel_before_start_is_revoked_and_runs_nothing(
     app: Celery, tmp_path: Path, tenant: str
 ) -> None:
@@ -234,10 +235,13 @@ def test_cancel_mid_run_is_polled_and_revoked(app: Celery, tmp_path: Path, tenan
     assert _counts(tenant)["cancelled"] == 1
 
 
-def test_preemption_requeues_outside_the_budget(app: Celery, tmp_path: Path, tenant: str) -> None:
+def test_preemption_requeues_outside_the_budget(
+    app: Celery, redis_url: str, tmp_path: Path, tenant: str
+) -> None:
     # Given a node that is preempted while the job runs, and no retry budget at all
     spec = _spec(tmp_path, tenant)
     real = _real_run(DecoderCache(torch.device("cpu")))
+    r = redis.Redis.from_url(redis_url)
 
     def work(run: TaskRun, ctx: JobContext, attempt: int) -> JobResult:
         if attempt == 1:
@@ -245,7 +249,7 @@ def test_preemption_requeues_outside_the_budget(app: Celery, tmp_path: Path, ten
             assert ctx.cancelled()
             raise JobCancelled("stopped between chunks")
         # The next delivery (another worker in a fleet; here the same, no longer flagged)
-        run.flags.r.delete(f"framefleet:preempted:{run.node}")  # type: ignore[attr-defined]
+        r.delete(f"framefleet:preempted:{run.node}")
         return real(run, ctx)
 
     scripted = Scripted(app, spec, Settings(retry_max=0, cancel_poll_s=0), work)
