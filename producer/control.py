@@ -8,6 +8,7 @@ is enough for its one host.
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -75,18 +76,21 @@ class RedisFlags:
 class FileFlags:
     def __init__(self, root: Path) -> None:
         self.root = root
-        (root / "spec").mkdir(parents=True, exist_ok=True)
-        (root / "cancel").mkdir(parents=True, exist_ok=True)
-        (root / "preempted").mkdir(parents=True, exist_ok=True)
+        for sub in ("spec", "cancel", "preempted", "tmp"):
+            (root / sub).mkdir(parents=True, exist_ok=True)
 
     def claim(self, job_id: str, digest: str, clear_cancel: bool = False) -> str | None:
         path = self.root / "spec" / job_id
+        # Written whole, then linked into place: link() fails if the name exists, and a racing
+        # claim never reads a registry file that is created but still empty.
+        tmp = self.root / "tmp" / uuid.uuid4().hex
+        tmp.write_text(digest)
         try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            os.link(tmp, path)
         except FileExistsError:
             return path.read_text()
-        with os.fdopen(fd, "w") as f:
-            f.write(digest)
+        finally:
+            tmp.unlink()
         if clear_cancel:
             self.clear_cancel(job_id)
         return None
