@@ -18,6 +18,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from producer.ports import metrics_port_for
+
 log = logging.getLogger(__name__)
 
 
@@ -83,7 +85,7 @@ def plan_workers(gpus: list[int], cpu: int, metrics_port: int) -> list[WorkerSlo
                # Load and warm the decoder before the first job (unless configured otherwise).
                "FRAMEFLEET_WARMUP_DECODER": os.environ.get("FRAMEFLEET_WARMUP_DECODER",
                                                            "wan2.1-vae"),
-               "FRAMEFLEET_METRICS_PORT": str(metrics_port + i if metrics_port else 0),
+               "FRAMEFLEET_METRICS_PORT": str(metrics_port_for(metrics_port, gpu=i)),
                "FRAMEFLEET_GPU_INDEX": str(i)}
         slots.append(WorkerSlot(f"gpu{i}@{host}", env))
     threads = max(1, (os.cpu_count() or 1) // max(1, cpu))
@@ -91,7 +93,7 @@ def plan_workers(gpus: list[int], cpu: int, metrics_port: int) -> list[WorkerSlo
         # CPU workers share the cores: without a cap each torch pool takes them all.
         env = {"CUDA_VISIBLE_DEVICES": "", "FRAMEFLEET_DEVICE": "cpu",
                "OMP_NUM_THREADS": str(threads),
-               "FRAMEFLEET_METRICS_PORT": str(metrics_port + 100 + j if metrics_port else 0)}
+               "FRAMEFLEET_METRICS_PORT": str(metrics_port_for(metrics_port, cpu=j))}
         slots.append(WorkerSlot(f"cpu{j}@{host}", env))
     return slots
 
