@@ -27,12 +27,14 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import redis
 import yaml
 
 from producer.ports import metrics_port_for
 from producer.settings import Settings
 from tests.infra.k8s_models import MODELS
-from tests.require import missing
+from tests.require import missing, require_binary
+from tests.services import REDIS_INSTALL, RedisServer
 from worker.launcher import plan_workers, worker_command
 
 REPO = Path(__file__).resolve().parents[2]
@@ -162,8 +164,9 @@ def consumed_lists() -> set[str]:
     from kombu.transport.redis import Channel
 
     module, queue = consumed_queue()
-    app = find_app(module)
-    steps = list(app.conf.broker_transport_options["priority_steps"])
+    options = find_app(module).conf.broker_transport_options
+    assert not options.get("global_keyprefix"), "a key prefix renames every list"
+    steps = list(options["priority_steps"])
     # kombu's own naming code, run on the app's options without a Redis connection.
     channel: Any = SimpleNamespace(sep=Channel.sep, priority_steps=steps)
     channel.priority = lambda n: Channel.priority(channel, n)
@@ -183,6 +186,14 @@ def asg_backlog_target() -> str:
 # --- render and validate ----------------------------------------------------------------------
 
 
+def _validator() -> Any:
+    try:
+        import kubernetes_validate
+    except ImportError:
+        missing("the kubernetes_validate module", VALIDATE)
+    return kubernetes_validate
+
+
 def test_every_overlay_renders_into_the_framefleet_namespace(objects: list[dict[str, Any]]) -> None:
     kinds = {o["kind"] for o in objects}
     assert {"Namespace", "ServiceAccount", "Deployment", "PodDisruptionBudget",
@@ -197,10 +208,7 @@ def test_every_overlay_renders_into_the_framefleet_namespace(objects: list[dict[
 def test_core_objects_validate_against_the_kubernetes_schemas(
     objects: list[dict[str, Any]],
 ) -> None:
-    try:
-        import kubernetes_validate
-    except ImportError:
-        missing("the kubernetes_validate module", VALIDATE)
+    kubernetes_validate = _validator()
     core = [o for o in objects if o["kind"] not in MODELS]
     assert core
     errors = []
@@ -225,7 +233,7 @@ def test_custom_resources_match_their_structural_models(objects: list[dict[str, 
 
 def test_scaled_object_hpa_behavior_is_a_valid_autoscaling_v2_behavior() -> None:
     # KEDA hands this block to the HPA it creates: check it with the HPA's own schema.
-    import kubernetes_validate
+    kubernetes_validate = _validator()
 
     for overlay in KEDA_OVERLAYS:
         scaled = one(render(overlay), "ScaledObject", "framefleet-worker")
@@ -428,6 +436,36 @@ def test_the_queue_the_workers_consume_is_what_the_exporter_counts() -> None:
     assert queue in inspect.signature(run_exporter).parameters["queues"].default
     assert consumed_lists() <= set(queue_names(queue))
     assert len(consumed_lists()) == 10  # priorities 0..9 are ten distinct lists
+
+
+def test_kombu_fills_exactly_those_lists_on_a_real_redis(tmp_path: Path) -> None:
+    # One message per priority step, sent as a producer sends (kombu, the app's transport
+    # options): the lists that then exist in Redis are the ones KEDA must count.
+    from celery.app.utils import find_app
+    from kombu import Connection, Queue
+
+    module, queue = consumed_queue()
+    options = find_app(module).conf.broker_transport_options
+    server = RedisServer(require_binary("redis-server", REDIS_INSTALL), tmp_path)
+    server.start()
+    try:
+        with Connection(server.url, transport_options=options) as conn:
+            producer = conn.Producer(serializer="json")
+            for step in options["priority_steps"]:
+                producer.publish({"step": step}, routing_key=queue, priority=step,
+                                 declare=[Queue(queue, routing_key=queue)], retry=False)
+        client = redis.Redis.from_url(server.url)
+        try:
+            lists = {k.decode() if isinstance(k, bytes) else k: client.llen(k)
+                     for k in client.keys("*") if client.type(k) == b"list"}
+        finally:
+            client.close()
+    finally:
+        server.stop()
+    assert set(lists) == consumed_lists(), lists
+    assert set(lists.values()) == {1}
+    scaled = one(render("eks-production"), "ScaledObject", "framefleet-worker")
+    assert {t["metadata"]["listName"] for t in scaled["spec"]["triggers"]} == set(lists)
 
 
 @pytest.mark.parametrize("overlay", KEDA_OVERLAYS)
