@@ -25,6 +25,7 @@ import redis
 import yaml
 
 from producer.ports import metrics_port_for
+from producer.settings import Settings
 from tests.infra.k8s_models import MODELS
 from tests.infra.k8s_netpol import allowed, pod_of, port_number, selects
 from tests.infra.k8s_render import (
@@ -184,6 +185,22 @@ def test_grace_period_covers_the_longest_job(objects: list[dict[str, Any]]) -> N
     assert grace >= s.max_time_limit_s, (grace, s.max_time_limit_s)
     # And below the visibility timeout: a job still finishing must not go to a second worker.
     assert grace < s.visibility_timeout, (grace, s.visibility_timeout)
+
+
+def test_service_links_cannot_shadow_a_setting(objects: list[dict[str, Any]]) -> None:
+    # Kubernetes puts <SERVICE>_PORT=tcp://... and friends into every pod that has service
+    # links: Service "framefleet-exporter" would set FRAMEFLEET_EXPORTER_PORT to a URL.
+    fields = {f"FRAMEFLEET_{name.upper()}" for name in Settings.model_fields}
+    injected = set()
+    for service in of_kind(objects, "Service"):
+        if service["spec"].get("clusterIP") == "None":
+            continue  # headless Services inject nothing
+        prefix = service["metadata"]["name"].upper().replace("-", "_")
+        injected |= {f"{prefix}_SERVICE_HOST", f"{prefix}_SERVICE_PORT", f"{prefix}_PORT"}
+    collisions = injected & fields
+    assert "FRAMEFLEET_EXPORTER_PORT" in collisions
+    for name, pod in pod_specs(objects):
+        assert pod["spec"].get("enableServiceLinks") is False, (name, sorted(collisions))
 
 
 def test_workers_are_disrupted_one_at_a_time(objects: list[dict[str, Any]]) -> None:
