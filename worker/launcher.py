@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 
 from producer.app import worker_command
+from producer.ports import metrics_port_for
 from producer.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -84,14 +85,14 @@ def plan_workers(
                "FRAMEFLEET_DEVICE": "cuda",
                # Load and warm the decoder before the first job, not during it.
                "FRAMEFLEET_WARMUP_DECODER": warmup_decoder,
-               "FRAMEFLEET_METRICS_PORT": str(metrics_port + i if metrics_port else 0)}
+               "FRAMEFLEET_METRICS_PORT": str(metrics_port_for(metrics_port, gpu=i))}
         slots.append(WorkerSlot(f"gpu{i}@{host}", env))
     threads = max(1, (os.cpu_count() or 1) // max(1, cpu))
     for j in range(cpu):
         # CPU workers share the cores: without a cap each torch pool takes them all.
         env = {"CUDA_VISIBLE_DEVICES": "", "FRAMEFLEET_DEVICE": "cpu",
                "OMP_NUM_THREADS": str(threads),
-               "FRAMEFLEET_METRICS_PORT": str(metrics_port + 100 + j if metrics_port else 0)}
+               "FRAMEFLEET_METRICS_PORT": str(metrics_port_for(metrics_port, cpu=j))}
         slots.append(WorkerSlot(f"cpu{j}@{host}", env))
     return slots
 
