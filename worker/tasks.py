@@ -31,8 +31,8 @@ from producer.errors import (
     RetryableError,
 )
 from producer.settings import get_settings
-from producer.spec import DecoderSpec, JobSpec, Progress, parse_spec
-from worker import metrics
+from producer.spec import JobSpec, Progress, parse_spec
+from worker import metrics, warmup
 from worker.lease import LEASE_RETRY_S, REDIS_DOWN, JobLease
 from worker.runner import DecoderCache, JobContext, default_decoders, run_job
 from worker.spot import SpotWatcher
@@ -57,14 +57,9 @@ def _init_process(**_: Any) -> None:
         log.error("metrics server on port %s not started: %s", settings.metrics_port, e)
         port = 0
     metrics.set_gpu_price(configured_prices())
-    if settings.warmup_decoder is not None:
-        # Weights loaded and kernels warmed before the first job, not during it.
-        h, w = (int(v) for v in settings.warmup_latent_size.split("x"))
-        decoder = _decoders.get(DecoderSpec(name=settings.warmup_decoder))
-        t0 = time.perf_counter()
-        decoder.warmup(h, w)
-        log.info("warmed up %s at %dx%d latents in %.1f s", decoder.name, h, w,
-                 time.perf_counter() - t0)
+    # Weights loaded, graphs compiled (from the compile cache) and captured before the first
+    # job, not during it; the worker reports ready (healthcheck, gauge) only after this.
+    warmup.warm_up(_decoders, settings)
     if _decoders.device.type == "cuda":
         metrics.NvmlSampler().start()
     log.info("framefleet worker process ready on %s (metrics port %s)", _decoders.device, port)
