@@ -148,7 +148,8 @@ def warm_up(decoders: DecoderCache, settings: Settings) -> WarmupState:
             t = time.perf_counter()
             decoder.warmup(h, w)
             graphs = getattr(decoder, "graphs", None)
-            captured = graphs is not None and graphs.get(decoder.graph_key(h, w)) is not None
+            key = getattr(decoder, "graph_key", None)
+            captured = graphs is not None and key is not None and graphs.get(key(h, w)) is not None
             state.sizes.append({"size": f"{h}x{w}", "graph": captured,
                                 "seconds": round(time.perf_counter() - t, 3)})
             log.info("warmed up %s at %dx%d latents in %.1f s (graph: %s)", decoder.name, h, w,
