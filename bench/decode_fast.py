@@ -83,8 +83,10 @@ def stream_into(decoder: WanDecoder, z: torch.Tensor, frames: torch.Tensor | Non
         first += chunk.shape[1]
 
 
-def bench_model(args: argparse.Namespace, preset: str, size: str,
-                variants: list[str]) -> dict[str, Any]:
+def bench_model(args: argparse.Namespace, preset: str, size: str, variants: list[str],
+                results: dict[str, Any], save: Any) -> dict[str, Any]:
+    """One model's rows; ``results["models"]`` holds them from the start and ``save`` runs
+    after each row, so a run stopped at its time limit keeps what it measured."""
     w, h, frames = (int(v) for v in size.split("x"))
     t0 = time.perf_counter()
     vae = build_vae(preset, seed=0, dtype=torch.bfloat16).to("cuda")
@@ -95,6 +97,7 @@ def bench_model(args: argparse.Namespace, preset: str, size: str,
     z = torch.randn(c, lt, lh, lw, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
     res: dict[str, Any] = {"preset": preset, "size": size, "latents": [c, lt, lh, lw],
                            "vae_build_s": build_s, "rows": [], "errors": []}
+    results["models"].append(res)
     print(f"== {preset} {size}: latents {tuple(z.shape)}", flush=True)
 
     # fp32 reference on the first latent frames: the same (bf16-rounded) weights in fp32
@@ -116,8 +119,10 @@ def bench_model(args: argparse.Namespace, preset: str, size: str,
         r = walls(lambda: vae.decode(zc), args.reps)
     diff_err = rel(diff[:, :nf], ref32)
     res["rows"].append({"variant": "diffusers", **r, "rel_l2_vs_fp32_first": diff_err,
-                        "rel_l2_vs_diffusers": 0.0, "max_du8_vs_diffusers": 0})
+                        "rel_l2_vs_diffusers": 0.0, "max_du8_vs_diffusers": 0,
+                        "x_vs_diffusers": 1.0, "frames_per_s": frames / r["wall_s"]})
     print(json.dumps(res["rows"][-1]), flush=True)
+    save()
     if args.diffusers_4x:
         z4 = torch.randn(c, 4 * (lt - 1) + 1, lh, lw).to("cuda", torch.bfloat16)[None]
         torch.cuda.reset_peak_memory_stats()
@@ -152,9 +157,12 @@ def bench_model(args: argparse.Namespace, preset: str, size: str,
         row = {"variant": f"fast:{name}", "warmup_s": warm, **r,
                "finite": bool(torch.isfinite(out).all()),
                "rel_l2_vs_fp32_first": rel(out[:, :nf], ref32),
-               "rel_l2_vs_diffusers": rel(out, diff), "max_du8_vs_diffusers": max_du8(out, diff)}
+               "rel_l2_vs_diffusers": rel(out, diff), "max_du8_vs_diffusers": max_du8(out, diff),
+               "x_vs_diffusers": res["rows"][0]["wall_s"] / r["wall_s"],
+               "frames_per_s": frames / r["wall_s"]}
         res["rows"].append(row)
         print(json.dumps(row), flush=True)
+        save()
         if name == variants[0] and args.mem4x:
             z4 = torch.randn(c, 4 * (lt - 1) + 1, lh, lw).to(torch.bfloat16)
             torch.cuda.reset_peak_memory_stats()
@@ -168,9 +176,6 @@ def bench_model(args: argparse.Namespace, preset: str, size: str,
             res["job"] = bench_job(args, dec, z)
         del dec
         torch.cuda.empty_cache()
-    for row in res["rows"]:
-        row["x_vs_diffusers"] = res["rows"][0]["wall_s"] / row["wall_s"]
-        row["frames_per_s"] = frames / row["wall_s"]
     return res
 
 
@@ -240,12 +245,10 @@ def main() -> None:
         Path(args.out).write_text(json.dumps(results, indent=2))
 
     if args.wan22:
-        results["models"].append(bench_model(args, "wan2.2", args.wan22,
-                                             args.variants22.split(",")))
+        bench_model(args, "wan2.2", args.wan22, args.variants22.split(","), results, save)
         save()
     if args.wan21:
-        results["models"].append(bench_model(args, "wan2.1", args.wan21,
-                                             args.variants21.split(",")))
+        bench_model(args, "wan2.1", args.wan21, args.variants21.split(","), results, save)
         save()
     print(table(results))
 

@@ -100,6 +100,24 @@ def test_history_written_in_place_equals_the_returned_history(preset: str) -> No
     torch.testing.assert_close(torch.cat(chunks, dim=2), eager, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_graph_body_leaves_the_next_history_in_its_inputs(fused: bool) -> None:
+    # What a replay runs (without CUDA): one chunk whose next history lands in the static
+    # history tensors, either copied after the step or written by the step itself.
+    vae = build_vae("tiny-wan2.2", seed=6)
+    step = WanStep(vae)
+    graphs = ChunkGraphs(step, torch.device("cpu"), compile=False, fused_history=fused)
+    z = torch.randn(1, 48, 3, 3, 4, generator=torch.Generator().manual_seed(9))
+    with torch.inference_mode():
+        _, caches = step(z[:, :, :1])
+        expected, new = step(z[:, :, 1:2], caches)
+        static = [c.clone() for c in caches]
+        out = graphs._run(z[:, :, 1:2], static)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    for s, n in zip(static, new, strict=True):
+        torch.testing.assert_close(s, n, rtol=0, atol=0)
+
+
 def test_cpu_decoder_has_no_graphs_and_zero_capacity_prepares_nothing() -> None:
     vae = build_vae("tiny")
     assert WanDecoder(vae, "cpu", graphs=2).graphs is None
