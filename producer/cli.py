@@ -167,14 +167,22 @@ def demo(
 
 @cli.command()
 def healthcheck(timeout: float = 5.0) -> None:
-    """Exit 0 when a worker on this host answers a Celery ping."""
+    """Exit 0 when a worker on this host answers a Celery ping and every worker process on
+    it has captured its warm-up sizes (``FRAMEFLEET_WARMUP_DECODER``)."""
     import socket
+
+    from producer.settings import get_settings
+    from worker.warmup import not_ready
 
     replies = _client().ping(timeout=timeout)
     host = socket.gethostname()
     names = [name for reply in replies for name in reply]
     if not any(name.endswith(f"@{host}") for name in names):
         err.print(f"no worker on {host} answered (answers: {json.dumps(names)})")
+        raise typer.Exit(1)
+    waiting = not_ready(get_settings())
+    if waiting:
+        err.print("not ready: " + "; ".join(waiting))
         raise typer.Exit(1)
     console.print("ok")
 

@@ -56,12 +56,20 @@ class Settings(BaseSettings):
     data_dir: str = Field(
         default=".framefleet", description="embedded mode: broker folders and sqlite results"
     )
-    warmup_decoder: Literal["wan2.1-vae", "pattern"] | None = Field(
+    warmup_decoder: Literal["wan2.1-vae", "wan2.2-vae", "pattern"] | None = Field(
         default=None, description="decoder built and warmed up when a worker starts"
     )
     warmup_latent_size: str = Field(
-        default="60x104", pattern=r"^[0-9]{1,4}x[0-9]{1,4}$",
-        description="latent HxW of the warm-up (60x104 = 480x832 frames)",
+        default="60x104", pattern=r"^[0-9]{1,4}x[0-9]{1,4}(,[0-9]{1,4}x[0-9]{1,4}){0,7}$",
+        description="latent HxW of the warm-up, up to 8 comma-separated (60x104 = 480x832 "
+        "frames with wan2.1-vae; 44x80 = 704x1280 with wan2.2-vae); the worker reports ready "
+        "once every size is compiled and captured",
+    )
+    compile_cache_dir: str | None = Field(
+        default=None,
+        description="CUDA: folder kept across worker restarts for torch.compile's caches "
+        "(inductor FX graphs, Triton kernels, autotuning): a restarted worker replays its "
+        "warm-up sizes in seconds instead of compiling again; None: the process's temp folder",
     )
     decode_graphs: int = Field(
         default=2, ge=0, le=16,

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from typing import Any, Literal
 from urllib.parse import urlparse
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from producer.errors import InvalidJobError
 
@@ -87,13 +87,15 @@ class InputSpec(Frozen):
 class DecoderSpec(Frozen):
     """Which decoder turns latents into frames."""
 
-    name: Literal["wan2.1-vae", "pattern"] = "wan2.1-vae"
+    name: Literal["wan2.1-vae", "wan2.2-vae", "pattern"] = "wan2.1-vae"
     weights: str | None = Field(
         default=None,
         description="diffusers-layout folder (file://); seeded random init if None",
     )
-    preset: Literal["wan2.1", "tiny"] = Field(
-        default="wan2.1", description="architecture config; 'tiny' is for tests and demos"
+    preset: Literal["auto", "wan2.1", "tiny", "wan2.2", "tiny-wan2.2"] = Field(
+        default="auto", validate_default=True,
+        description="architecture config; auto: the decoder's own (wan2.1-vae: wan2.1, "
+        "wan2.2-vae: wan2.2 = TI2V-5B's VAE); the tiny ones are for tests and demos",
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         default="auto", description="auto: bfloat16 on CUDA, float32 on CPU"
@@ -104,6 +106,23 @@ class DecoderSpec(Frozen):
     @classmethod
     def _weights(cls, v: str | None) -> str | None:
         return None if v is None else check_uri(v, field="decoder.weights")
+
+    @field_validator("preset")
+    @classmethod
+    def _preset(cls, v: str, info: ValidationInfo) -> str:
+        name = info.data.get("name", "wan2.1-vae")
+        presets = DECODER_PRESETS.get(name, ("wan2.1",))
+        if v == "auto":
+            return presets[0]
+        if name in DECODER_PRESETS and v not in presets:
+            raise ValueError(f"{v!r} is not an architecture of {name} (one of {presets})")
+        return v
+
+
+#: Presets per decoder, its default first. A Wan2.2 A14B job uses wan2.1-vae.
+DECODER_PRESETS = {"wan2.1-vae": ("wan2.1", "tiny"), "wan2.2-vae": ("wan2.2", "tiny-wan2.2")}
+#: A decoder's model's frame rate: a job's video.fps when it gives none (Wan2.2-5B: 24).
+DECODER_FPS = {"wan2.2-vae": 24.0}
 
 
 class VideoSpec(Frozen):
@@ -157,11 +176,20 @@ class JobSpec(Frozen):
     tenant: str = "default"
     input: InputSpec
     decoder: DecoderSpec = DecoderSpec()
-    video: VideoSpec = VideoSpec()
+    video: VideoSpec = Field(default_factory=VideoSpec, validate_default=True)
     output: OutputSpec
     pipeline: PipelineSpec = PipelineSpec()
     priority: int = Field(default=5, ge=0, le=9, description="9 is the most urgent")
     time_limit_s: int = Field(default=3600, ge=1, le=86_400)
+
+    @field_validator("video")
+    @classmethod
+    def _model_fps(cls, v: VideoSpec, info: ValidationInfo) -> VideoSpec:
+        decoder = info.data.get("decoder")
+        fps = DECODER_FPS.get(decoder.name) if decoder is not None else None
+        if fps is None or "fps" in v.model_fields_set:
+            return v
+        return v.model_copy(update={"fps": fps})
 
     @field_validator("job_id")
     @classmethod

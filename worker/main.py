@@ -10,7 +10,6 @@ process that runs jobs, the spot interruption watcher in the main process.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from celery import Celery
@@ -19,8 +18,7 @@ from celery.signals import worker_process_init, worker_ready, worker_shutdown
 from producer.app import make_app
 from producer.cost import configured_prices
 from producer.settings import Settings, get_settings
-from producer.spec import DecoderSpec
-from worker import metrics, tasks
+from worker import metrics, tasks, warmup
 from worker.concerns.cancel import preempt_node
 from worker.consumer import install_brpop_guard
 from worker.spot import SpotWatcher
@@ -52,14 +50,9 @@ def _init_process(**_: Any) -> None:
         log.error("metrics server on port %s not started: %s", settings.metrics_port, e)
         port = 0
     metrics.set_gpu_price(configured_prices())
-    if settings.warmup_decoder is not None:
-        # Weights loaded and kernels warmed before the first job, not during it.
-        h, w = (int(v) for v in settings.warmup_latent_size.split("x"))
-        decoder = decoders.get(DecoderSpec(name=settings.warmup_decoder))
-        t0 = time.perf_counter()
-        decoder.warmup(h, w)
-        log.info("warmed up %s at %dx%d latents in %.1f s", decoder.name, h, w,
-                 time.perf_counter() - t0)
+    # Weights loaded, graphs compiled (from the compile cache) and captured before the first
+    # job, not during it; the worker reports ready (healthcheck, gauge) only after this.
+    warmup.warm_up(decoders, settings)
     if decoders.device.type == "cuda":
         metrics.NvmlSampler().start()
     log.info("framefleet worker process ready on %s (metrics port %s)", decoders.device, port)

@@ -95,6 +95,11 @@ TORCH_VRAM = Gauge(
     ["device"],
     registry=WORKER_REGISTRY,
 )
+WORKER_READY = Gauge(
+    "framefleet_worker_ready",
+    "1 once this worker's warm-up decode sizes are compiled and captured; 0 while warming up.",
+    registry=WORKER_REGISTRY,
+)
 COST = Counter(
     "framefleet_cost_usd_total",
     "Direct cost-to-serve of finished jobs (CostReport.total_usd).",

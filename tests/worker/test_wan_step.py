@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from worker.decoders.wan import WanDecoder, build_vae
-from worker.decoders.wan_graph import ChunkGraph, ChunkGraphs, _DecoderWeights
+from worker.decoders.wan_graph import ChunkGraph, ChunkGraphs, _advance, _DecoderWeights
 from worker.decoders.wan_step import CACHE_T, WanStep, supports
 
 
@@ -72,15 +72,50 @@ def test_channels_last_copy_decodes_the_same() -> None:
     assert all(p.is_contiguous() for p in vae.parameters())
 
 
-def test_wan22_layout_falls_back_to_diffusers_loop() -> None:
-    # Wan2.2 (residual up blocks, patching) is not covered by WanStep: the decoder keeps
-    # diffusers' own per-frame loop for it, and still equals vae.decode.
+def test_both_wan_layouts_are_stepped_and_a_patched_wan21_is_refused() -> None:
+    # Wan2.1 (plain up blocks) and Wan2.2 (residual up blocks + patching) go through WanStep;
+    # patching without residual blocks is no real architecture: refused, not guessed at.
+    assert WanDecoder(build_vae("tiny")).step is not None
+    assert WanDecoder(build_vae("tiny-wan2.2")).step is not None
     vae = build_vae("tiny")
     vae.register_to_config(patch_size=2)
     assert not supports(vae)
-    with pytest.raises(ValueError, match="Wan2.1-layout"):
+    with pytest.raises(ValueError, match="patching"):
         WanStep(vae)
-    assert WanDecoder(build_vae("tiny")).step is not None
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-wan2.2"])
+def test_history_written_in_place_equals_the_returned_history(preset: str) -> None:
+    # The fused-history form (the compiled code writes the next history into the graph's
+    # inputs) computes the same chunks as the step that returns its history; traced as one
+    # graph (aot_eager: what inductor would compile, without kernels on the CPU).
+    vae = build_vae(preset, seed=4)
+    step = WanStep(vae)
+    z = torch.randn(1, vae.config.z_dim, 4, 3, 5, generator=torch.Generator().manual_seed(8))
+    eager, _ = _decode(step, z)
+    advance = torch.compile(_advance(step), fullgraph=True, dynamic=False, backend="aot_eager")
+    with torch.inference_mode():
+        first, caches = step(z[:, :, :1])
+        chunks = [first] + [advance(z[:, :, i : i + 1], caches) for i in range(1, 4)]
+    torch.testing.assert_close(torch.cat(chunks, dim=2), eager, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_graph_body_leaves_the_next_history_in_its_inputs(fused: bool) -> None:
+    # What a replay runs (without CUDA): one chunk whose next history lands in the static
+    # history tensors, either copied after the step or written by the step itself.
+    vae = build_vae("tiny-wan2.2", seed=6)
+    step = WanStep(vae)
+    graphs = ChunkGraphs(step, torch.device("cpu"), compile=False, fused_history=fused)
+    z = torch.randn(1, 48, 3, 3, 4, generator=torch.Generator().manual_seed(9))
+    with torch.inference_mode():
+        _, caches = step(z[:, :, :1])
+        expected, new = step(z[:, :, 1:2], caches)
+        static = [c.clone() for c in caches]
+        out = graphs._run(z[:, :, 1:2], static)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    for s, n in zip(static, new, strict=True):
+        torch.testing.assert_close(s, n, rtol=0, atol=0)
 
 
 def test_cpu_decoder_has_no_graphs_and_zero_capacity_prepares_nothing() -> None:

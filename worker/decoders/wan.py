@@ -1,4 +1,8 @@
-"""Wan2.1 VAE decoder (diffusers ``AutoencoderKLWan``), streamed one latent frame at a time.
+"""Wan VAE decoders (diffusers ``AutoencoderKLWan``), streamed one latent frame at a time.
+
+Two architectures: Wan2.1's (16 latent channels, 8× spatial; also the VAE of Wan2.2's A14B
+models) and Wan2.2's own (TI2V-5B: 48 latent channels, residual up blocks, 2×2 patching,
+16× spatial). Both go through the same pure step and graphs.
 
 diffusers' own ``_decode`` runs the decoder per latent frame with a causal feature cache and
 concatenates everything into one video tensor: memory grows with video length. ``stream``
@@ -24,7 +28,35 @@ from worker.decoders.wan_step import WanStep, supports
 WAN21: dict[str, Any] = {}
 #: A few-channel version of the same architecture: for tests and the CPU demo.
 TINY: dict[str, Any] = {"base_dim": 8, "num_res_blocks": 1}
-PRESETS = {"wan2.1": WAN21, "tiny": TINY}
+#: Wan2.2 TI2V-5B's VAE: its diffusers ``vae/config.json`` (the latent statistics are kept for
+#: completeness; decoding does not use them).
+WAN22: dict[str, Any] = {
+    "base_dim": 160, "decoder_base_dim": 256, "z_dim": 48, "dim_mult": [1, 2, 4, 4],
+    "num_res_blocks": 2, "attn_scales": [], "temperal_downsample": [False, True, True],
+    "dropout": 0.0, "is_residual": True, "in_channels": 12, "out_channels": 12, "patch_size": 2,
+    "scale_factor_temporal": 4, "scale_factor_spatial": 16,
+    "latents_mean": [
+        -0.2289, -0.0052, -0.1323, -0.2339, -0.2799, 0.0174, 0.1838, 0.1557, -0.1382, 0.0542,
+        0.2813, 0.0891, 0.1570, -0.0098, 0.0375, -0.1825, -0.2246, -0.1207, -0.0698, 0.5109,
+        0.2665, -0.2108, -0.2158, 0.2502, -0.2055, -0.0322, 0.1109, 0.1567, -0.0729, 0.0899,
+        -0.2799, -0.1230, -0.0313, -0.1649, 0.0117, 0.0723, -0.2839, -0.2083, -0.0520, 0.3748,
+        0.0152, 0.1957, 0.1433, -0.2944, 0.3573, -0.0548, -0.1681, -0.0667],
+    "latents_std": [
+        0.4765, 1.0364, 0.4514, 1.1677, 0.5313, 0.4990, 0.4818, 0.5013, 0.8158, 1.0344,
+        0.5894, 1.0901, 0.6885, 0.6165, 0.8454, 0.4978, 0.5759, 0.3523, 0.7135, 0.6804,
+        0.5833, 1.4146, 0.8986, 0.5659, 0.7069, 0.5338, 0.4889, 0.4917, 0.4069, 0.4999,
+        0.6866, 0.4093, 0.5709, 0.6065, 0.6415, 0.4944, 0.5726, 1.2042, 0.5458, 1.6887,
+        0.3971, 1.0600, 0.3943, 0.5537, 0.5444, 0.4089, 0.7468, 0.7744],
+}
+#: The Wan2.2 architecture with few channels (48 latent channels kept): tests and demos.
+TINY22: dict[str, Any] = {
+    **{k: v for k, v in WAN22.items() if not k.startswith("latents_")},
+    "base_dim": 8, "decoder_base_dim": 8, "num_res_blocks": 1,
+}
+PRESETS = {"wan2.1": WAN21, "tiny": TINY, "wan2.2": WAN22, "tiny-wan2.2": TINY22}
+#: The decoder (``DecoderSpec.name``) each preset is an architecture of.
+FAMILY = {"wan2.1": "wan2.1-vae", "tiny": "wan2.1-vae", "wan2.2": "wan2.2-vae",
+          "tiny-wan2.2": "wan2.2-vae"}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -40,6 +72,11 @@ def build_vae(
             vae = AutoencoderKLWan.from_pretrained(weights_dir, torch_dtype=dtype)
         except (OSError, ValueError) as e:
             raise InvalidJobError(f"decoder.weights: cannot load {weights_dir}: {e}") from e
+        expected = FAMILY.get(preset)
+        if expected is not None and decoder_name(vae) != expected:
+            raise InvalidJobError(
+                f"decoder.weights: {weights_dir} holds a {decoder_name(vae)} model, "
+                f"the job asks for {expected}")
     else:
         if preset not in PRESETS:
             raise InvalidJobError(f"decoder.preset: unknown preset {preset!r}")
@@ -53,10 +90,13 @@ def build_vae(
     return vae.eval().requires_grad_(False)
 
 
+def decoder_name(vae: Any) -> str:
+    """The spec's decoder name for a model's architecture (``DecoderSpec.name``)."""
+    return "wan2.2-vae" if vae.config.get("is_residual", False) else "wan2.1-vae"
+
+
 class WanDecoder:
     """Streams ``AutoencoderKLWan`` decoding; output equals ``vae.decode(z)`` chunk by chunk."""
-
-    name = "wan2.1-vae"
 
     def __init__(
         self, vae: Any, device: torch.device | str = "cpu", tiled: bool = False,
@@ -66,6 +106,7 @@ class WanDecoder:
         self.device = torch.device(device)
         self.vae = vae.to(self.device)
         self.dtype: torch.dtype = next(self.vae.parameters()).dtype
+        self.name = decoder_name(self.vae)
         self.latent_channels = int(self.vae.config.z_dim)
         self.patch_size = self.vae.config.get("patch_size")
         self.tiled = tiled
@@ -124,7 +165,7 @@ class WanDecoder:
 
     @torch.inference_mode()
     def _stream_modules(self, latents: torch.Tensor) -> Iterator[torch.Tensor]:
-        """diffusers' own per-frame loop over its modules (Wan2.2-layout models, baseline)."""
+        """diffusers' own per-frame loop over its modules (the baseline benchmarks compare)."""
         from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
 
         vae = self.vae

@@ -75,12 +75,17 @@ class ChunkGraphs:
     def __init__(
         self, step: WanStep, device: torch.device, *, capacity: int = 2, compile: bool = True,
         memory_format: torch.memory_format = torch.contiguous_format,
+        options: dict[str, Any] | None = None, fused_history: bool = False,
     ) -> None:
+        """``options``: inductor options (``torch.compile(options=...)``); ``fused_history``:
+        the compiled code writes the next history into the graph's inputs itself (one pass,
+        fused with its producers) instead of a copy after the step."""
         self.step = step
         self.device = device
         self.capacity = capacity
         self.memory_format = memory_format
-        self._fn: Callable[..., Any] = step.__call__
+        self.fused_history = fused_history
+        self._fn: Callable[..., Any] = _advance(step) if fused_history else step.__call__
         if compile:
             # Every (size, dtype, decoder) compiled is one more dynamo cache entry on the one
             # WanStep code object, and dynamo keeps entries after their graph is evicted: past
@@ -90,7 +95,8 @@ class ChunkGraphs:
             # cuDNN times its algorithms once per conv shape (at the warm-up before capture)
             # and the graph keeps the fastest; eager decoding is unaffected in speed (measured).
             torch.backends.cudnn.benchmark = True
-            self._fn = torch.compile(step.__call__, fullgraph=True, dynamic=False)
+            self._fn = torch.compile(self._fn, fullgraph=True, dynamic=False,
+                                     options=dict(options or {}) or None)
         self._graphs: OrderedDict[Key, ChunkGraph] = OrderedDict()
         self._failed: set[Key] = set()
         self._pending: set[Key] = set()
@@ -100,11 +106,13 @@ class ChunkGraphs:
         self._side: torch.cuda.Stream | None = None  # builds' own stream, made once
 
     @classmethod
-    def for_vae(cls, vae: Any, device: torch.device, *, capacity: int = 2) -> ChunkGraphs:
+    def for_vae(cls, vae: Any, device: torch.device, *, capacity: int = 2,
+                **kwargs: Any) -> ChunkGraphs:
         """Graphs over a channels-last copy of ``vae``'s decoder (post_quant_conv + decoder:
-        about 150 MB in bf16 for Wan2.1; the encoder is not copied)."""
+        about 150 MB in bf16 for Wan2.1; the encoder is not copied). ``kwargs``: as
+        ``__init__``, defaulting to ``TUNING``."""
         return cls(WanStep(_DecoderWeights(vae)), device, capacity=capacity,
-                   memory_format=torch.channels_last_3d)
+                   memory_format=torch.channels_last_3d, **{**TUNING, **kwargs})
 
     def get(self, key: Key) -> ChunkGraph | None:
         with self._lock:
@@ -185,7 +193,7 @@ class ChunkGraphs:
             # Compilation, autotuning and cuDNN's algorithm search happen here, outside
             # the capture (none of them may run while capturing).
             for _ in range(3):
-                self._fn(z, caches)
+                self._run(z, caches)
         side.synchronize()
         graph = torch.cuda.CUDAGraph()
         # thread_local: the job decoding eagerly on another thread meanwhile may allocate
@@ -193,15 +201,40 @@ class ChunkGraphs:
         # stream's allocations to the graph's pool.
         with torch.inference_mode(), torch.cuda.graph(graph, stream=side,
                                                       capture_error_mode="thread_local"):
-            out, new = self._fn(z, caches)
-            for static, fresh in zip(caches, new, strict=True):
-                static.copy_(fresh)
+            out = self._run(z, caches)
         side.synchronize()
         # The warm-up runs' working set (about one eager chunk) sits cached on the build
         # stream, where the job's compute stream can never reuse it: give it back. The
         # graph's own pool is held by the graph and stays.
         torch.cuda.empty_cache()
         return ChunkGraph(graph, z, caches, out, 0.0)
+
+    def _run(self, z: torch.Tensor, caches: Caches) -> torch.Tensor:
+        """One steady chunk that leaves the next history in ``caches``."""
+        if self.fused_history:
+            out: torch.Tensor = self._fn(z, caches)
+            return out
+        out, new = self._fn(z, caches)
+        for static, fresh in zip(caches, new, strict=True):
+            static.copy_(fresh)
+        return out
+
+
+def _advance(step: WanStep) -> Callable[[torch.Tensor, Caches], torch.Tensor]:
+    """``step`` that writes the new history into ``caches`` in place and returns the frames:
+    compiled, the history is written straight from the kernels that produce it."""
+
+    def advance(z: torch.Tensor, caches: Caches) -> torch.Tensor:
+        out, new = step(z, caches)
+        for static, fresh in zip(caches, new, strict=True):
+            static.copy_(fresh)
+        return out
+
+    return advance
+
+
+#: Compile settings of the worker's graphs (measured on an H200: bench/results/decode-notes.md).
+TUNING: dict[str, Any] = {}
 
 
 class _DecoderWeights(torch.nn.Module):

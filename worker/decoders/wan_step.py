@@ -1,4 +1,4 @@
-"""The Wan2.1 VAE decoder as a pure function of one latent frame and its causal caches.
+"""The Wan VAE decoders as pure functions of one latent frame and their causal caches.
 
 diffusers keeps the decoder's causal history in a Python list on the model, with a string
 marker ("Rep") in it after the first chunk and caches of one or two frames: every chunk
@@ -13,6 +13,10 @@ Two changes make it cheaper, both exact in real arithmetic: the spatial zero pad
 causal convolution is done by the convolution itself (diffusers copies the whole activation
 through ``F.pad`` first), and the optional ``stack_time`` form runs a 3×k×k convolution as a 2-D
 convolution over three frames stacked on the channel axis.
+
+Both layouts of ``AutoencoderKLWan`` are covered: Wan2.1's (plain up blocks) and Wan2.2's
+(TI2V-5B: residual up blocks whose shortcut is the block input duplicated up to the output
+size, ``DupUp3D``, and 2×2 patching of the output, undone inside the step).
 """
 
 from __future__ import annotations
@@ -30,9 +34,11 @@ Caches = list[torch.Tensor]
 
 
 def supports(vae: Any) -> bool:
-    """Wan2.1-layout decoders (no residual up blocks, no patching); Wan2.2's are eager only."""
+    """Wan2.1-layout decoders (plain up blocks, no patching) and Wan2.2's (residual up blocks,
+    optional patching); a mix of the two does not exist and is refused."""
     cfg = vae.config
-    return not cfg.get("is_residual", False) and cfg.get("patch_size") is None
+    residual = bool(cfg.get("is_residual", False))
+    return residual or cfg.get("patch_size") is None
 
 
 class WanStep:
@@ -45,9 +51,11 @@ class WanStep:
 
     def __init__(self, vae: Any, *, stack_time: bool = False) -> None:
         if not supports(vae):
-            raise ValueError("WanStep: only Wan2.1-layout decoders (is_residual off, no patching)")
+            raise ValueError("WanStep: patching without residual up blocks is no Wan decoder")
         self.post_quant_conv = vae.post_quant_conv
         self.decoder = vae.decoder
+        self.residual = bool(vae.config.get("is_residual", False))
+        self.patch_size: int | None = vae.config.get("patch_size")
         self.stack_time = stack_time
 
     def __call__(
@@ -64,11 +72,20 @@ class WanStep:
         for attn, res in zip(mid.attentions, mid.resnets[1:], strict=True):
             x = self._residual(res, attn(x), history, new)
         for up in dec.up_blocks:
+            shortcut = x
             for res in up.resnets:
                 x = self._residual(res, x, history, new)
-            if up.upsamplers is not None:
-                x = self._resample(up.upsamplers[0], x, history, new, first)
+            upsampler = up.upsampler if self.residual else \
+                (up.upsamplers[0] if up.upsamplers is not None else None)
+            if upsampler is not None:
+                x = self._resample(upsampler, x, history, new, first)
+            if self.residual and up.avg_shortcut is not None:
+                # Wan2.2: the block input, channels repeated and spread over the upsampled
+                # pixels (and frames); pure, so diffusers' defensive clone is not needed.
+                x = x + up.avg_shortcut(shortcut, first_chunk=first)
         x = self._causal(dec.conv_out, dec.nonlinearity(dec.norm_out(x)), next(history), new)
+        if self.patch_size is not None:
+            x = _unpatchify(x, self.patch_size)
         return x.clamp(-1.0, 1.0), new
 
     def _residual(
@@ -113,6 +130,14 @@ class WanStep:
         t = x.shape[2]
         y = rs.resample(x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w))
         return y.view(b, t, *y.shape[1:]).permute(0, 2, 1, 3, 4)
+
+
+def _unpatchify(x: torch.Tensor, p: int) -> torch.Tensor:
+    """diffusers' ``unpatchify``: (b, c·p·p, t, h, w) → (b, c, t, h·p, w·p), channel order
+    (c, p_w, p_h) as diffusers packs it."""
+    b, cp, t, h, w = x.shape
+    x = x.reshape(b, cp // (p * p), p, p, t, h, w).permute(0, 1, 4, 5, 3, 6, 2)
+    return x.reshape(b, cp // (p * p), t, h * p, w * p)
 
 
 def _nones() -> Iterator[None]:

@@ -1,0 +1,102 @@
+"""Worker start benchmark for issue 12: process start → first graph replay, cold and warm.
+
+Starts fresh Python processes that do what a worker's pool process does at start
+(``default_decoders`` + ``worker.warmup.warm_up``: import, build the warm-up decoder, compile
+and capture every warm-up size, one short decode replaying the graph) with one
+``FRAMEFLEET_COMPILE_CACHE_DIR``: the first run finds it empty (cold), the next ones find what
+the first left (warm: a restarted worker). The clock starts before the process is spawned.
+
+  python bench/warm_start.py --decoder wan2.2-vae --sizes 44x80 --runs 2 --cache DIR \
+      --out warm_start.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def child() -> None:
+    """One worker start; prints one JSON line."""
+    t_imp = time.time()
+    sys.path.insert(0, str(ROOT))
+    import torch
+
+    from producer.settings import get_settings
+    from worker import warmup
+    from worker.runner import default_decoders
+
+    t_imported = time.time()
+    settings = get_settings()
+    decoders = default_decoders(settings)
+    state = warmup.warm_up(decoders, settings)
+    torch.cuda.synchronize()
+    t_ready = time.time()
+    from torch._dynamo.utils import counters
+
+    spawn = float(os.environ["BENCH_SPAWN_T"])
+    print(json.dumps({
+        "start_to_first_replay_s": t_ready - spawn, "interpreter_s": t_imp - spawn,
+        "imports_s": t_imported - t_imp, "warm_up_s": state.seconds, "sizes": state.sizes,
+        "inductor_counters": {k: v for k, v in counters["inductor"].items()
+                              if "cache" in k},
+        "aot_autograd_counters": {k: v for k, v in counters["aot_autograd"].items()
+                                  if "cache" in k},
+    }), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--child", action="store_true")
+    ap.add_argument("--decoder", default="wan2.2-vae")
+    ap.add_argument("--sizes", default="44x80")
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--cache", default=None, help="compile cache folder (default: a new one)")
+    ap.add_argument("--out", default="bench/results/warm-start.json")
+    args = ap.parse_args()
+    if args.child:
+        child()
+        return
+    cache = args.cache or tempfile.mkdtemp(prefix="compile-cache-")
+    work = tempfile.mkdtemp(prefix="work-")
+    runs: list[dict[str, Any]] = []
+    for i in range(args.runs):
+        env = {**os.environ, "FRAMEFLEET_WARMUP_DECODER": args.decoder,
+               "FRAMEFLEET_WARMUP_LATENT_SIZE": args.sizes, "FRAMEFLEET_COMPILE_CACHE_DIR": cache,
+               "FRAMEFLEET_WORK_DIR": work, "FRAMEFLEET_DEVICE": "cuda",
+               "FRAMEFLEET_DECODE_GRAPHS": "2", "BENCH_SPAWN_T": repr(time.time())}
+        done = subprocess.run([sys.executable, __file__, "--child"], env=env, text=True,
+                              capture_output=True, timeout=600, check=False)
+        if done.returncode != 0:
+            runs.append({"run": i, "error": done.stderr[-3000:]})
+            print(done.stderr[-3000:], flush=True)
+            break
+        row = json.loads(done.stdout.strip().splitlines()[-1])
+        row["run"] = "cold" if i == 0 else f"warm{i}"
+        runs.append(row)
+        print(json.dumps(row), flush=True)
+    import torch
+
+    out = {"command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+           "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "decoder": args.decoder, "sizes": args.sizes, "runs": runs}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=2))
+    for r in runs:
+        if "error" not in r:
+            print(f"{r['run']}: process start → first graph replay "
+                  f"{r['start_to_first_replay_s']:.1f} s (imports {r['imports_s']:.1f} s, "
+                  f"warm-up {r['warm_up_s']:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()

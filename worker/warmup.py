@@ -1,0 +1,161 @@
+"""Worker warm-up and readiness: compile once per fleet, not once per start.
+
+Compiling and capturing one decode size costs 25–30 s on an H200 (inductor lowering, Triton
+kernel builds, autotuning). ``use_compile_cache`` points torch.compile's on-disk caches (the FX
+graph cache, the AOTAutograd cache, Triton's kernel cache and the autotuning results) at
+``FRAMEFLEET_COMPILE_CACHE_DIR``, a folder kept across restarts (a named volume in compose,
+instance storage on AWS), so a restarted worker only traces its graphs again and loads the rest.
+
+``warm_up`` builds the warm-up decoder and captures every warm-up size before the worker takes
+a job, and publishes readiness twice: the ``framefleet_worker_ready`` gauge and a small state
+file per worker process that ``framefleet healthcheck`` reads. A process that died or was
+replaced (its pid reused after a restart) is recognised by its start time and ignored.
+
+No torch at import time: the healthcheck imports this module.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from producer.settings import Settings
+    from worker.runner import DecoderCache
+
+log = logging.getLogger(__name__)
+
+STATE_FOLDER = "framefleet-ready"
+
+
+@dataclass
+class WarmupState:
+    """What one worker process says about itself (the JSON of its state file)."""
+
+    pid: int
+    start: str  # the process's start time (clock ticks since boot): tells a reused pid apart
+    ready: bool = False
+    decoder: str | None = None
+    sizes: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+    cache_dir: str | None = None
+
+
+def use_compile_cache(folder: str | None) -> str | None:
+    """Point torch.compile's on-disk caches into ``folder`` (created); call before the first
+    compile. None leaves PyTorch's defaults (a per-user temp folder, lost with the container)."""
+    if folder is None:
+        return None
+    root = Path(folder).expanduser()
+    (root / "inductor").mkdir(parents=True, exist_ok=True)
+    (root / "triton").mkdir(parents=True, exist_ok=True)
+    # Set, not setdefault: torch writes its default into the environment on first use.
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor")
+    os.environ["TRITON_CACHE_DIR"] = str(root / "triton")
+    os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
+    os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")
+    return str(root)
+
+
+def parse_sizes(text: str) -> list[tuple[int, int]]:
+    """``"44x80,60x104"`` → [(44, 80), (60, 104)] (latent height × width)."""
+    sizes = []
+    for item in text.split(","):
+        h, w = (int(v) for v in item.split("x"))
+        sizes.append((h, w))
+    return sizes
+
+
+def state_dir(settings: Settings) -> Path:
+    return Path(settings.work_dir or tempfile.gettempdir()) / STATE_FOLDER
+
+
+def _start_time(pid: int) -> str | None:
+    """Field 22 of /proc/PID/stat; "" where there is no /proc; None: no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        if Path("/proc/self/stat").exists():
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return ""
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _write(folder: Path, state: WarmupState) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{state.pid}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(state)))
+    tmp.replace(path)  # atomic: the healthcheck never reads half a file
+
+
+def live_states(folder: Path) -> list[WarmupState]:
+    """States of the worker processes alive now (files of dead ones are removed)."""
+    states = []
+    for path in sorted(folder.glob("*.json")):
+        try:
+            state = WarmupState(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            continue
+        if _start_time(state.pid) != state.start:
+            path.unlink(missing_ok=True)
+            continue
+        states.append(state)
+    return states
+
+
+def not_ready(settings: Settings) -> list[str]:
+    """Why this host's workers are not ready (empty: every live worker process is ready)."""
+    states = live_states(state_dir(settings))
+    if not states:
+        return ["no worker process on this host has started"]
+    return [f"worker process {s.pid} still warming up {s.decoder or ''}".rstrip()
+            for s in states if not s.ready]
+
+
+def warm_up(decoders: DecoderCache, settings: Settings) -> WarmupState:
+    """Build and warm up ``FRAMEFLEET_WARMUP_DECODER`` at every warm-up size, then report
+    ready. Without a warm-up decoder the worker is ready at once. A size whose graph could not
+    be captured (logged by the graph cache) stays eager: ready, its entry says ``graph: false``.
+    """
+    from producer.spec import DecoderSpec
+    from worker import metrics
+
+    metrics.WORKER_READY.set(0)
+    pid = os.getpid()
+    state = WarmupState(pid=pid, start=_start_time(pid) or "", decoder=settings.warmup_decoder,
+                        cache_dir=use_compile_cache(settings.compile_cache_dir))
+    folder = state_dir(settings)
+    _write(folder, state)
+    t0 = time.perf_counter()
+    if settings.warmup_decoder is not None:
+        decoder = decoders.get(DecoderSpec(name=settings.warmup_decoder))
+        for h, w in parse_sizes(settings.warmup_latent_size):
+            t = time.perf_counter()
+            decoder.warmup(h, w)
+            graphs = getattr(decoder, "graphs", None)
+            key = getattr(decoder, "graph_key", None)
+            captured = graphs is not None and key is not None and graphs.get(key(h, w)) is not None
+            state.sizes.append({"size": f"{h}x{w}", "graph": captured,
+                                "seconds": round(time.perf_counter() - t, 3)})
+            log.info("warmed up %s at %dx%d latents in %.1f s (graph: %s)", decoder.name, h, w,
+                     time.perf_counter() - t, captured)
+    state.seconds = round(time.perf_counter() - t0, 3)
+    state.ready = True
+    _write(folder, state)
+    metrics.WORKER_READY.set(1)
+    return state
