@@ -55,7 +55,8 @@ def test_wan22_job_through_a_real_worker(
     uri = _put(s3, s3_bucket, "in/wan22.safetensors", channels=48, frames=3)
     result = client.submit(_spec("wan22-ok", uri, s3_bucket)).wait(timeout=240)
     # Then the video is 16× the latents, 1 + 4·2 frames, at the model's 24 fps
-    assert (result.width, result.height, result.frames, result.fps) == (96, 64, 9, 24.0)
+    m = result.manifest
+    assert (m.width, m.height, m.frames, m.fps) == (96, 64, 9, 24.0)
     data = s3.client().get_object(Bucket=s3_bucket,
                                   Key="out/e2e/wan22-ok/segment-00000.mp4")["Body"].read()
     (tmp_path / "s0.mp4").write_bytes(data)
@@ -67,4 +68,4 @@ def test_wan22_job_through_a_real_worker(
     with pytest.raises(JobFailed, match="16 latent channels, the decoder expects 48"):
         client.submit(_spec("wan22-bad", bad, s3_bucket)).wait(timeout=120)
     again = client.submit(_spec("wan22-again", uri, s3_bucket)).wait(timeout=240)
-    assert again.frames == 9
+    assert again.manifest.frames == 9
