@@ -31,6 +31,7 @@ from prometheus_client import (
     start_http_server,
 )
 
+from producer.settings import get_settings
 from producer.spec import JobResult, Prices
 
 log = logging.getLogger(__name__)
@@ -115,6 +116,12 @@ GPU_PRICE = Gauge(
     ["instance_type", "capacity"],
     registry=WORKER_REGISTRY,
 )
+BROKER_PERSISTENT = Gauge(
+    "framefleet_broker_persistent",
+    "Broker persistence seen at worker start: 1 AOF or RDB snapshots on, 0 off (a restart "
+    "loses every queued job), -1 unknown (CONFIG refused, as on managed Redis).",
+    registry=WORKER_REGISTRY,
+)
 QUEUE_DEPTH = Gauge(
     "framefleet_queue_depth",
     "Messages waiting in a Celery queue, all priority steps summed.",
@@ -149,8 +156,11 @@ _server: WSGIServer | None = None
 _price_labels: tuple[str, str] | None = None
 
 
-def start_metrics_server(port: int, addr: str = "0.0.0.0") -> int:
+def start_metrics_server(port: int, addr: str | None = None) -> int:
     """Serve the worker's /metrics on ``addr:port``; 0 means off. Returns the port (0: off).
+
+    ``addr`` defaults to FRAMEFLEET_METRICS_ADDR (loopback unless configured: the series are
+    unauthenticated; the container images set 0.0.0.0 for Prometheus to scrape them).
 
     Idempotent within a process: a second call returns the port already served.
     """
@@ -159,6 +169,7 @@ def start_metrics_server(port: int, addr: str = "0.0.0.0") -> int:
         return 0
     with _server_lock:
         if _server is None:
+            addr = addr or str(get_settings().metrics_addr)
             _server, _thread = start_http_server(port, addr=addr, registry=WORKER_REGISTRY)
         return int(_server.server_port)
 
@@ -391,7 +402,7 @@ def run_exporter(
     interval_s: float,
     *,
     queues: Sequence[str] = ("video",),
-    addr: str = "0.0.0.0",
+    addr: str | None = None,
     stop: threading.Event | None = None,
     max_iterations: int | None = None,
     cloudwatch_client: Any = None,
@@ -412,6 +423,7 @@ def run_exporter(
 
         cw = boto3.client("cloudwatch")
     client = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=5)
+    addr = addr or str(get_settings().metrics_addr)  # loopback unless configured
     server, _thread = start_http_server(port, addr=addr, registry=EXPORTER_REGISTRY)
     log.info("exporter serving queue depth of %s on %s:%d", list(queues), addr, port)
     try:

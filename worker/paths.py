@@ -22,14 +22,10 @@ import os
 import stat
 from pathlib import Path
 
-from producer.errors import FatalJobError, InputNotFoundError, InvalidJobError
+from producer.errors import FatalJobError, InputNotFoundError, InvalidJobError, PathRefusedError
 from producer.settings import Settings
 
 CHUNK = 1024**2
-
-
-class PathRefusedError(InvalidJobError):
-    """A local path outside the allowed folders (the message never says whether it exists)."""
 
 
 def file_roots(settings: Settings) -> tuple[Path, ...]:

@@ -45,6 +45,9 @@ FILES: dict[str, tuple[str, bytes, str]] = {
 }
 
 
+MISSING = "file:///etc/framefleet-no-such-file"
+
+
 def _raw(client: Client, payload: Any, task_id: str | None = None) -> JobHandle:
     """Send a job payload as a hand-written producer would: no client-side validation."""
     task_id = task_id or str(uuid.uuid4())
@@ -63,6 +66,7 @@ def test_bad_inputs_fail_clearly_and_the_worker_stays_healthy(
                                        "FRAMEFLEET_MAX_MESSAGE_BYTES": "4096"})
     good_uri = put_latents(s3, s3_bucket, "in/good.npy", latent_frames=2, fmt="npy")
     good = pattern_spec("good", good_uri, s3_bucket).model_dump(mode="json")
+    outside = tmp_path / "outside"
     expected: dict[str, tuple[JobHandle, str]] = {}
     for name, (key, data, words) in FILES.items():
         s3.client().put_object(Bucket=s3_bucket, Key=f"in/{key}", Body=data)
@@ -82,6 +86,16 @@ def test_bad_inputs_fail_clearly_and_the_worker_stays_healthy(
                              "output.uri"),
         "oversized-message": ({**good, "job_id": "x7", "pad": "x" * 8000}, "byte limit"),
         "not-a-spec": ({"hello": "world"}, "job_id"),
+        # Local paths: a worker on a real broker allows none unless FRAMEFLEET_FILE_ROOTS says
+        "local-existing": ({**good, "job_id": "x8", "input": {"uri": "file:///etc/passwd",
+                                                              "format": "npy"}},
+                           "input.uri: file:///etc/passwd is outside the folders"),
+        "local-missing": ({**good, "job_id": "x9", "input": {"uri": MISSING, "format": "npy"}},
+                          f"input.uri: {MISSING} is outside the folders"),
+        "dev-zero": ({**good, "job_id": "x10", "input": {"uri": "file:///dev/zero",
+                                                         "format": "npy"}}, "is outside"),
+        "local-output": ({**good, "job_id": "x11", "output": {"uri": outside.as_uri()}},
+                         "output.uri"),
     }
     for name, (payload, words) in raw_cases.items():
         expected[name] = (_raw(client, payload), words)
@@ -104,6 +118,7 @@ def test_bad_inputs_fail_clearly_and_the_worker_stays_healthy(
     done = client.submit(pattern_spec("good", good_uri, s3_bucket)).wait(timeout=120)
     # Then each bad job FAILED with a message naming what is wrong
     problems = []
+    messages: dict[str, str] = {}
     for name, (handle, words) in expected.items():
         try:
             handle.wait(timeout=30)
@@ -111,9 +126,14 @@ def test_bad_inputs_fail_clearly_and_the_worker_stays_healthy(
         except JobFailed as e:
             if words not in e.message:
                 problems.append(f"{name}: {e.kind}: {e.message!r} lacks {words!r}")
-            if e.kind not in {"InvalidJobError", "InputNotFoundError"}:
+            if e.kind not in {"InvalidJobError", "InputNotFoundError", "PathRefusedError"}:
                 problems.append(f"{name}: unexpected error kind {e.kind}")
+            messages[name] = e.message
     assert not problems, "\n".join(problems)
+    # A refused path says nothing of whether it exists; no folder was made for the output
+    assert messages["local-existing"].replace("/etc/passwd", "X") == messages[
+        "local-missing"].replace(MISSING.removeprefix("file://"), "X")
+    assert not outside.exists()
     assert len(expected) >= 21
     # no retry loop, nothing written for the bad jobs, and the worker is alive and well
     log = worker.log_text()

@@ -14,11 +14,11 @@ import psutil
 import pytest
 from pydantic import ValidationError
 
-from producer.errors import FatalJobError, InputNotFoundError, InvalidJobError
+from producer.errors import FatalJobError, InputNotFoundError, InvalidJobError, PathRefusedError
 from producer.settings import Settings
 from producer.spec import InputSpec
 from worker.inputs import load_latents
-from worker.paths import PathRefusedError, file_roots, os_error, read_bounded, read_local
+from worker.paths import file_roots, os_error, read_bounded, read_local
 from worker.runner import fetch_weights
 from worker.storage import FileStore, JobOutput
 
