@@ -32,7 +32,7 @@ from producer.errors import (
 )
 from producer.settings import get_settings
 from producer.spec import DecoderSpec, JobSpec, Progress, parse_spec
-from worker import metrics
+from worker import metrics, persistence, recovery
 from worker.lease import LEASE_RETRY_S, REDIS_DOWN, JobLease
 from worker.runner import DecoderCache, JobContext, default_decoders, run_job
 from worker.spot import SpotWatcher
@@ -96,6 +96,25 @@ def _start_spot_watcher(sender: Any = None, **_: Any) -> None:
 def _stop_spot_watcher(**_: Any) -> None:
     if _watcher is not None:
         _watcher.stop()
+
+
+@worker_process_init.connect
+def _check_broker_persistence(**_: Any) -> None:
+    """Warn (log + framefleet_broker_persistent) when a Redis restart would lose queued jobs."""
+    persistence.check_at_start(str(app.conf.broker_url))
+
+
+@worker_ready.connect
+def _start_recovery(sender: Any = None, **_: Any) -> None:
+    """In the main process: keep this worker's held messages fresh, and requeue, exactly
+    once, the jobs of hosts that vanished (worker/recovery.py)."""
+    if sender is not None:
+        recovery.start(app, str(sender.hostname))
+
+
+@worker_shutdown.connect
+def _stop_recovery(**_: Any) -> None:
+    recovery.stop()
 
 
 def decoders() -> DecoderCache:
