@@ -63,9 +63,30 @@ def _first(reply: Any, key: str) -> Any:
     return ""
 
 
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def server_identity(client: Any) -> tuple[Any, ...]:
+    kw = client.connection_pool.connection_kwargs
+    return (client.connection_pool.connection_class.__name__, kw.get("host"), kw.get("port"),
+            kw.get("path"), kw.get("username"), kw.get("password"))
+
+
+def same_server(broker_url: str, backend_url: str) -> bool:
+    """Whether both URLs name one Redis server (their databases may differ)."""
+    if not (broker_url.startswith(REDIS_SCHEMES) and backend_url.startswith(REDIS_SCHEMES)):
+        return False
+    a, b = redis.Redis.from_url(broker_url), redis.Redis.from_url(backend_url)
+    try:
+        return server_identity(a) == server_identity(b)
+    finally:
+        a.close()
+        b.close()
+
+
 def check_broker_url(url: str, timeout_s: float = 5.0) -> Persistence | None:
     """Persistence of the Redis at ``url`` (None: not a Redis URL, e.g. the embedded mode)."""
-    if not url.startswith(("redis://", "rediss://", "unix://")):
+    if not url.startswith(REDIS_SCHEMES):
         return None
     client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
     try:

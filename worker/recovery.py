@@ -45,6 +45,7 @@ from typing import Any
 import redis
 
 from producer.app import TASK_NAME
+from producer.broker import REDIS_SCHEMES, same_server, server_identity
 from producer.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -100,26 +101,6 @@ return 'restored'
 """
 
 
-def _server(client: redis.Redis) -> tuple[Any, ...]:
-    kw = client.connection_pool.connection_kwargs
-    return (client.connection_pool.connection_class.__name__, kw.get("host"), kw.get("port"),
-            kw.get("path"), kw.get("username"), kw.get("password"))
-
-
-def same_server(broker_url: str, backend_url: str) -> bool:
-    """Whether both URLs name one Redis server (databases may differ)."""
-    if not broker_url.startswith(("redis://", "rediss://", "unix://")):
-        return False
-    if not backend_url.startswith(("redis://", "rediss://", "unix://")):
-        return False
-    a, b = redis.Redis.from_url(broker_url), redis.Redis.from_url(backend_url)
-    try:
-        return _server(a) == _server(b)
-    finally:
-        a.close()
-        b.close()
-
-
 def _db(client: redis.Redis) -> int:
     return int(client.connection_pool.connection_kwargs.get("db") or 0)
 
@@ -161,7 +142,7 @@ class Sweeper:
                  grace_s: float, result_ttl_s: int | None, node: str,
                  meta_key: Callable[[str], str] = lambda j: f"celery-task-meta-{j}",
                  unacked_key: str = "unacked", unacked_index_key: str = "unacked_index") -> None:
-        if _server(broker) != _server(backend):
+        if server_identity(broker) != server_identity(backend):
             raise ValueError("broker and result backend are on different Redis servers")
         self.r = broker
         self.backend = backend
@@ -312,7 +293,7 @@ def sweeper_for(app: Any, node: str, settings: Settings | None = None) -> Sweepe
     backend_url = s.backend_url if app.conf.result_backend is None else str(
         app.conf.result_backend)
     options = dict(app.conf.broker_transport_options or {})
-    if not broker_url.startswith(("redis://", "rediss://", "unix://")):
+    if not broker_url.startswith(REDIS_SCHEMES):
         return None  # embedded mode, or not Redis: nothing of kombu's Redis ack emulation
     if options.get("global_keyprefix"):
         log.warning("host-loss sweep off: global_keyprefix is not supported")

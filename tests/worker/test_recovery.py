@@ -17,11 +17,12 @@ import redis
 from celery import Celery
 
 from producer.app import TASK_NAME, make_app, redis_priority
+from producer.broker import same_server
 from producer.control import flags_for
 from producer.settings import Settings
 from tests.e2e.helpers import pattern_spec
 from worker.metrics import queue_names
-from worker.recovery import REQUEUED, Sweeper, same_server, sweeper_for
+from worker.recovery import REQUEUED, Sweeper, sweeper_for
 
 SETTINGS = Settings(max_time_limit_s=60, visibility_timeout_s=61, recovery_period_s=1,
                     recovery_grace_s=5)
