@@ -157,18 +157,24 @@ class Sweeper:
         self._restore = broker.register_script(_RESTORE)
         self.kombu_connection: Any = None
 
+    def now(self) -> float:
+        """Redis's clock: every worker touches and sweeps by the same one, whatever the hosts'
+        clocks say (kombu stamps a delivery with its consumer's clock)."""
+        seconds, micros = self.r.time()
+        return float(seconds) + float(micros) / 1e6
+
     def touch(self, tags: Iterable[str], now: float | None = None) -> int:
         """Mark the messages this worker holds as alive; returns how many were still held."""
         tags = list(tags)
         if not tags:
             return 0
-        now = time.time() if now is None else now
+        now = self.now() if now is None else now
         changed: Any = self.r.zadd(self.index, dict.fromkeys(tags, now), xx=True, ch=True)
         return int(changed)
 
     def sweep(self, now: float | None = None) -> list[Outcome]:
         """One pass over the messages untouched for the grace period."""
-        now = time.time() if now is None else now
+        now = self.now() if now is None else now
         ceil = now - self.grace_s
         outcomes: list[Outcome] = []
         for start in range(0, SWEEP_PAGES * SWEEP_LIMIT, SWEEP_LIMIT):
