@@ -107,7 +107,8 @@ class Settings(BaseSettings):
     )
     recovery_grace_s: float = Field(
         default=45.0, ge=1, le=3600,
-        description="host-loss sweep: an unacked job nobody touched this long is requeued",
+        description="host-loss sweep: an unacked job nobody touched this long, its lease "
+        "expired, is requeued",
     )
 
     @model_validator(mode="after")

@@ -118,8 +118,8 @@ GPU_PRICE = Gauge(
 )
 BROKER_PERSISTENT = Gauge(
     "framefleet_broker_persistent",
-    "Broker persistence seen at worker start: 1 AOF or RDB snapshots on, 0 off (a restart "
-    "loses every queued job), -1 unknown (CONFIG refused, as on managed Redis).",
+    "Broker persistence seen at worker start: 1 append-only file, 0.5 RDB snapshots only, 0 "
+    "none (a restart loses every queued job), -1 unknown (CONFIG refused, as on managed Redis).",
     registry=WORKER_REGISTRY,
 )
 QUEUE_DEPTH = Gauge(
