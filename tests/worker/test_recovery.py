@@ -208,3 +208,11 @@ def test_no_sweep_across_two_servers() -> None:
     assert not same_server("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6380/0")
     assert not same_server("redis://:a@127.0.0.1:6379/0", "redis://:b@127.0.0.1:6379/0")
     assert not same_server("filesystem://", "db+sqlite:///x")
+
+
+def test_grace_must_cover_missed_touches() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="RECOVERY_GRACE_S"):
+        Settings(recovery_period_s=10, recovery_grace_s=20)
+    assert Settings(recovery_period_s=0, recovery_grace_s=1).recovery_period_s == 0  # off
