@@ -21,9 +21,9 @@ Two small duties, run by a thread of every worker's main process, fix that:
   A message whose job is already final (its worker died between the result and the ack) is
   acknowledged instead: kombu would deliver it again hours later.
 
-kombu's own restore (after the visibility timeout) runs ``HGET`` + ``MULTI``/``HDEL``/``LPUSH``
-under ``WATCH unacked``: whichever of the two changes the entry first wins, the other finds
-it gone, so several sweepers and kombu together restore a message at most once.
+kombu's own restore (after the visibility timeout) runs ``HGET``, then ``HDEL`` and a push in
+``MULTI``, under ``WATCH unacked``: whichever of the two changes the entry first wins, the
+other finds it gone, so several sweepers and kombu together restore a message at most once.
 
 The lease and claim live in the result backend's Redis; the script needs them and the broker's
 keys on one server (another database of it is fine: the script SELECTs it). With the broker and
@@ -50,7 +50,6 @@ from producer.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 
-FINAL = ("SUCCESS", "FAILURE", "REVOKED")
 REQUEUED = "REQUEUED"
 SWEEP_LIMIT = 100
 SWEEP_PAGES = 10
