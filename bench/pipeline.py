@@ -33,6 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from producer.settings import Settings
 from producer.spec import PipelineSpec, VideoSpec
 from worker.decoders.wan import WanDecoder, build_vae
 from worker.pipeline import ClosedSegment, run_pipeline
@@ -99,7 +100,7 @@ def pipeline_mode(
     mode: str, tune: str = "zerolatency"
 ) -> Callable[[WanDecoder, torch.Tensor, Path], dict[str, Any]]:
     def run(decoder: WanDecoder, z: torch.Tensor, out_dir: Path) -> dict[str, Any]:
-        out = JobOutput((out_dir / "videos").as_uri())
+        out = JobOutput((out_dir / "videos").as_uri(), Settings(file_roots=str(out_dir)))
         segments: list[ClosedSegment] = []
 
         def sink(seg: ClosedSegment) -> None:

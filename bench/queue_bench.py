@@ -111,7 +111,8 @@ def run_latency(url: str, tmp: Path, n: int, warmup: int, idle_s: float, long_n:
     base = base_spec(latents.as_uri(), (tmp / "out").as_uri())
     env = {"FRAMEFLEET_BROKER_URL": url, "FRAMEFLEET_RESULT_BACKEND": url,
            "FRAMEFLEET_DEVICE": "cpu", "FRAMEFLEET_METRICS_PORT": "0",
-           "FRAMEFLEET_WORK_DIR": str(tmp / "work"), "CUDA_VISIBLE_DEVICES": "", URL_ENV: url}
+           "FRAMEFLEET_WORK_DIR": str(tmp / "work"), "CUDA_VISIBLE_DEVICES": "", URL_ENV: url,
+           "FRAMEFLEET_FILE_ROOTS": str(tmp)}
     (tmp / "work").mkdir()
     # (label, idle before submit): the long idles pass kombu's 1 s BRPOP timeout at ten
     # phases, so a job may land while the worker re-issues its BRPOP.

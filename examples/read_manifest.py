@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import sys
 import tempfile
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 from producer.spec import Manifest, segment_name
 from worker.decoders.pattern import read_frame_index
@@ -25,6 +27,10 @@ def main() -> int:
     ap.add_argument("manifest_uri")
     ap.add_argument("--pattern", action="store_true")
     args = ap.parse_args()
+    if args.manifest_uri.startswith("file://"):
+        # Local paths are confined to FRAMEFLEET_FILE_ROOTS: this tool reads the job's folder.
+        folder = Path(unquote(urlparse(args.manifest_uri).path)).parent
+        os.environ.setdefault("FRAMEFLEET_FILE_ROOTS", str(folder))
     manifest = Manifest.model_validate_json(read_uri(args.manifest_uri, 16 * 1024**2))
     base = args.manifest_uri.rsplit("/", 1)[0]
     indices: list[int] = []

@@ -9,6 +9,7 @@ manifest exactly as a fleet job would write them.
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from producer.spec import JobSpec
@@ -23,6 +24,13 @@ def main() -> None:
     ap.add_argument("--weights", type=Path, help="diffusers-layout folder of the Wan VAE")
     ap.add_argument("--decoder", default="wan2.1-vae", choices=["wan2.1-vae", "pattern"])
     args = ap.parse_args()
+    # Local paths are confined to FRAMEFLEET_FILE_ROOTS: this tool may use the folders named
+    # on its command line.
+    args.out.mkdir(parents=True, exist_ok=True)
+    named = [args.latents, args.out] + ([args.weights] if args.weights is not None else [])
+    os.environ.setdefault("FRAMEFLEET_FILE_ROOTS",
+                          ":".join(str(p.absolute().parent if p.is_file() else p.absolute())
+                                   for p in named))
     decoder = {"name": args.decoder, "preset": args.preset}
     if args.weights is not None:
         decoder["weights"] = args.weights.absolute().as_uri()

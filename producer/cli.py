@@ -1,4 +1,4 @@
-"""``framefleet``: submit, status, wait, cancel, worker, demo (typer + rich)."""
+"""``framefleet``: submit, status, wait, cancel, worker, demo, doctor (typer + rich)."""
 
 from __future__ import annotations
 
@@ -198,6 +198,20 @@ def exporter(
 
     s = get_settings()
     run_exporter(s.broker_url, s.exporter_port, cloudwatch, interval)
+
+
+@cli.command()
+def doctor(
+    output: Annotated[Optional[str], typer.Option(help="s3://bucket/prefix to probe")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="print the checks as JSON")] = False,
+) -> None:
+    """Check this deployment's settings and services; exit 1 if any check FAILs."""
+    from producer.doctor import exit_code, render, run_checks, to_json
+    from producer.settings import get_settings
+
+    checks = run_checks(get_settings(), output)
+    sys.stdout.write((to_json(checks) if json_out else render(checks)) + "\n")
+    raise typer.Exit(exit_code(checks))
 
 
 @cli.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

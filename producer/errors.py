@@ -48,6 +48,10 @@ class InputNotFoundError(FatalJobError, FileNotFoundError):
     """The latents object named by ``input.uri`` does not exist."""
 
 
+class PathRefusedError(InvalidJobError):
+    """A local path outside FRAMEFLEET_FILE_ROOTS; the message never says whether it exists."""
+
+
 class JobConflictError(FatalJobError):
     """A ``job_id`` was reused with a different spec."""
 

@@ -6,10 +6,13 @@ process (call ``get_settings.cache_clear()`` in tests that change it).
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
+from ipaddress import IPv4Address
+from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, IPvAnyAddress, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -78,6 +81,10 @@ class Settings(BaseSettings):
     metrics_port: int = Field(
         default=9400, ge=0, le=65_535, description="worker /metrics port (+ GPU index); 0: off"
     )
+    metrics_addr: IPvAnyAddress = Field(
+        default=IPv4Address("127.0.0.1"),
+        description="address /metrics and the exporter listen on; the images set 0.0.0.0",
+    )
     exporter_port: int = Field(default=9410, ge=1, le=65_535, description="fleet exporter port")
     instance_type: str = Field(default="g7e.2xlarge", description="EC2 type, for cost reports")
     capacity: Literal["on-demand", "spot"] = Field(default="on-demand", description="pricing")
@@ -97,6 +104,20 @@ class Settings(BaseSettings):
     retry_max: int = Field(default=5, ge=0, le=20, description="retries of a retryable error")
     retry_backoff_s: float = Field(default=2.0, gt=0, le=600, description="first retry delay")
     retry_backoff_max_s: float = Field(default=120.0, gt=0, le=3600, description="retry cap")
+    file_roots: str | None = Field(
+        default=None,
+        description="absolute folders (':'-separated) a job's file:// paths may lie under; "
+        "unset: the embedded mode's folder, none on a real broker; empty: none",
+    )
+    recovery_period_s: float = Field(
+        default=10.0, ge=0, le=300,
+        description="host-loss sweep: seconds between two sweeps of unacked jobs; 0: off",
+    )
+    recovery_grace_s: float = Field(
+        default=45.0, ge=1, le=3600,
+        description="host-loss sweep: an unacked job nobody touched this long, its lease "
+        "expired, is requeued",
+    )
 
     @model_validator(mode="after")
     def _visibility(self) -> Settings:
@@ -108,6 +129,25 @@ class Settings(BaseSettings):
                 "or a running job is delivered to a second worker"
             )
         return self
+
+    @model_validator(mode="after")
+    def _local(self) -> Settings:
+        for root in self.file_root_list:
+            if not os.path.isabs(root) or ".." in Path(root).parts:
+                raise ValueError(
+                    f"FRAMEFLEET_FILE_ROOTS: {root!r} is not an absolute path without '..'"
+                )
+        if self.recovery_period_s and self.recovery_grace_s < 3 * self.recovery_period_s:
+            raise ValueError(
+                "FRAMEFLEET_RECOVERY_GRACE_S must be at least 3 x FRAMEFLEET_RECOVERY_PERIOD_S, "
+                "or a live worker that misses one touch loses its jobs to another"
+            )
+        return self
+
+    @property
+    def file_root_list(self) -> tuple[str, ...]:
+        """FRAMEFLEET_FILE_ROOTS split on ':' (empty when unset or empty)."""
+        return tuple(r for r in (self.file_roots or "").split(":") if r)
 
     @property
     def backend_url(self) -> str:

@@ -1,6 +1,8 @@
 """Loading latents: ``.safetensors`` and ``.npy`` only — never pickle, never torch.load.
 
 Every check names the file and what is wrong with it; all of them are fatal (no retry).
+A ``file://`` input must lie under FRAMEFLEET_FILE_ROOTS, be a regular file and hold at most
+``max_input_bytes`` (counted while reading: ``worker/paths.py``).
 """
 
 from __future__ import annotations
@@ -93,5 +95,5 @@ def check_latents(
 
 
 def load_latents(spec: InputSpec, channels: int, settings: Settings) -> torch.Tensor:
-    data = read_uri(spec.uri, settings.max_input_bytes, settings)
+    data = read_uri(spec.uri, settings.max_input_bytes, settings, field="input.uri")
     return check_latents(parse_latents(data, spec), spec, channels, settings)

@@ -18,7 +18,7 @@ from celery.signals import worker_process_init, worker_ready, worker_shutdown
 from producer.app import make_app
 from producer.cost import configured_prices
 from producer.settings import Settings, get_settings
-from worker import metrics, tasks, warmup
+from worker import metrics, persistence, recovery, tasks, warmup
 from worker.concerns.cancel import preempt_node
 from worker.consumer import install_brpop_guard
 from worker.spot import SpotWatcher
@@ -84,6 +84,27 @@ def _start_spot_watcher(sender: Any = None, **_: Any) -> None:
 def _stop_spot_watcher(**_: Any) -> None:
     if _watcher is not None:
         _watcher.stop()
+
+
+@worker_process_init.connect
+def _check_broker_persistence(**_: Any) -> None:
+    """Warn (log + framefleet_broker_persistent) when a Redis restart would lose queued jobs.
+
+    In the pool process, so the gauge is the one its /metrics serves."""
+    persistence.check_at_start(str(app.conf.broker_url))
+
+
+@worker_ready.connect
+def _start_recovery(sender: Any = None, **_: Any) -> None:
+    """In the main process: keep this worker's held messages fresh, and requeue, exactly
+    once, the jobs of hosts that vanished (``worker.recovery``)."""
+    if sender is not None:
+        recovery.start(sender.app, str(sender.hostname))
+
+
+@worker_shutdown.connect
+def _stop_recovery(**_: Any) -> None:
+    recovery.stop()
 
 
 #: The app ``celery -A worker.main`` finds.

@@ -28,6 +28,7 @@ from prometheus_client import (
     start_http_server,
 )
 
+from producer.settings import get_settings
 from producer.spec import STAGE_NAMES, JobResult, Prices
 from worker.ops.exporter import EXPORTER_REGISTRY
 
@@ -112,6 +113,12 @@ GPU_PRICE = Gauge(
     ["instance_type", "capacity"],
     registry=WORKER_REGISTRY,
 )
+BROKER_PERSISTENT = Gauge(
+    "framefleet_broker_persistent",
+    "Broker persistence seen at worker start: 1 append-only file, 0.5 RDB snapshots only, 0 "
+    "none (a restart loses every queued job), -1 unknown (CONFIG refused, as on managed Redis).",
+    registry=WORKER_REGISTRY,
+)
 
 for _stage in STAGE_NAMES:  # every stage series exists from the start, so dashboards show zeros
     STAGE_SECONDS.labels(stage=_stage)
@@ -141,8 +148,11 @@ _server: WSGIServer | None = None
 _price_labels: tuple[str, str] | None = None
 
 
-def start_metrics_server(port: int, addr: str = "0.0.0.0") -> int:
+def start_metrics_server(port: int, addr: str | None = None) -> int:
     """Serve the worker's /metrics on ``addr:port``; 0 means off. Returns the port (0: off).
+
+    ``addr`` defaults to FRAMEFLEET_METRICS_ADDR (loopback unless configured: the series are
+    unauthenticated; the container images set 0.0.0.0 for Prometheus to scrape them).
 
     Idempotent within a process: a second call returns the port already served.
     """
@@ -151,6 +161,7 @@ def start_metrics_server(port: int, addr: str = "0.0.0.0") -> int:
         return 0
     with _server_lock:
         if _server is None:
+            addr = addr or str(get_settings().metrics_addr)
             _server, _thread = start_http_server(port, addr=addr, registry=WORKER_REGISTRY)
         return int(_server.server_port)
 

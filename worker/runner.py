@@ -78,14 +78,18 @@ class DecoderCache:
         return WanDecoder(vae, self.device, graphs=self.graphs)
 
 
-def fetch_weights(uri: str) -> str:
-    """A local folder for ``file://`` weights (s3:// weights are synced by deployment)."""
+def fetch_weights(uri: str, settings: Settings | None = None) -> str:
+    """A local folder for ``file://`` weights (s3:// weights are synced by deployment),
+    confined to FRAMEFLEET_FILE_ROOTS like every local path a job names."""
     from urllib.parse import unquote, urlparse
+
+    from worker.paths import local_folder
 
     parsed = urlparse(uri)
     if parsed.scheme != "file":
         raise InvalidJobError("decoder.weights: only file:// folders are loaded by workers")
-    return unquote(parsed.path)
+    return str(local_folder(unquote(parsed.path), settings or get_settings(),
+                            field="decoder.weights", uri=uri))
 
 
 @dataclass

@@ -3,7 +3,8 @@
 Keys a job writes are confined under ``{prefix}/{tenant}/{job_id}/`` by :class:`JobOutput`,
 which accepts plain file names only. Errors map onto the error tree: missing object → fatal
 ``InputNotFoundError``; throttling, 5xx and connection loss → retryable ``StorageError``;
-access denied or a missing bucket → fatal.
+access denied or a missing bucket → fatal. ``file://`` paths are confined to
+FRAMEFLEET_FILE_ROOTS and read with a byte bound (``worker/paths.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from urllib.parse import unquote, urlparse
 
 from producer.errors import FatalJobError, InputNotFoundError, InvalidJobError, StorageError
 from producer.settings import Settings, get_settings
+from worker.paths import confine, os_error, read_local, writable_target
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 RETRYABLE_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
@@ -37,13 +39,23 @@ class Store(Protocol):
 
 
 class FileStore:
-    """A folder. Writes go to a temporary file renamed into place: readers never see halves."""
+    """A folder. Writes go to a temporary file renamed into place: readers never see halves.
 
-    def __init__(self, root: Path) -> None:
+    Every path is confined to FRAMEFLEET_FILE_ROOTS (``worker/paths.py``): a key that resolves
+    outside them is refused before any folder is made or any byte read.
+    """
+
+    def __init__(self, root: Path, settings: Settings | None = None, field: str = "uri") -> None:
         self.root = root
+        self.settings = settings or get_settings()
+        self.field = field
 
     def _path(self, key: str) -> Path:
         return self.root / key
+
+    def confined(self, key: str) -> Path:
+        """The resolved path of ``key``, or PathRefusedError (same text, exists or not)."""
+        return confine(self._path(key), self.settings, field=self.field, uri=self.uri(key))
 
     def uri(self, key: str) -> str:
         return self._path(key).as_uri()
@@ -52,26 +64,26 @@ class FileStore:
         return self.put_bytes(key, path.read_bytes(), content_type)
 
     def put_bytes(self, key: str, data: bytes, content_type: str) -> int:
-        target = self._path(key)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+        uri = self.uri(key)
+        target = writable_target(self._path(key), self.settings, field=self.field, uri=uri)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            # The folders exist now: make sure no link among them leads out of the roots.
+            target = writable_target(self._path(key), self.settings, field=self.field, uri=uri)
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+        except OSError as e:
+            raise os_error(e, self.field, uri) from None
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, target)
         return 1
 
     def get_bytes(self, key: str, max_bytes: int) -> bytes:
-        path = self._path(key)
-        try:
-            size = path.stat().st_size
-        except FileNotFoundError:
-            raise InputNotFoundError(f"no such file: {self.uri(key)}") from None
-        if size > max_bytes:
-            raise InvalidJobError(f"{self.uri(key)} is {size} bytes, over the {max_bytes} limit")
-        return path.read_bytes()
+        return read_local(self._path(key), max_bytes, self.settings, field=self.field,
+                          uri=self.uri(key))
 
     def exists(self, key: str) -> bool:
-        return self._path(key).is_file()
+        return self.confined(key).is_file()
 
 
 _clients: dict[tuple[str | None, str], Any] = {}
@@ -181,19 +193,23 @@ class S3Store:
             raise map_s3_error(e, self.uri(key)) from e
 
 
-def open_uri(uri: str, settings: Settings | None = None) -> tuple[Store, str]:
+def open_uri(uri: str, settings: Settings | None = None,
+             field: str = "uri") -> tuple[Store, str]:
     """(store, key) for ``s3://bucket/key`` or ``file:///path`` (key relative to the store)."""
     parsed = urlparse(uri)
     path = unquote(parsed.path)
     if parsed.scheme == "s3":
         return S3Store(parsed.netloc, settings), path.lstrip("/")
     if parsed.scheme == "file":
-        return FileStore(Path("/")), path.lstrip("/")
+        store = FileStore(Path("/"), settings, field)
+        store.confined(path.lstrip("/"))  # refused at once, before any work is done
+        return store, path.lstrip("/")
     raise InvalidJobError(f"unsupported URI scheme in {uri!r}")
 
 
-def read_uri(uri: str, max_bytes: int, settings: Settings | None = None) -> bytes:
-    store, key = open_uri(uri, settings)
+def read_uri(uri: str, max_bytes: int, settings: Settings | None = None,
+             field: str = "input.uri") -> bytes:
+    store, key = open_uri(uri, settings, field)
     return store.get_bytes(key, max_bytes)
 
 
@@ -201,7 +217,7 @@ class JobOutput:
     """The only way a job writes: plain names under ``{output}/{tenant}/{job_id}/``."""
 
     def __init__(self, prefix_uri: str, settings: Settings | None = None) -> None:
-        self.store, self.prefix = open_uri(prefix_uri, settings)
+        self.store, self.prefix = open_uri(prefix_uri, settings, "output.uri")
         self.puts = 0
         self._lock = threading.Lock()  # segments upload from several encoder threads
 

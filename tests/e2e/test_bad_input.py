@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import pickle
 import uuid
 from pathlib import Path
@@ -45,6 +46,13 @@ FILES: dict[str, tuple[str, bytes, str]] = {
 }
 
 
+MISSING = "file:///etc/framefleet-no-such-file"
+
+
+def local(good: dict[str, Any], job_id: str, path: Path) -> dict[str, Any]:
+    return {**good, "job_id": job_id, "input": {"uri": path.as_uri(), "format": "npy"}}
+
+
 def _raw(client: Client, payload: Any, task_id: str | None = None) -> JobHandle:
     """Send a job payload as a hand-written producer would: no client-side validation."""
     task_id = task_id or str(uuid.uuid4())
@@ -58,11 +66,18 @@ def test_bad_inputs_fail_clearly_and_the_worker_stays_healthy(
     r = redis.Redis.from_url(redis_url)
     r.flushdb()
     client = Client(broker_url=redis_url, backend_url=redis_url)
+    # One folder of local files is allowed; in it, a folder, a file and a FIFO nobody writes
+    root = tmp_path / "root"
+    (root / "dir.npy").mkdir(parents=True)
+    (root / "f").write_bytes(b"x")
+    os.mkfifo(root / "pipe.npy")
     (worker,) = worker_factory(1, env={"FRAMEFLEET_MAX_PIXELS": str(256 * 256),
                                        "FRAMEFLEET_MAX_FRAMES": "100",
-                                       "FRAMEFLEET_MAX_MESSAGE_BYTES": "4096"})
+                                       "FRAMEFLEET_MAX_MESSAGE_BYTES": "4096",
+                                       "FRAMEFLEET_FILE_ROOTS": str(root)})
     good_uri = put_latents(s3, s3_bucket, "in/good.npy", latent_frames=2, fmt="npy")
     good = pattern_spec("good", good_uri, s3_bucket).model_dump(mode="json")
+    outside = tmp_path / "outside"
     expected: dict[str, tuple[JobHandle, str]] = {}
     for name, (key, data, words) in FILES.items():
         s3.client().put_object(Bucket=s3_bucket, Key=f"in/{key}", Body=data)
@@ -82,6 +97,24 @@ def test_bad_inputs_fail_clearly_and_the_worker_stays_healthy(
                              "output.uri"),
         "oversized-message": ({**good, "job_id": "x7", "pad": "x" * 8000}, "byte limit"),
         "not-a-spec": ({"hello": "world"}, "job_id"),
+        # Local paths outside FRAMEFLEET_FILE_ROOTS: one refusal, whatever is there
+        "local-existing": ({**good, "job_id": "x8", "input": {"uri": "file:///etc/passwd",
+                                                              "format": "npy"}},
+                           "input.uri: file:///etc/passwd is outside the folders"),
+        "local-missing": ({**good, "job_id": "x9", "input": {"uri": MISSING, "format": "npy"}},
+                          f"input.uri: {MISSING} is outside the folders"),
+        "dev-zero": ({**good, "job_id": "x10", "input": {"uri": "file:///dev/zero",
+                                                         "format": "npy"}}, "is outside"),
+        "local-output": ({**good, "job_id": "x11", "output": {"uri": outside.as_uri()}},
+                         "output.uri"),
+        # and inside them, the OS errors name the field and the file
+        "local-directory": (local(good, "x12", root / "dir.npy"),
+                            f"input.uri: {(root / 'dir.npy').as_uri()} is a directory"),
+        "local-missing-inside": (local(good, "x13", root / "gone.npy"),
+                                 f"input.uri: no such file: {(root / 'gone.npy').as_uri()}"),
+        "local-not-a-folder": (local(good, "x14", root / "f" / "x.npy"),
+                               "a parent of it is not a directory"),
+        "local-fifo": (local(good, "x15", root / "pipe.npy"), "pipe.npy is not a regular file"),
     }
     for name, (payload, words) in raw_cases.items():
         expected[name] = (_raw(client, payload), words)
@@ -104,6 +137,7 @@ def test_bad_inputs_fail_clearly_and_the_worker_stays_healthy(
     done = client.submit(pattern_spec("good", good_uri, s3_bucket)).wait(timeout=120)
     # Then each bad job FAILED with a message naming what is wrong
     problems = []
+    messages: dict[str, str] = {}
     for name, (handle, words) in expected.items():
         try:
             handle.wait(timeout=30)
@@ -111,10 +145,15 @@ def test_bad_inputs_fail_clearly_and_the_worker_stays_healthy(
         except JobFailed as e:
             if words not in e.message:
                 problems.append(f"{name}: {e.kind}: {e.message!r} lacks {words!r}")
-            if e.kind not in {"InvalidJobError", "InputNotFoundError"}:
+            if e.kind not in {"InvalidJobError", "InputNotFoundError", "PathRefusedError"}:
                 problems.append(f"{name}: unexpected error kind {e.kind}")
+            messages[name] = e.message
     assert not problems, "\n".join(problems)
-    assert len(expected) >= 21
+    # A refused path says nothing of whether it exists; no folder was made for the output
+    assert messages["local-existing"].replace("/etc/passwd", "X") == messages[
+        "local-missing"].replace(MISSING.removeprefix("file://"), "X")
+    assert not outside.exists()
+    assert len(expected) >= 29
     # no retry loop, nothing written for the bad jobs, and the worker is alive and well
     log = worker.log_text()
     assert "Retry in" not in log and "Unrecoverable error" not in log

@@ -80,6 +80,8 @@ def test_alerts_fire_on_the_situations_they_describe(tmp_path: Path) -> None:
         {"series": 'framefleet_jobs_total{status="success",tenant="t"}', "values": "0+10x60"},
         {"series": 'up{job="framefleet-worker",instance="worker-gpu0:9400"}', "values": "0x60"},
         {"series": 'up{job="framefleet-exporter",instance="exporter:9410"}', "values": "1x60"},
+        # a worker saw a Redis without persistence
+        {"series": 'framefleet_broker_persistent{instance="w0"}', "values": "0x60"},
         # 16 GPUs (two g7e.48xlarge) at $4.143/h each: $66.29/h, above the $50/h budget
         *[
             {"series": f'framefleet_gpu_cost_usd_per_hour{{instance="w{i}"}}', "values": "4.143x60"}
@@ -105,6 +107,7 @@ def test_alerts_fire_on_the_situations_they_describe(tmp_path: Path) -> None:
                     _alert("FramefleetJobFailureRatioHigh", "40m"),
                     _alert("FramefleetWorkerDown", "10m", worker),
                     _alert("FramefleetCostBurnAboveBudget", "45m"),
+                    _alert("FramefleetBrokerNotPersistent", "20m", {"instance": "w0"}),
                     {"eval_time": "45m", "alertname": "FramefleetExporterDown", "exp_alerts": []},
                     {"eval_time": "4m", "alertname": "FramefleetWorkerDown", "exp_alerts": []},
                 ],

@@ -18,7 +18,7 @@ class Block:
         return None
 sys.meta_path.insert(0, Block())
 import producer, producer.client, producer.cli, producer.app, producer.spec, producer.settings
-import producer.control, producer.demo
+import producer.control, producer.demo, producer.doctor, producer.broker
 loaded = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
 assert not loaded, loaded
 print("ok")

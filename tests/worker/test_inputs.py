@@ -15,11 +15,13 @@ from producer.settings import Settings
 from producer.spec import InputSpec
 from worker.inputs import load_latents
 
-SETTINGS = Settings(max_frames=200, max_pixels=256 * 256, max_input_bytes=4 * 1024**2)
+LIMITS = {"max_frames": 200, "max_pixels": 256 * 256, "max_input_bytes": 4 * 1024**2}
 
 
 def _load(path: Path, **kw: object) -> torch.Tensor:
-    return load_latents(InputSpec(uri=path.as_uri(), **kw), 16, SETTINGS)  # type: ignore[arg-type]
+    # Local inputs are confined to FRAMEFLEET_FILE_ROOTS: the test's folder is the one root.
+    settings = Settings(**LIMITS, file_roots=str(path.parent))  # type: ignore[arg-type]
+    return load_latents(InputSpec(uri=path.as_uri(), **kw), 16, settings)  # type: ignore[arg-type]
 
 
 def test_npy_and_safetensors_load(tmp_path: Path) -> None:
@@ -112,6 +114,6 @@ def test_missing_file(tmp_path: Path) -> None:
 
 def test_oversized_file(tmp_path: Path) -> None:
     path = _write_npy(tmp_path / "huge.npy", np.zeros((16, 1, 200, 200), np.float32))
-    small = Settings(max_input_bytes=1024)
+    small = Settings(max_input_bytes=1024, file_roots=str(tmp_path))
     with pytest.raises(InvalidJobError, match="over the 1024"):
         load_latents(InputSpec(uri=path.as_uri()), 16, small)

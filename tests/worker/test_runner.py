@@ -11,9 +11,19 @@ import pytest
 import torch
 
 from producer.errors import DeviceOutOfMemory, JobConflictError
+from producer.settings import get_settings
 from producer.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec, VideoSpec, segment_name
 from worker.decoders.pattern import PatternDecoder
 from worker.runner import DecoderCache, JobContext, run_job
+
+
+@pytest.fixture(autouse=True)
+def _file_roots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    # The runner's local paths are confined to FRAMEFLEET_FILE_ROOTS: allow the test's folder.
+    monkeypatch.setenv("FRAMEFLEET_FILE_ROOTS", str(tmp_path))
+    get_settings.cache_clear()
+    yield
+    get_settings.cache_clear()
 
 
 def _spec(tmp: Path, job_id: str = "r1", **video: int) -> JobSpec:

@@ -15,6 +15,7 @@ from typing import Any
 import redis
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
+from producer.settings import get_settings
 from worker.ops import cloudwatch as cloudwatch_ops
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ def run_exporter(
     interval_s: float,
     *,
     queues: Sequence[str] = ("video",),
-    addr: str = "0.0.0.0",
+    addr: str | None = None,
     stop: threading.Event | None = None,
     max_iterations: int | None = None,
     cloudwatch_client: Any = None,
@@ -98,6 +99,7 @@ def run_exporter(
     if cloudwatch and cw is None:
         cw = cloudwatch_ops.cloudwatch_client()
     client = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=5)
+    addr = addr or str(get_settings().metrics_addr)  # loopback unless configured
     server, _thread = start_http_server(port, addr=addr, registry=EXPORTER_REGISTRY)
     log.info("exporter serving queue depth of %s on %s:%d", list(queues), addr, port)
     try:

@@ -1,0 +1,41 @@
+"""A "host" for chaos tests: ``framefleet worker --cpu 1`` (the launcher and its Celery worker)
+in a process group of its own, under a host name of its own.
+
+Each launcher believes it runs on its own machine: ``socket.gethostname`` answers the name
+given here, so its worker is ``cpu0@<name>``. SIGKILL to the group is a host that loses power:
+launcher, Celery main process and pool process die together, nobody acknowledges, rejects or
+restores anything.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from tests.services import REPO_ROOT, _Process
+
+# The launcher's CLI with gethostname() answering the first argument.
+_SHIM = ("import socket, sys; name = sys.argv.pop(1); socket.gethostname = lambda: name; "
+         "from producer.cli import main; main()")
+
+
+class Host(_Process):
+    """One launcher of one CPU worker; ``nodename`` is ``cpu0@<name>``; the log holds both."""
+
+    def __init__(self, name: str, logdir: Path, env: Mapping[str, str]) -> None:
+        super().__init__(f"host {name}", logdir / f"{name}.log")
+        self.host = name
+        self.nodename = f"cpu0@{name}"
+        self.env = dict(env)
+
+    def start(self) -> None:
+        env = {**self.env, "PYTHONUNBUFFERED": "1"}
+        self._spawn([sys.executable, "-c", _SHIM, self.host, "worker", "--cpu", "1"], env,
+                    REPO_ROOT)
+
+    def wait_ready(self, timeout: float = 90.0) -> float:
+        pattern = rf"(?m)\b{re.escape(self.nodename)} ready\.$"
+        return self._wait_until(lambda: re.search(pattern, self.log_text()) is not None,
+                                timeout, "'ready.' line", 0.1)
