@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from producer.settings import Settings, get_settings
 from tests.services import free_port
 from worker import metrics
+from worker.ops import exporter
 
 
 def other_address() -> str | None:
@@ -78,7 +79,7 @@ def test_exporter_binds_the_setting(addr: str | None, addr_env: pytest.MonkeyPat
         addr_env.setenv("FRAMEFLEET_METRICS_ADDR", addr)
     get_settings.cache_clear()
     port, stop = free_port(), threading.Event()
-    thread = threading.Thread(target=metrics.run_exporter, args=(redis_url, port, False, 0.1),
+    thread = threading.Thread(target=exporter.run_exporter, args=(redis_url, port, False, 0.1),
                               kwargs={"stop": stop}, daemon=True)
     thread.start()
     try:

@@ -21,7 +21,7 @@ from producer.broker import same_server
 from producer.control import flags_for
 from producer.settings import Settings
 from tests.e2e.helpers import pattern_spec
-from worker.metrics import queue_names
+from worker.ops.exporter import queue_names
 from worker.recovery import REQUEUED, Sweeper, sweeper_for
 
 SETTINGS = Settings(max_time_limit_s=60, visibility_timeout_s=61, recovery_period_s=1,
@@ -31,7 +31,7 @@ SETTINGS = Settings(max_time_limit_s=60, visibility_timeout_s=61, recovery_perio
 @pytest.fixture
 def app(redis_url: str) -> Iterator[Celery]:
     redis.Redis.from_url(redis_url).flushdb()
-    app = make_app(redis_url, redis_url, SETTINGS, task_imports=False)
+    app = make_app(redis_url, redis_url, SETTINGS)
     yield app
     app.close()
 
