@@ -109,6 +109,11 @@ class VideoSpec(Frozen):
         "ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower"
     ] = "veryfast"
     segment_frames: int = Field(default=48, ge=1, le=100_000)
+    first_segment_frames: int | None = Field(
+        default=None, ge=1, le=100_000,
+        description="frames of the first segment only (fewer: the live stream starts sooner); "
+        "None: segment_frames",
+    )
     tune: Literal["zerolatency", "none", "film", "animation"] = Field(
         default="zerolatency",
         description="x264 tune; zerolatency keeps no frames buffered, so a job's encode tail "
@@ -271,6 +276,7 @@ class Manifest(Frozen):
     video_seconds: float
     segments: tuple[SegmentInfo, ...]
     full_uri: str | None = None
+    playlist_uri: str | None = Field(default=None, description="the live HLS playlist")
 
 
 class JobResult(Frozen):
@@ -293,3 +299,4 @@ class JobResult(Frozen):
     cost: CostReport | None = None
     reused: bool = Field(default=False, description="an earlier run's complete output was reused")
     finished_at: float = Field(description="unix time the job finished")
+    playlist_uri: str | None = Field(default=None, description="the HLS playlist (index.m3u8)")

@@ -30,7 +30,9 @@ from producer.spec import (
 )
 from worker.decoders.base import ChunkDecoder
 from worker.devices import resolve_device, worker_info
+from worker.decoders.base import frames_for_latents
 from worker.encode import concat_segments
+from worker.hls import LivePlaylist
 from worker.inputs import load_latents
 from worker.pipeline import ClosedSegment, run_pipeline
 from worker.storage import JobOutput
@@ -93,6 +95,8 @@ class JobContext:
 
     progress: Callable[[Progress], None] = lambda p: None
     cancelled: Callable[[], bool] = lambda: False
+    #: Each segment once it is listed in the live playlist, in index order (webhooks).
+    segment_landed: Callable[[SegmentInfo, Progress], None] = lambda seg, p: None
     cost: CostFn | None = None
     node: str | None = None
     tiled: bool = False  # decode in spatial tiles: the smaller working set after a CUDA OOM
@@ -115,7 +119,7 @@ def _reuse(out: JobOutput, spec: JobSpec, info: WorkerInfo, t0: float) -> JobRes
         job_id=spec.job_id, tenant=spec.tenant, spec_digest=manifest.spec_digest,
         segments=manifest.segments, manifest_uri=out.uri(MANIFEST), full_uri=manifest.full_uri,
         frames=manifest.frames, video_seconds=manifest.video_seconds, width=manifest.width,
-        height=manifest.height, fps=manifest.fps,
+        height=manifest.height, fps=manifest.fps, playlist_uri=manifest.playlist_uri,
         timings=StageTimings(wall_s=time.perf_counter() - t0), worker=info, reused=True,
         finished_at=time.time(),
     )
@@ -137,14 +141,19 @@ def run_job(spec: JobSpec, decoders: DecoderCache, ctx: JobContext | None = None
     latents = load_latents(spec.input, decoder.latent_channels, settings)
     load_s = time.perf_counter() - t0
     segments: list[SegmentInfo] = []
+    total = frames_for_latents(latents.shape[1])
+    playlist = LivePlaylist(out, spec.video, on_listed=lambda s: ctx.segment_landed(s, Progress(
+        frames_done=s.first_frame + s.frames, frames_total=total, segments_done=s.index + 1)))
 
     def sink(seg: ClosedSegment) -> None:
         name = f"segment-{seg.index:05d}.mp4"
         uri = out.put_file(name, seg.file.path)
-        segments.append(SegmentInfo(
+        info = SegmentInfo(
             index=seg.index, uri=uri, first_frame=seg.first_frame, frames=seg.file.frames,
             bytes=seg.file.bytes, sha256=seg.file.sha256, seconds=seg.file.frames / spec.video.fps,
-        ))
+        )
+        segments.append(info)
+        playlist.landed(info, seg.file.init_bytes)
 
     def progress(done: int, total: int, segs: int) -> None:
         ctx.progress(Progress(frames_done=done, frames_total=total, segments_done=segs))
@@ -170,11 +179,13 @@ def run_job(spec: JobSpec, decoders: DecoderCache, ctx: JobContext | None = None
                 [Path(tmp) / f"segment-{s.index:05d}.mp4" for s in segments], Path(tmp) / "f.mp4"
             )
             full_uri = out.put_file("full.mp4", full.path)
+    playlist_uri = playlist.finish()
     video_seconds = report.frames / spec.video.fps
     manifest = Manifest(
         job_id=spec.job_id, tenant=spec.tenant, spec_digest=spec.digest(), frames=report.frames,
         width=report.width, height=report.height, fps=spec.video.fps,
         video_seconds=video_seconds, segments=tuple(segments), full_uri=full_uri,
+        playlist_uri=playlist_uri,
     )
     # The manifest goes LAST: its presence is the completion marker.
     manifest_uri = out.put_bytes(MANIFEST, manifest.model_dump_json(indent=2).encode())
@@ -192,7 +203,7 @@ def run_job(spec: JobSpec, decoders: DecoderCache, ctx: JobContext | None = None
         segments=tuple(segments), manifest_uri=manifest_uri, full_uri=full_uri,
         frames=report.frames, video_seconds=video_seconds, width=report.width,
         height=report.height, fps=spec.video.fps, timings=timings, worker=info, cost=cost,
-        finished_at=time.time(),
+        finished_at=time.time(), playlist_uri=playlist_uri,
     )
 
 

@@ -46,7 +46,7 @@ class _SegmentJob:
         self.first_frame = first_frame
         self.count = 0
         self.error: BaseException | None = None
-        self._encoder = SegmentEncoder(path, size[1], size[0], video)
+        self._encoder = SegmentEncoder(path, size[1], size[0], video, first_frame)
         self._sink = sink
         self._stats = stats
 
@@ -85,7 +85,8 @@ class _SegmentThread(QueueThread[av.VideoFrame]):
 
 
 class Segmenter:
-    """Routes frames into segments of ``video.segment_frames`` and finishes them in order."""
+    """Routes frames into segments of ``video.segment_frames`` (the first one of
+    ``video.first_segment_frames`` when set) and finishes them in order."""
 
     def __init__(
         self, size: tuple[int, int], video: VideoSpec, scratch: Path, sink: SegmentSink,
@@ -132,8 +133,14 @@ class Segmenter:
                 break
         thread.check()
 
+    def _limit(self, job: _SegmentJob) -> int:
+        """Frames in ``job``'s segment: ``first_segment_frames`` for the first (a fast first
+        playable segment), ``segment_frames`` for the others."""
+        first = self.video.first_segment_frames
+        return first if job.index == 0 and first is not None else self.video.segment_frames
+
     def add(self, frame: av.VideoFrame, index: int) -> None:
-        if self._current is not None and self._current.count >= self.video.segment_frames:
+        if self._current is not None and self._current.count >= self._limit(self._current):
             self._close_current()
         if self._current is None:
             self._open(index)
