@@ -17,7 +17,12 @@ from typing import Any
 
 from celery import Task
 from celery.exceptions import Ignore
-from celery.signals import worker_process_init, worker_ready, worker_shutdown
+from celery.signals import (
+    worker_process_init,
+    worker_process_shutdown,
+    worker_ready,
+    worker_shutdown,
+)
 
 from producer.app import QUEUE, TASK_NAME, app
 from producer.control import flags_for
@@ -34,6 +39,7 @@ from producer.settings import get_settings
 from producer.spec import DecoderSpec, JobSpec, Progress, parse_spec
 from worker import metrics
 from worker.lease import LEASE_RETRY_S, REDIS_DOWN, JobLease
+from worker.notify import close_process_notifier, process_notifier
 from worker.runner import DecoderCache, JobContext, default_decoders, run_job
 from worker.spot import SpotWatcher
 
@@ -96,6 +102,11 @@ def _start_spot_watcher(sender: Any = None, **_: Any) -> None:
 def _stop_spot_watcher(**_: Any) -> None:
     if _watcher is not None:
         _watcher.stop()
+
+
+@worker_process_shutdown.connect
+def _flush_webhooks(**_: Any) -> None:
+    close_process_notifier(timeout=5.0)
 
 
 def decoders() -> DecoderCache:
@@ -184,11 +195,14 @@ def _run(self: Task, spec: JobSpec, digest: str, tiled: bool, flags: Any) -> dic
             log.warning("job %s: cancel flags not read: %s", spec.job_id, e)
             return False
 
+    events = process_notifier(settings).for_job(spec, self.request.retries)
     ctx = JobContext(progress=progress, cancelled=cancelled, cost=cost_for_job,
-                     node=self.request.hostname, tiled=tiled, settings=settings)
+                     node=self.request.hostname, tiled=tiled, settings=settings,
+                     segment_landed=events.segment)
     try:
         if flags.cancelled(spec.job_id):
             raise JobCancelled(f"job {spec.job_id} was cancelled before it started")
+        events.started(node)
         result = run_job(spec, decoders(), ctx)
     except JobCancelled as e:
         if preempted:
@@ -199,12 +213,14 @@ def _run(self: Task, spec: JobSpec, digest: str, tiled: bool, flags: Any) -> dic
             raise self.retry(exc=e, countdown=0, max_retries=self.request.retries + 1) from e
         log.info("%s", e)
         metrics.observe_job("cancelled", spec.tenant, None)
+        events.cancelled(str(e))
         self.update_state(state="REVOKED", meta={"exc_type": "JobCancelled", "exc_message": str(e),
                                                 "exc_module": "producer.errors"})
         raise Ignore() from e
     except DeviceOutOfMemory as e:
         if tiled:
             metrics.observe_job("failure", spec.tenant, None)
+            events.failed(e)
             raise FatalJobError(f"{e}; tiled decode did not fit either") from e
         # Once more at once, with the smaller working set (spatial tiles).
         log.warning("job %s: %s; retrying with tiled decode", spec.job_id, e)
@@ -215,12 +231,15 @@ def _run(self: Task, spec: JobSpec, digest: str, tiled: bool, flags: Any) -> dic
         retries = self.request.retries
         if retries >= settings.retry_max:
             metrics.observe_job("failure", spec.tenant, None)
+            events.failed(e)
             raise
         metrics.observe_job("retry", spec.tenant, None)
         log.warning("job %s: %s; retry %d in %.1f s", spec.job_id, e, retries + 1, backoff(retries))
         raise self.retry(exc=e, countdown=backoff(retries), max_retries=settings.retry_max) from e
-    except BaseException:
+    except BaseException as e:
         metrics.observe_job("failure", spec.tenant, None)
+        events.failed(e)
         raise
     metrics.observe_job("success", spec.tenant, result)
+    events.succeeded(result)
     return result.model_dump(mode="json")

@@ -268,5 +268,6 @@ def verify_listing(s3: Any, bucket: str, result: JobResult) -> None:
     expected = {prefix + f"segment-{s.index:05d}.mp4": s.bytes for s in result.segments}
     manifest_key = prefix + "manifest.json"
     assert listed.pop(manifest_key, None) is not None, f"{result.job_id}: no manifest"
+    assert listed.pop(prefix + "index.m3u8", None) is not None, f"{result.job_id}: no playlist"
     assert listed == expected, (result.job_id, listed, expected)
     assert sum(s.frames for s in result.segments) == result.frames
