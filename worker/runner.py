@@ -28,9 +28,8 @@ from producer.spec import (
     StageTimings,
     WorkerInfo,
 )
-from worker.decoders.base import ChunkDecoder
+from worker.decoders.base import ChunkDecoder, frames_for_latents
 from worker.devices import resolve_device, worker_info
-from worker.decoders.base import frames_for_latents
 from worker.encode import concat_segments
 from worker.hls import LivePlaylist
 from worker.inputs import load_latents
