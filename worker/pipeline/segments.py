@@ -140,8 +140,6 @@ class Segmenter:
         return first if job.index == 0 and first is not None else self.video.segment_frames
 
     def add(self, frame: av.VideoFrame, index: int) -> None:
-        if self._current is not None and self._current.count >= self._limit(self._current):
-            self._close_current()
         if self._current is None:
             self._open(index)
         assert self._current is not None
@@ -150,6 +148,10 @@ class Segmenter:
             self._thread.put(frame)
         else:
             self._current.encode(frame)
+        # Closed with its last frame, not when the next one arrives: a segment lands (and is
+        # playable) one decoded chunk sooner.
+        if self._current.count >= self._limit(self._current):
+            self._close_current()
 
     def finish(self) -> None:
         """Close the last segment and wait until every segment went through the sink."""
