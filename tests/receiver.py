@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 import time
 from dataclasses import dataclass
@@ -30,10 +31,11 @@ class Received:
 
 class Receiver:
     """``statuses``: answers to the first requests, in order (then 200); ``delay_s``: how long
-    each answer takes; ``location``: the Location header of 3xx answers."""
+    each answer takes; ``location``: the Location header of 3xx answers; ``tls``: serve HTTPS
+    with this server context."""
 
     def __init__(self, statuses: tuple[int, ...] = (), delay_s: float = 0.0,
-                 location: str = "/elsewhere") -> None:
+                 location: str = "/elsewhere", tls: ssl.SSLContext | None = None) -> None:
         self.statuses = list(statuses)
         self.delay_s = delay_s
         self.location = location
@@ -42,6 +44,8 @@ class Receiver:
         self.closing = threading.Event()
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.httpd.daemon_threads = True
+        if tls is not None:
+            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
     @property

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import ipaddress
+import ssl
+import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,6 +33,7 @@ from producer.webhooks import (
     verify,
 )
 from tests.receiver import Receiver
+from tests.require import require_binary
 from worker.notify import Address, Notifier
 
 SECRET = "s3cr3t-for-tests"
@@ -220,3 +224,34 @@ def test_emit_never_blocks_on_a_dead_or_slow_receiver(notifiers: list[Notifier])
         t0 = time.monotonic()
         assert not n.close(timeout=1.5)  # the slow one could not finish: bounded, reported
         assert time.monotonic() - t0 < 4.0
+
+
+def test_https_verifies_the_certificate_of_the_name_over_the_pinned_address(
+    notifiers: list[Notifier], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    openssl = require_binary("openssl", "Debian package openssl")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=hooks.example.test", "-addext",
+                    "subjectAltName=DNS:hooks.example.test", "-keyout", str(key),
+                    "-out", str(cert)], check=True, capture_output=True, timeout=60)
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(cert, key)
+    loopback: list[Address] = [ipaddress.ip_address("127.0.0.1")]
+    settings = {"webhook_schemes": "https", "webhook_hosts": "hooks.example.test,127.0.0.1/32",
+                "webhook_max_attempts": 2, "resolver": lambda host, port: loopback}
+    with Receiver(tls=server) as rx:
+        url = f"https://hooks.example.test:{rx.port}/hook"
+        # A certificate nobody vouches for: nothing is sent, and the event is given up
+        untrusted = _notifier(notifiers, **settings)
+        untrusted.for_job(_spec(url, events=("started",))).started("node-a")
+        deadline = time.monotonic() + 15
+        while untrusted.given_up == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert untrusted.given_up == 1 and rx.received == []
+        # Trusted (SSL_CERT_FILE names it): delivered over TLS to the checked address
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+        trusted = _notifier(notifiers, **settings)
+        trusted.for_job(_spec(url, events=("started",))).started("node-a")
+        (got,) = rx.wait(1, timeout=15)
+    assert got.verifies(SECRET) and got.headers["Host"] == f"hooks.example.test:{rx.port}"
