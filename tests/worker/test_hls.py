@@ -16,11 +16,20 @@ import numpy as np
 import pytest
 import torch
 
-from producer.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec, SegmentInfo, VideoSpec
+from producer.spec import (
+    DecoderSpec,
+    InputSpec,
+    JobSpec,
+    OutputSpec,
+    PipelineSpec,
+    SegmentInfo,
+    VideoSpec,
+)
 from tests.require import require_binary
-from worker.decoders.pattern import read_frame_index
+from worker.decoders.pattern import PatternDecoder, read_frame_index
 from worker.encode import init_size, read_frames_rgb
 from worker.hls import PLAYLIST, LivePlaylist, target_duration
+from worker.pipeline import ClosedSegment, run_pipeline
 from worker.runner import DecoderCache, run_job
 from worker.storage import JobOutput
 
@@ -153,3 +162,19 @@ def test_target_duration_covers_the_longest_segment() -> None:
     assert target_duration(VideoSpec(segment_frames=48, fps=24000 / 1001)) == 3  # 2.002 s
     assert target_duration(VideoSpec(segment_frames=8, first_segment_frames=40, fps=16)) == 3
     assert target_duration(VideoSpec(segment_frames=1, fps=240)) == 1
+
+
+@pytest.mark.parametrize("mode", ["async", "sequential"])
+def test_a_short_first_segment_closes_with_its_last_frame(tmp_path: Path, mode: str) -> None:
+    closed: list[ClosedSegment] = []
+    seen: list[tuple[int, int]] = []  # (frames done, segments done) after each chunk
+    run_pipeline(
+        PatternDecoder(), torch.zeros(16, 10, 6, 8),
+        video=VideoSpec(segment_frames=12, first_segment_frames=1),
+        pipeline=PipelineSpec(mode=mode), scratch=tmp_path, sink=closed.append,
+        progress=lambda done, total, segs: seen.append((done, segs)),
+    )
+    assert [c.file.frames for c in sorted(closed, key=lambda c: c.index)] == [1, 12, 12, 12]
+    if mode == "sequential":
+        # Chunk 0 is one frame: segment 0 is complete, and stored, before chunk 1 is decoded
+        assert seen[0] == (1, 1)
