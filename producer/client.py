@@ -17,6 +17,7 @@ from producer.control import flags_for
 from producer.errors import InvalidJobError, JobCancelled, JobConflictError, JobFailed
 from producer.settings import Settings, get_settings
 from producer.spec import JobResult, JobSpec, Progress
+from producer.webhooks import UrlPolicy, check_notify
 
 FINISHED = {"SUCCESS", "FAILURE", "REVOKED"}
 # Not REVOKED: workers remember revoked ids, so a cancelled job_id stays cancelled.
@@ -138,6 +139,8 @@ class Client:
                 f"time_limit_s: {spec.time_limit_s} exceeds the fleet's max_time_limit_s "
                 f"{settings.max_time_limit_s}"
             )
+        if spec.notify is not None:  # the fleet's allow-list; workers check again after DNS
+            check_notify(spec.notify.urls, UrlPolicy.from_settings(settings))
         payload = spec.model_dump(mode="json")
         size = len(json.dumps(payload))
         if size > settings.max_message_bytes:

@@ -12,7 +12,7 @@ from ipaddress import IPv4Address
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, IPvAnyAddress, model_validator
+from pydantic import Field, IPvAnyAddress, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -117,6 +117,35 @@ class Settings(BaseSettings):
         default=45.0, ge=1, le=3600,
         description="host-loss sweep: an unacked job nobody touched this long, its lease "
         "expired, is requeued",
+    webhook_secret: SecretStr | None = Field(
+        default=None, description="HMAC-SHA256 key signing every webhook; unset: none are sent"
+    )
+    webhook_schemes: str = Field(
+        default="https", pattern=r"^\s*(https?)(\s*,\s*https?)*\s*$",
+        description="comma-separated URL schemes webhooks may use (https, http)",
+    )
+    webhook_hosts: str = Field(
+        default="", max_length=4096,
+        description="comma-separated webhook allow-list: host names, *.suffix wildcards, IPs or "
+        "networks (CIDR); empty: any host. Non-public addresses only inside listed networks",
+    )
+    webhook_timeout_s: float = Field(
+        default=5.0, gt=0, le=60, description="connect and read timeout of one delivery"
+    )
+    webhook_max_attempts: int = Field(
+        default=6, ge=1, le=20, description="deliveries of one event before it is dropped"
+    )
+    webhook_backoff_s: float = Field(
+        default=1.0, gt=0, le=600, description="first webhook retry delay (then doubled)"
+    )
+    webhook_backoff_max_s: float = Field(
+        default=60.0, gt=0, le=3600, description="webhook retry delay cap"
+    )
+    webhook_max_age_s: float = Field(
+        default=900.0, gt=0, le=86_400, description="an event not delivered by then is dropped"
+    )
+    webhook_queue: int = Field(
+        default=1000, ge=1, le=100_000, description="webhook events waiting per worker process"
     )
 
     @model_validator(mode="after")

@@ -135,6 +135,11 @@ class VideoSpec(Frozen):
         "ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower"
     ] = "veryfast"
     segment_frames: int = Field(default=48, ge=1, le=100_000)
+    first_segment_frames: int | None = Field(
+        default=None, ge=1, le=100_000,
+        description="frames of the first segment only (fewer: the live stream starts sooner); "
+        "None: segment_frames",
+    )
     tune: Literal["zerolatency", "none", "film", "animation"] = Field(
         default="zerolatency",
         description="x264 tune; zerolatency keeps no frames buffered, so a job's encode tail "
@@ -168,6 +173,34 @@ class PipelineSpec(Frozen):
     )
 
 
+#: What a job can notify: it started, a segment joined the live playlist, it ended.
+NotifyEvent = Literal["started", "segment", "succeeded", "failed", "cancelled"]
+
+
+class NotifySpec(Frozen):
+    """Webhooks of one job: POSTs of signed JSON to ``urls`` for each of ``events``.
+
+    Only the URL's form is checked here; the fleet's allow-list (producer/webhooks.py) is
+    applied at submit and again, after DNS, by the worker that delivers.
+    """
+
+    urls: tuple[str, ...] = Field(min_length=1, max_length=8)
+    events: tuple[NotifyEvent, ...] = Field(
+        default=("succeeded", "failed", "cancelled"), min_length=1
+    )
+
+    @field_validator("urls")
+    @classmethod
+    def _urls(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for i, url in enumerate(v):
+            parsed = urlparse(url)
+            if parsed.scheme not in ("http", "https") or not parsed.hostname:
+                raise ValueError(f"notify.urls[{i}]: expected an http(s):// URL, got {url!r}")
+            if len(url) > 2048:
+                raise ValueError(f"notify.urls[{i}]: longer than 2048 characters")
+        return v
+
+
 class JobSpec(Frozen):
     """One video job, as the producer submits it."""
 
@@ -181,6 +214,7 @@ class JobSpec(Frozen):
     pipeline: PipelineSpec = PipelineSpec()
     priority: int = Field(default=5, ge=0, le=9, description="9 is the most urgent")
     time_limit_s: int = Field(default=3600, ge=1, le=86_400)
+    notify: NotifySpec | None = Field(default=None, description="webhooks; None: none")
 
     @field_validator("video")
     @classmethod
@@ -203,12 +237,24 @@ class JobSpec(Frozen):
 
     def digest(self) -> str:
         """sha256 of the canonical JSON: two submissions of one job_id must carry the same."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        canonical = json.dumps(self.model_dump(mode="json", exclude=_unset_additions(self)),
+                               sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
     @property
     def output_prefix(self) -> str:
         return f"{self.output.uri}/{self.tenant}/{self.job_id}"
+
+
+def _unset_additions(spec: JobSpec) -> dict[str, Any]:
+    """Fields added to schema 1 later, left out of the digest while unset: a spec that does
+    not use them keeps the digest it always had (reruns still match their manifests)."""
+    exclude: dict[str, Any] = {}
+    if spec.notify is None:
+        exclude["notify"] = True
+    if spec.video.first_segment_frames is None:
+        exclude["video"] = {"first_segment_frames"}
+    return exclude
 
 
 def parse_spec(data: Any) -> JobSpec:
@@ -324,6 +370,7 @@ class Manifest(Frozen):
     video_seconds: float
     segments: tuple[SegmentInfo, ...]
     full_uri: str | None = None
+    playlist_uri: str | None = Field(default=None, description="the live HLS playlist")
 
 
 class JobResult(Frozen):

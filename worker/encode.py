@@ -1,12 +1,19 @@
-"""PyAV MP4 segment writer: H.264 in MP4 from yuv420p planes, tagged BT.709 limited range.
+"""PyAV MP4 segment writer: H.264 in fragmented MP4 from yuv420p planes, BT.709 limited range.
 
 Frames arrive already in yuv420p (converted on the GPU), so no swscale runs here; libx264
 releases the GIL while it encodes, so several segments encode in parallel threads.
+
+Each segment is written once, as one CMAF-style fragmented MP4 that serves two readers: its
+init part (``ftyp`` + ``moov``) followed by ``moof``/``mdat`` fragments whose decode times
+(``tfdt``) continue the job's timeline (segment k starts at its first frame's global index).
+So the file is a complete MP4 on its own (PyAV, ffprobe, players) and, cut at
+:attr:`EncodedFile.init_bytes`, an HLS init segment plus a media segment (see worker/hls.py).
 """
 
 from __future__ import annotations
 
 import hashlib
+import struct
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -15,6 +22,12 @@ import av
 import numpy as np
 
 from producer.spec import VideoSpec
+
+#: empty_moov + delay_moov: the moov (no samples) is written with the first fragment, once the
+#: first timestamp is known; frag_discont: that fragment's tfdt is the packet's own decode
+#: time instead of 0; cmaf: CMAF brands; skip_trailer: no mfra box after the last fragment
+#: (a media segment holds nothing but moof/mdat).
+FMP4_FLAGS = "+cmaf+frag_keyframe+empty_moov+default_base_moof+delay_moov+frag_discont+skip_trailer"
 
 # ISO/IEC 23091-2 code points: BT.709 primaries, transfer and matrix; range 1 = limited (MPEG).
 BT709 = 1
@@ -40,15 +53,23 @@ class EncodedFile:
     frames: int
     bytes: int
     sha256: str
+    init_bytes: int = 0  # fragmented MP4: size of ftyp+moov, where the first moof starts
 
 
 class SegmentEncoder:
-    """Encodes one MP4 file; ``add`` frames in order, then ``close``."""
+    """Encodes one fragmented MP4 file; ``add`` frames in order, then ``close``.
 
-    def __init__(self, path: Path, width: int, height: int, video: VideoSpec) -> None:
+    ``first_frame``: the global index of the segment's first frame; its timestamps start
+    there, so consecutive segments form one continuous timeline.
+    """
+
+    def __init__(
+        self, path: Path, width: int, height: int, video: VideoSpec, first_frame: int = 0
+    ) -> None:
         self.path = path
         self.frames = 0
-        self.container = av.open(str(path), mode="w", options={"movflags": "+faststart"})
+        self.first_frame = first_frame
+        self.container = av.open(str(path), mode="w", options={"movflags": FMP4_FLAGS})
         rate = frame_rate(video.fps)
         stream = self.container.add_stream(video.codec, rate=rate)
         stream.width, stream.height = width, height
@@ -70,7 +91,7 @@ class SegmentEncoder:
         self.stream = stream
 
     def add(self, frame: av.VideoFrame) -> None:
-        frame.pts = self.frames
+        frame.pts = self.first_frame + self.frames
         self.frames += 1
         for packet in self.stream.encode(frame):
             self.container.mux(packet)
@@ -79,7 +100,8 @@ class SegmentEncoder:
         for packet in self.stream.encode(None):
             self.container.mux(packet)
         self.container.close()
-        return EncodedFile(self.path, self.frames, self.path.stat().st_size, sha256_file(self.path))
+        return EncodedFile(self.path, self.frames, self.path.stat().st_size,
+                           sha256_file(self.path), init_size(self.path))
 
     def abort(self) -> None:
         try:
@@ -97,29 +119,54 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def init_size(path: Path) -> int:
+    """Bytes before the first top-level ``moof`` box of a fragmented MP4 (ftyp + moov)."""
+    offset = 0
+    with path.open("rb") as f:
+        while header := f.read(8):
+            if len(header) < 8:
+                break
+            size, kind = struct.unpack(">I4s", header)
+            if kind == b"moof":
+                return offset
+            if size == 1:  # 64-bit size follows the type
+                size = struct.unpack(">Q", f.read(8))[0]
+            if size < 8:  # 0: "to the end of file"; below 8: not a box
+                break
+            offset += size
+            f.seek(offset)
+    raise ValueError(f"{path}: no moof box: not a fragmented MP4")
+
+
 def concat_segments(segments: list[Path], out: Path) -> EncodedFile:
-    """Stitch MP4 segments into one file by remuxing packets (no re-encode)."""
+    """Stitch MP4 segments into one file by remuxing packets (no re-encode).
+
+    Decode times are made continuous across segments: each segment's packets are shifted so
+    that its first one follows the previous segment's last (a no-op for segments that
+    already carry the job's timeline, as :class:`SegmentEncoder` writes them).
+    """
     frames = 0
     with av.open(str(out), mode="w", options={"movflags": "+faststart"}) as dst:
         ostream = None
-        offset = 0
+        end: int | None = None  # decode time just after the last packet written
         for seg in segments:
             with av.open(str(seg)) as src:
                 istream = src.streams.video[0]
                 if ostream is None:
                     ostream = dst.add_stream_from_template(istream)
-                last = 0
+                shift: int | None = None
                 for packet in src.demux(istream):
                     if packet.dts is None:  # the demuxer's end-of-stream marker
                         continue
                     assert packet.pts is not None
-                    last = max(last, packet.pts + (packet.duration or 0))
-                    packet.pts += offset
-                    packet.dts += offset
+                    if shift is None:
+                        shift = 0 if end is None else end - packet.dts
+                    packet.pts += shift
+                    packet.dts += shift
+                    end = packet.dts + (packet.duration or 1)
                     packet.stream = ostream
                     dst.mux(packet)
                     frames += 1
-                offset += last
     return EncodedFile(out, frames, out.stat().st_size, sha256_file(out))
 
 

@@ -13,7 +13,12 @@ import logging
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_process_init, worker_ready, worker_shutdown
+from celery.signals import (
+    worker_process_init,
+    worker_process_shutdown,
+    worker_ready,
+    worker_shutdown,
+)
 
 from producer.app import make_app
 from producer.cost import configured_prices
@@ -21,6 +26,7 @@ from producer.settings import Settings, get_settings
 from worker import metrics, persistence, recovery, tasks, warmup
 from worker.concerns.cancel import preempt_node
 from worker.consumer import install_brpop_guard
+from worker.notify import close_process_notifier
 from worker.spot import SpotWatcher
 
 log = logging.getLogger(__name__)
@@ -105,6 +111,12 @@ def _start_recovery(sender: Any = None, **_: Any) -> None:
 @worker_shutdown.connect
 def _stop_recovery(**_: Any) -> None:
     recovery.stop()
+
+
+@worker_process_shutdown.connect
+def _flush_webhooks(**_: Any) -> None:
+    """Give queued webhook deliveries a few seconds before the pool process exits."""
+    close_process_notifier(timeout=5.0)
 
 
 #: The app ``celery -A worker.main`` finds.

@@ -29,9 +29,10 @@ from producer.spec import (
     WorkerInfo,
     segment_name,
 )
-from worker.decoders.base import ChunkDecoder
+from worker.decoders.base import ChunkDecoder, frames_for_latents
 from worker.devices import resolve_device, worker_info
 from worker.encode import concat_segments
+from worker.hls import LivePlaylist
 from worker.inputs import load_latents
 from worker.pipeline import ClosedSegment, run_pipeline
 from worker.storage import JobOutput
@@ -98,6 +99,8 @@ class JobContext:
 
     progress: Callable[[Progress], None] = lambda p: None
     cancelled: Callable[[], bool] = lambda: False
+    #: Each segment once it is listed in the live playlist, in index order (webhooks).
+    segment_landed: Callable[[SegmentInfo, Progress], None] = lambda seg, p: None
     cost: CostFn | None = None
     node: str | None = None
     tiled: bool = False  # decode in spatial tiles: the smaller working set after a CUDA OOM
@@ -139,13 +142,19 @@ def run_job(spec: JobSpec, decoders: DecoderCache, ctx: JobContext | None = None
     latents = load_latents(spec.input, decoder.latent_channels, settings)
     load_s = time.perf_counter() - t0
     segments: list[SegmentInfo] = []
+    total = frames_for_latents(latents.shape[1])
+    playlist = LivePlaylist(out, spec.video, on_listed=lambda s: ctx.segment_landed(s, Progress(
+        frames_done=s.first_frame + s.frames, frames_total=total, segments_done=s.index + 1)))
 
     def sink(seg: ClosedSegment) -> None:
-        uri = out.put_file(segment_name(seg.index), seg.file.path)
-        segments.append(SegmentInfo(
+        name = segment_name(seg.index)
+        uri = out.put_file(name, seg.file.path)
+        info = SegmentInfo(
             index=seg.index, uri=uri, first_frame=seg.first_frame, frames=seg.file.frames,
             bytes=seg.file.bytes, sha256=seg.file.sha256, seconds=seg.file.frames / spec.video.fps,
-        ))
+        )
+        segments.append(info)
+        playlist.landed(info, seg.file.init_bytes)
 
     def progress(done: int, total: int, segs: int) -> None:
         ctx.progress(Progress(frames_done=done, frames_total=total, segments_done=segs))
@@ -171,11 +180,13 @@ def run_job(spec: JobSpec, decoders: DecoderCache, ctx: JobContext | None = None
                 [Path(tmp) / segment_name(s.index) for s in segments], Path(tmp) / "f.mp4"
             )
             full_uri = out.put_file("full.mp4", full.path)
+    playlist_uri = playlist.finish()
     video_seconds = report.frames / spec.video.fps
     manifest = Manifest(
         job_id=spec.job_id, tenant=spec.tenant, spec_digest=spec.digest(), frames=report.frames,
         width=report.width, height=report.height, fps=spec.video.fps,
         video_seconds=video_seconds, segments=tuple(segments), full_uri=full_uri,
+        playlist_uri=playlist_uri,
     )
     # The manifest goes LAST: its presence is the completion marker.
     manifest_uri = out.put_bytes(MANIFEST, manifest.model_dump_json(indent=2).encode())

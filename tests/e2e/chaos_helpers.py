@@ -270,5 +270,6 @@ def verify_listing(s3: Any, bucket: str, result: JobResult) -> None:
     expected = {prefix + segment_name(s.index): s.bytes for s in manifest.segments}
     manifest_key = prefix + "manifest.json"
     assert listed.pop(manifest_key, None) is not None, f"{manifest.job_id}: no manifest"
+    assert listed.pop(prefix + "index.m3u8", None) is not None, f"{manifest.job_id}: no playlist"
     assert listed == expected, (manifest.job_id, listed, expected)
     assert sum(s.frames for s in manifest.segments) == manifest.frames

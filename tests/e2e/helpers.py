@@ -63,6 +63,10 @@ def verify_output(s3: Any, bucket: str, result: JobResult, tmp: Path) -> list[in
     assert manifest.frames == result.manifest.frames
     listed = {o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"]}
     expected = {prefix + segment_name(s.index) for s in manifest.segments}
+    expected.add(prefix + "index.m3u8")  # the live playlist, ended before the manifest
+    playlist = client.get_object(Bucket=bucket, Key=prefix + "index.m3u8")["Body"].read()
+    assert playlist.decode().endswith("#EXT-X-ENDLIST\n")
+    assert manifest.playlist_uri == f"s3://{bucket}/{prefix}index.m3u8"
     assert listed == expected | {manifest_key}, listed ^ (expected | {manifest_key})
     indices: list[int] = []
     for seg in manifest.segments:

@@ -38,7 +38,7 @@ def test_outputs_and_manifest(tmp_path: Path) -> None:
     result = run_job(spec, DecoderCache(torch.device("cpu")))
     folder = tmp_path / "out" / "default" / "r1"
     names = sorted(p.name for p in folder.iterdir())
-    assert names == ["manifest.json"] + [segment_name(i) for i in range(3)]
+    assert names == ["index.m3u8", "manifest.json"] + [segment_name(i) for i in range(3)]
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["frames"] == 13 == result.manifest.frames
     assert [s["first_frame"] for s in manifest["segments"]] == [0, 5, 10]

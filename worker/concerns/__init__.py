@@ -1,7 +1,7 @@
 """The task's concerns: small objects around one run of a job, one module each.
 
 The task body (``worker.tasks``) only parses, claims, leases and runs; everything a run needs
-around it (progress, cancel and preemption, the OOM fallback, retries, metrics) is a concern,
+around it (progress, cancel and preemption, the OOM fallback, retries, metrics, webhooks) is a concern,
 in the manner of Dramatiq's middleware.
 
 The interface (``worker.concerns.base``):
@@ -39,6 +39,7 @@ from __future__ import annotations
 from worker.concerns.base import Concern, Failed, Outcome, Succeeded, TaskRun, run_concerns
 from worker.concerns.cancel import CancelAndPreempt
 from worker.concerns.metrics import JobMetrics
+from worker.concerns.notify import Notifications
 from worker.concerns.oom import OomFallback
 from worker.concerns.progress import ProgressReport
 from worker.concerns.retries import Retries
@@ -50,6 +51,7 @@ CONCERNS: tuple[type[Concern], ...] = (
     OomFallback,
     Retries,
     JobMetrics,
+    Notifications,
 )
 
 __all__ = ["CONCERNS", "Concern", "Failed", "Outcome", "Succeeded", "TaskRun", "run_concerns"]

@@ -15,7 +15,7 @@ from celery import Task
 
 from producer.control import Flags
 from producer.settings import Settings
-from producer.spec import JobResult, JobSpec, Progress
+from producer.spec import JobResult, JobSpec, Progress, SegmentInfo
 from worker.runner import CostFn, JobContext
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,8 @@ class TaskRun:
     progress_hooks: list[Callable[[Progress], None]] = field(default_factory=list)
     #: Polled between chunks; one True stops the run with JobCancelled.
     cancel_checks: list[Callable[[], bool]] = field(default_factory=list)
+    #: Called with each segment once the live playlist lists it, in index order.
+    segment_hooks: list[Callable[[SegmentInfo, Progress], None]] = field(default_factory=list)
 
     @property
     def node(self) -> str:
@@ -53,9 +55,13 @@ class TaskRun:
         def cancelled() -> bool:
             return any(check() for check in self.cancel_checks)
 
+        def segment_landed(seg: SegmentInfo, p: Progress) -> None:
+            for hook in self.segment_hooks:
+                hook(seg, p)
+
         return JobContext(progress=progress, cancelled=cancelled, cost=self.cost,
                           node=self.task.request.hostname, tiled=self.tiled,
-                          settings=self.settings)
+                          settings=self.settings, segment_landed=segment_landed)
 
 
 @dataclass(frozen=True)

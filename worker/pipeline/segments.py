@@ -45,7 +45,7 @@ class _SegmentJob:
         self.index = index
         self.first_frame = first_frame
         self.count = 0
-        self._encoder = SegmentEncoder(path, size[1], size[0], video)
+        self._encoder = SegmentEncoder(path, size[1], size[0], video, first_frame)
         self._sink = sink
         self._stats = stats
 
@@ -84,7 +84,8 @@ class _SegmentThread(QueueThread[av.VideoFrame]):
 
 
 class Segmenter:
-    """Routes frames into segments of ``video.segment_frames`` and finishes them in order."""
+    """Routes frames into segments of ``video.segment_frames`` (the first one of
+    ``video.first_segment_frames`` when set) and finishes them in order."""
 
     def __init__(
         self, size: tuple[int, int], video: VideoSpec, scratch: Path, sink: SegmentSink,
@@ -131,9 +132,13 @@ class Segmenter:
                 break
         thread.check()
 
+    def _limit(self, job: _SegmentJob) -> int:
+        """Frames in ``job``'s segment: ``first_segment_frames`` for the first (a fast first
+        playable segment), ``segment_frames`` for the others."""
+        first = self.video.first_segment_frames
+        return first if job.index == 0 and first is not None else self.video.segment_frames
+
     def add(self, frame: av.VideoFrame, index: int) -> None:
-        if self._current is not None and self._current.count >= self.video.segment_frames:
-            self._close_current()
         if self._current is None:
             self._open(index)
         assert self._current is not None
@@ -142,6 +147,10 @@ class Segmenter:
             self._thread.put(frame)
         else:
             self._current.encode(frame)
+        # Closed with its last frame, not when the next one arrives: a segment lands (and is
+        # playable) one decoded chunk sooner.
+        if self._current.count >= self._limit(self._current):
+            self._close_current()
 
     def finish(self) -> None:
         """Close the last segment and wait until every segment went through the sink."""

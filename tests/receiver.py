@@ -1,0 +1,98 @@
+"""A webhook receiver on loopback for tests: records every request, answers as scripted."""
+
+from __future__ import annotations
+
+import json
+import ssl
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from producer.webhooks import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
+
+
+@dataclass(frozen=True)
+class Received:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    at: float  # monotonic
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    def verifies(self, secret: str) -> bool:
+        return verify(secret, self.headers.get(TIMESTAMP_HEADER, ""),
+                      self.headers.get(SIGNATURE_HEADER, ""), self.body)
+
+
+class Receiver:
+    """``statuses``: answers to the first requests, in order (then 200); ``delay_s``: how long
+    each answer takes; ``location``: the Location header of 3xx answers; ``tls``: serve HTTPS
+    with this server context."""
+
+    def __init__(self, statuses: tuple[int, ...] = (), delay_s: float = 0.0,
+                 location: str = "/elsewhere", tls: ssl.SSLContext | None = None) -> None:
+        self.statuses = list(statuses)
+        self.delay_s = delay_s
+        self.location = location
+        self.received: list[Received] = []
+        self.lock = threading.Lock()
+        self.closing = threading.Event()
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.httpd.daemon_threads = True
+        if tls is not None:
+            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    @property
+    def port(self) -> int:
+        return int(self.httpd.server_address[1])
+
+    def url(self, path: str = "/hook") -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def __enter__(self) -> Receiver:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.closing.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def wait(self, count: int, timeout: float) -> list[Received]:
+        """The first ``count`` requests, waiting up to ``timeout`` s for them."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                if len(self.received) >= count:
+                    return list(self.received)
+            time.sleep(0.02)
+        with self.lock:
+            raise AssertionError(f"{len(self.received)} of {count} requests in {timeout} s")
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                with receiver.lock:
+                    receiver.received.append(
+                        Received(self.path, dict(self.headers.items()), body, time.monotonic()))
+                    status = receiver.statuses.pop(0) if receiver.statuses else 200
+                receiver.closing.wait(receiver.delay_s)
+                self.send_response(status)
+                if 300 <= status < 400:
+                    self.send_header("Location", receiver.location)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        return Handler

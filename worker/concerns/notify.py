@@ -1,0 +1,33 @@
+"""Notifications: the job's webhooks (``JobSpec.notify``), sent by ``worker.notify``.
+
+``started`` once the run begins, ``segment`` as each segment is listed in the live playlist,
+then one of ``succeeded``, ``failed`` or ``cancelled`` when the run's end is decided. A retry or
+a requeue is no end: its next run sends ``started`` again (with a higher ``attempt``). Delivery
+runs on the process's notifier thread: it never blocks nor fails the job.
+"""
+
+from __future__ import annotations
+
+from worker.concerns.base import Concern, Outcome, TaskRun
+from worker.notify import process_notifier
+
+
+class Notifications(Concern):
+    """Webhook events of one run (nothing at all for a job without ``notify``)."""
+
+    def __init__(self, run: TaskRun) -> None:
+        super().__init__(run)
+        self.events = process_notifier(run.settings).for_job(run.spec,
+                                                             int(run.task.request.retries or 0))
+
+    def before_run(self) -> None:
+        self.run.segment_hooks.append(self.events.segment)
+        self.events.started(self.run.node)
+
+    def on_outcome(self, outcome: Outcome) -> None:
+        if outcome.status == "success" and outcome.result is not None:
+            self.events.succeeded(outcome.result)
+        elif outcome.status == "failure" and outcome.error is not None:
+            self.events.failed(outcome.error)
+        elif outcome.status == "cancelled":
+            self.events.cancelled(str(outcome.error or "cancelled"))

@@ -1,0 +1,127 @@
+"""The live HLS stream of a job: ``index.m3u8``, an EVENT playlist of its fMP4 segments.
+
+Each segment file (see worker/encode.py) is listed with byte ranges into itself: its
+``ftyp``+``moov`` part is the segment's ``EXT-X-MAP`` (init section) and the ``moof``/``mdat``
+rest is the media segment, so nothing is written twice and every listed byte is covered by
+the segment's sha256 in the manifest. Every segment gets its own map (each one comes out of
+its own encoder, so one shared init section would be a promise the encoders never made).
+
+Rules the playlist keeps:
+
+- ``EXT-X-PLAYLIST-TYPE:EVENT``: segments are only ever appended; ``EXT-X-ENDLIST`` is added
+  once every segment landed, before ``manifest.json`` (still the completion marker).
+- Only a contiguous prefix 0..k is listed: encoders finish out of order (segment k+1 may land
+  before k), and a player must never see a gap it would have to skip.
+- ``EXT-X-TARGETDURATION`` is fixed from the spec (the longest segment it allows, rounded
+  up), since it must not change while the playlist lives.
+- ``EXT-X-START:TIME-OFFSET=0``: a player that opens the stream mid-job starts at the first
+  frame, not at the live edge.
+- Uploads are serialised, so an older version of the playlist never lands over a newer one.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable
+
+from producer.spec import SegmentInfo, VideoSpec
+from worker.encode import frame_rate
+from worker.storage import JobOutput
+
+PLAYLIST = "index.m3u8"
+CONTENT_TYPE = "application/vnd.apple.mpegurl"
+#: EXT-X-MAP in a media playlist without I-frames needs 6; 7 is the fMP4 baseline players
+#: expect (hls.js, AVPlayer).
+VERSION = 7
+
+
+def target_duration(video: VideoSpec) -> int:
+    """Whole seconds no segment of ``video`` exceeds (EXT-X-TARGETDURATION)."""
+    longest = max(video.segment_frames, video.first_segment_frames or 0)
+    return max(1, math.ceil(longest / frame_rate(video.fps)))
+
+
+def _name(uri: str) -> str:
+    """A segment's URI relative to the playlist (its file name: they share a folder)."""
+    return uri.rsplit("/", 1)[-1]
+
+
+class LivePlaylist:
+    """Builds and uploads ``index.m3u8`` as segments land; thread-safe.
+
+    ``on_listed(seg)`` is called for each segment when it joins the playlist, in index order,
+    after the playlist that lists it was uploaded.
+    """
+
+    def __init__(
+        self, out: JobOutput, video: VideoSpec,
+        on_listed: Callable[[SegmentInfo], None] = lambda seg: None,
+    ) -> None:
+        self.out = out
+        self.video = video
+        self.on_listed = on_listed
+        self._rate = frame_rate(video.fps)
+        self._landed: dict[int, tuple[SegmentInfo, int]] = {}
+        self._listed = 0  # segments 0 .. _listed-1 are in the uploaded playlist
+        self._ended = False
+        self._lock = threading.Lock()
+
+    @property
+    def uri(self) -> str:
+        return self.out.uri(PLAYLIST)
+
+    def landed(self, seg: SegmentInfo, init_bytes: int) -> None:
+        """Segment ``seg`` is stored; ``init_bytes`` is the size of its init part."""
+        if not 0 < init_bytes < seg.bytes:
+            raise ValueError(f"segment {seg.index}: init part of {init_bytes} bytes out of range")
+        with self._lock:
+            if self._ended:
+                raise RuntimeError(f"{PLAYLIST} already ended; segment {seg.index} came late")
+            self._landed[seg.index] = (seg, init_bytes)
+            before = self._listed
+            while self._listed in self._landed:
+                self._listed += 1
+            if self._listed == before:
+                return  # an earlier segment is still encoding: list nothing yet
+            self._upload()
+            for index in range(before, self._listed):
+                self.on_listed(self._landed[index][0])
+
+    def finish(self) -> str:
+        """Add ``EXT-X-ENDLIST`` (every segment landed); returns the playlist's URI."""
+        with self._lock:
+            if len(self._landed) != self._listed:
+                missing = sorted(set(range(max(self._landed, default=-1) + 1)) - set(self._landed))
+                raise RuntimeError(f"{PLAYLIST}: segments {missing} never landed")
+            self._ended = True
+            self._upload()
+        return self.uri
+
+    def _upload(self) -> None:
+        self.out.put_bytes(PLAYLIST, self.render().encode(), CONTENT_TYPE)
+
+    def render(self) -> str:
+        """The playlist text for the segments listed so far."""
+        lines = [
+            "#EXTM3U",
+            f"#EXT-X-VERSION:{VERSION}",
+            f"#EXT-X-TARGETDURATION:{target_duration(self.video)}",
+            "#EXT-X-PLAYLIST-TYPE:EVENT",
+            "#EXT-X-MEDIA-SEQUENCE:0",
+            "#EXT-X-INDEPENDENT-SEGMENTS",
+            "#EXT-X-START:TIME-OFFSET=0,PRECISE=YES",
+        ]
+        for index in range(self._listed):
+            seg, init = self._landed[index]
+            name = _name(seg.uri)
+            seconds = float(seg.frames / self._rate)
+            lines += [
+                f'#EXT-X-MAP:URI="{name}",BYTERANGE="{init}@0"',
+                f"#EXTINF:{seconds:.6f},",
+                f"#EXT-X-BYTERANGE:{seg.bytes - init}@{init}",
+                name,
+            ]
+        if self._ended:
+            lines.append("#EXT-X-ENDLIST")
+        return "\n".join(lines) + "\n"
