@@ -117,6 +117,7 @@ class Settings(BaseSettings):
         default=45.0, ge=1, le=3600,
         description="host-loss sweep: an unacked job nobody touched this long, its lease "
         "expired, is requeued",
+    )
     webhook_secret: SecretStr | None = Field(
         default=None, description="HMAC-SHA256 key signing every webhook; unset: none are sent"
     )

@@ -77,7 +77,8 @@ def test_signed_events_arrive_in_order(
         assert r.json["job_id"] == "hook-ok"
     # The succeeded body carries the very JobResult the client got, with the playlist
     assert JobResult.model_validate(bodies[-1]["data"]["result"]) == result
-    assert result.manifest.playlist_uri is not None and result.manifest.playlist_uri.endswith("/index.m3u8")
+    playlist = result.manifest.playlist_uri
+    assert playlist is not None and playlist.endswith("/index.m3u8")
 
 
 def test_a_down_or_slow_receiver_neither_delays_nor_fails_the_job(

@@ -1,8 +1,8 @@
 """The task's concerns: small objects around one run of a job, one module each.
 
 The task body (``worker.tasks``) only parses, claims, leases and runs; everything a run needs
-around it (progress, cancel and preemption, the OOM fallback, retries, metrics, webhooks) is a concern,
-in the manner of Dramatiq's middleware.
+around it (progress, cancel and preemption, the OOM fallback, retries, metrics, webhooks) is a
+concern, in the manner of Dramatiq's middleware.
 
 The interface (``worker.concerns.base``):
 
