@@ -151,3 +151,15 @@ def pytest_runtest_makereport(
         for worker in item.stash.get(_WORKERS, []):
             report.sections.append((f"celery worker {worker.worker_name} log", worker.log_text()))
     return report
+
+
+@pytest.fixture
+def file_roots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Allow the test's own folder as a ``file://`` root (local paths are confined to
+    ``FRAMEFLEET_FILE_ROOTS``) for code that reads the settings of this process."""
+    from producer.settings import get_settings
+
+    monkeypatch.setenv("FRAMEFLEET_FILE_ROOTS", str(tmp_path))
+    get_settings.cache_clear()
+    yield tmp_path
+    get_settings.cache_clear()

@@ -110,5 +110,5 @@ def test_chromium_plays_the_stream_while_the_job_runs(tmp_path: Path) -> None:
     assert any(r.startswith("segment-00000.mp4 0-") for r in server.ranges), server.ranges
     # and showed every frame index once, in order
     seen = [s["index"] for s in report["seen"]]
-    assert seen == list(range(result.frames)), seen
+    assert seen == list(range(result.manifest.frames)), seen
     assert result.manifest.playlist_uri == (folder / PLAYLIST).as_uri()

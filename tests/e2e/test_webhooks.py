@@ -61,16 +61,16 @@ def test_signed_events_arrive_in_order(
         result = client.submit(_job(s3, s3_bucket, "hook-ok", (rx.url(),))).wait(timeout=90)
         verify_output(s3, s3_bucket, result, tmp_path)
         # started, one event per segment in playlist order, then succeeded
-        expected = 1 + len(result.segments) + 1
+        expected = 1 + len(result.manifest.segments) + 1
         got = rx.wait(expected, timeout=30)
         time.sleep(0.5)
         assert len(rx.received) == expected
     bodies = [r.json for r in got]
-    assert [b["event"] for b in bodies] == ["started", *["segment"] * len(result.segments),
+    assert [b["event"] for b in bodies] == ["started", *["segment"] * len(result.manifest.segments),
                                             "succeeded"]
     assert [b["sequence"] for b in bodies] == list(range(1, expected + 1))
     assert [b["data"]["segment"]["index"] for b in bodies[1:-1]] == list(
-        range(len(result.segments)))
+        range(len(result.manifest.segments)))
     for r in got:
         assert r.verifies(SECRET), r.headers
         assert not r.verifies("another fleet's secret")

@@ -114,7 +114,7 @@ def test_a_retryable_error_spends_the_budget_then_fails(
     def work(run: TaskRun, ctx: JobContext, attempt: int) -> JobResult:
         raise StorageError(f"S3 503 on attempt {attempt}")
 
-    scripted = Scripted(app, spec, Settings(retry_max=2), work)
+    scripted = Scripted(app, spec, Settings(file_roots=str(tmp_path), retry_max=2), work)
     # When the task runs
     result = _apply(scripted, spec.job_id)
     # Then it ran three times and failed with the last error
@@ -135,7 +135,7 @@ def test_a_retry_that_succeeds_returns_the_result(
             raise StorageError("connection reset")
         return real(run, ctx)
 
-    scripted = Scripted(app, spec, Settings(retry_max=1), work)
+    scripted = Scripted(app, spec, Settings(file_roots=str(tmp_path), retry_max=1), work)
     result = _apply(scripted, spec.job_id)
     assert result.state == "SUCCESS"
     assert JobResult.model_validate(result.result).manifest.frames == 13
@@ -148,7 +148,7 @@ def test_a_fatal_error_fails_at_once(app: Celery, tmp_path: Path, tenant: str) -
     def work(run: TaskRun, ctx: JobContext, attempt: int) -> JobResult:
         raise FatalJobError("input.uri: not a latents file")
 
-    scripted = Scripted(app, spec, Settings(retry_max=5), work)
+    scripted = Scripted(app, spec, Settings(file_roots=str(tmp_path), retry_max=5), work)
     result = _apply(scripted, spec.job_id)
     assert scripted.attempts == 1
     assert result.state == "FAILURE" and "input.uri" in str(result.result)
@@ -184,7 +184,8 @@ def test_out_of_memory_runs_again_tiled_outside_the_budget(
 ) -> None:
     # Given a decoder that runs out of memory unless tiled (and, tiled, fits or not)
     spec = _spec(tmp_path, tenant)
-    scripted = Scripted(app, spec, Settings(retry_max=0), _real_run_work(_Cache(fits_tiled)))
+    settings = Settings(file_roots=str(tmp_path), retry_max=0)
+    scripted = Scripted(app, spec, settings, _real_run_work(_Cache(fits_tiled)))
     # When the task runs with no retry budget at all
     result = _apply(scripted, spec.job_id)
     # Then it ran once more at once, tiled; a tiled OOM is fatal, naming both attempts
@@ -209,7 +210,7 @@ def test_cancel_before_start_is_revoked_and_runs_nothing(
     def work(run: TaskRun, ctx: JobContext, attempt: int) -> JobResult:
         raise AssertionError("a cancelled job must not run")
 
-    scripted = Scripted(app, spec, Settings(), work)
+    scripted = Scripted(app, spec, Settings(file_roots=str(tmp_path)), work)
     _apply(scripted, spec.job_id)
     meta = app.backend.get_task_meta(spec.job_id)
     assert meta["status"] == "REVOKED"
@@ -227,7 +228,7 @@ def test_cancel_mid_run_is_polled_and_revoked(app: Celery, tmp_path: Path, tenan
         polls.append(ctx.cancelled())
         raise JobCancelled(f"job {run.spec.job_id} was cancelled")
 
-    scripted = Scripted(app, spec, Settings(cancel_poll_s=0), work)
+    scripted = Scripted(app, spec, Settings(file_roots=str(tmp_path), cancel_poll_s=0), work)
     _apply(scripted, spec.job_id)
     assert polls == [False, True]
     assert scripted.attempts == 1
@@ -252,7 +253,8 @@ def test_preemption_requeues_outside_the_budget(
         r.delete(f"framefleet:preempted:{run.node}")
         return real(run, ctx)
 
-    scripted = Scripted(app, spec, Settings(retry_max=0, cancel_poll_s=0), work)
+    settings = Settings(file_roots=str(tmp_path), retry_max=0, cancel_poll_s=0)
+    scripted = Scripted(app, spec, settings, work)
     # When the task runs
     result = _apply(scripted, spec.job_id)
     # Then the job went back to the queue (not REVOKED, not failed) and its next run succeeded
@@ -280,7 +282,7 @@ def test_progress_is_stored_throttled_and_the_last_always(
         seen.append(stored())
         raise FatalJobError("stop here")
 
-    _apply(Scripted(app, spec, Settings(), work), spec.job_id)
+    _apply(Scripted(app, spec, Settings(file_roots=str(tmp_path)), work), spec.job_id)
     assert seen == [("PROGRESS", 1), ("PROGRESS", 1), ("PROGRESS", 3)]
 
 
@@ -305,8 +307,8 @@ def test_a_new_concern_plugs_in_and_cannot_break_the_outcome(
             raise RuntimeError("webhook down")
 
     real = _real_run(DecoderCache(torch.device("cpu")))
-    scripted = Scripted(app, spec, Settings(), lambda run, ctx, attempt: real(run, ctx),
-                        concerns=(*CONCERNS, Recorder))
+    scripted = Scripted(app, spec, Settings(file_roots=str(tmp_path)),
+                        lambda run, ctx, attempt: real(run, ctx), concerns=(*CONCERNS, Recorder))
     # When the job runs
     result = _apply(scripted, spec.job_id)
     # Then the concern saw the run, its progress and its end, and the job still succeeded
@@ -322,6 +324,7 @@ def test_decode_video_registered_on_one_app_runs_a_job(
 ) -> None:
     # Given the real task registered on this app only, and an OOM on the first attempt
     monkeypatch.setattr(tasks, "_decoders", _Cache(fits_tiled=True))
+    monkeypatch.setenv("FRAMEFLEET_FILE_ROOTS", str(tmp_path))
     get_settings.cache_clear()
     try:
         task = tasks.register(app)

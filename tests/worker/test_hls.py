@@ -33,6 +33,8 @@ from worker.pipeline import ClosedSegment, run_pipeline
 from worker.runner import DecoderCache, run_job
 from worker.storage import JobOutput
 
+pytestmark = pytest.mark.usefixtures("file_roots")
+
 FFPROBE_INSTALL = "Debian package ffmpeg (scripts/install-system-deps.sh)"
 
 

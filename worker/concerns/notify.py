@@ -17,14 +17,19 @@ class Notifications(Concern):
 
     def __init__(self, run: TaskRun) -> None:
         super().__init__(run)
-        self.events = process_notifier(run.settings).for_job(run.spec,
-                                                             int(run.task.request.retries or 0))
+        # No notifier (and no delivery thread) for the jobs that ask for no webhooks.
+        self.events = None if run.spec.notify is None else process_notifier(
+            run.settings).for_job(run.spec, int(run.task.request.retries or 0))
 
     def before_run(self) -> None:
+        if self.events is None:
+            return
         self.run.segment_hooks.append(self.events.segment)
         self.events.started(self.run.node)
 
     def on_outcome(self, outcome: Outcome) -> None:
+        if self.events is None:
+            return
         if outcome.status == "success" and outcome.result is not None:
             self.events.succeeded(outcome.result)
         elif outcome.status == "failure" and outcome.error is not None:
