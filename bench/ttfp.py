@@ -60,7 +60,7 @@ def one_job(cache: DecoderCache, decoder: DecoderSpec, latents: Path, out: Path,
     result = run_job(spec, cache, JobContext(segment_landed=segment_landed))
     wall = time.perf_counter() - t0
     # Correctness first: the playlist listed every segment once, in order, and ended
-    assert [s.index for _, s in listed] == list(range(len(result.segments))), listed
+    assert [s.index for _, s in listed] == list(range(len(result.manifest.segments))), listed
     playlist = (out / spec.tenant / spec.job_id / PLAYLIST).read_text()
     assert playlist.endswith("#EXT-X-ENDLIST\n") and playlist.count("#EXTINF") == len(listed)
     first_at, first_seg = listed[0]
@@ -70,8 +70,8 @@ def one_job(cache: DecoderCache, decoder: DecoderSpec, latents: Path, out: Path,
         "first_segment_bytes": first_seg.bytes,
         "wall_s": wall,
         "load_s": result.timings.load_s,
-        "frames": result.frames,
-        "segments": len(result.segments),
+        "frames": result.manifest.frames,
+        "segments": len(result.manifest.segments),
     }
 
 
