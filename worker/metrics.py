@@ -36,7 +36,7 @@ from producer.spec import JobResult, Prices
 log = logging.getLogger(__name__)
 
 STATUSES = ("success", "failure", "retry", "cancelled")
-STAGES = ("load", "decode", "postprocess", "d2h", "encode", "upload")
+STAGES = ("load", "text_encode", "denoise", "decode", "postprocess", "d2h", "encode", "upload")
 #: kombu's Redis transport keeps priority step N > 0 of queue Q in the list ``Q\x06\x16N``
 #: (``Channel.sep``); ":" is summed too, for transports configured with ``sep=":"``.
 KOMBU_SEPARATORS = ("\x06\x16", ":")

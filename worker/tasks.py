@@ -25,6 +25,7 @@ from producer.cost import configured_prices, cost_for_job
 from producer.errors import (
     DeviceOutOfMemory,
     FatalJobError,
+    FramefleetError,
     InvalidJobError,
     JobCancelled,
     JobConflictError,
@@ -65,6 +66,15 @@ def _init_process(**_: Any) -> None:
         decoder.warmup(h, w)
         log.info("warmed up %s at %dx%d latents in %.1f s", decoder.name, h, w,
                  time.perf_counter() - t0)
+    if settings.warmup_model is not None:
+        from worker.generate.job import warm_up
+
+        try:  # a bad folder fails the jobs that name it, with the reason; not the worker
+            entry = warm_up(_decoders.models, settings.warmup_model)
+            log.info("model %s resident (%.1f GiB) after %.1f s", entry.folder,
+                     entry.bytes / 2**30, entry.load_s)
+        except FramefleetError as e:
+            log.error("FRAMEFLEET_WARMUP_MODEL not loaded: %s", e)
     if _decoders.device.type == "cuda":
         metrics.NvmlSampler().start()
     log.info("framefleet worker process ready on %s (metrics port %s)", _decoders.device, port)
@@ -205,7 +215,7 @@ def _run(self: Task, spec: JobSpec, digest: str, tiled: bool, flags: Any) -> dic
     except DeviceOutOfMemory as e:
         if tiled:
             metrics.observe_job("failure", spec.tenant, None)
-            raise FatalJobError(f"{e}; tiled decode did not fit either") from e
+            raise FatalJobError(f"{e}; the smaller working set did not fit either") from e
         # Once more at once, with the smaller working set (spatial tiles).
         log.warning("job %s: %s; retrying with tiled decode", spec.job_id, e)
         metrics.observe_job("retry", spec.tenant, None)
