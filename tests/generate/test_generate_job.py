@@ -1,0 +1,217 @@
+"""Generate jobs in-process (no services): validation naming the field, the exact hand-off of
+latents to the streamed decoder, progress order, determinism, the model cache's budget."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from producer.cost import with_stages
+from producer.errors import InvalidJobError, JobCancelled
+from producer.settings import Settings
+from producer.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec, Progress, VideoSpec, parse_spec
+from tests.generate.tiny import reference_latents, tiny_generate, without_transformer
+from worker.encode import read_frames_rgb
+from worker.generate.cache import ModelCache
+from worker.runner import JobContext, default_decoders, run_job
+
+SETTINGS = Settings(device="cpu", max_denoise_steps=50)
+
+
+def _spec(job_id: str, out: Path, **generate: Any) -> JobSpec:
+    model = generate.pop("model")
+    return JobSpec(job_id=job_id, generate=tiny_generate(model, **generate),
+                   output=OutputSpec(uri=out.as_uri()), video=VideoSpec(segment_frames=4))
+
+
+def _frames(result: Any) -> list[Any]:
+    frames = []
+    for seg in result.segments:
+        frames += read_frames_rgb(Path(seg.uri.removeprefix("file://")))
+    return frames
+
+
+# --- the spec -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("change", "words"), [
+    ({"num_frames": 80}, "generate.num_frames: Value error, num_frames must be 4k+1"),
+    ({"num_inference_steps": 0}, "generate.num_inference_steps: Input should be greater"),
+    ({"model": "s3://bucket/wan"}, "generate.model: Value error, generate.model: a local"),
+    ({"prompt": ""}, "generate.prompt"),
+])
+def test_bad_generate_fields_are_named(tiny_model: Path, change: dict[str, Any],
+                                       words: str) -> None:
+    payload = _spec("bad", tiny_model.parent, model=tiny_model).model_dump(mode="json")
+    payload["generate"].update(change)
+    with pytest.raises(InvalidJobError) as e:
+        parse_spec(payload)
+    assert words in str(e.value)
+
+
+def test_exactly_one_of_input_and_generate(tiny_model: Path) -> None:
+    payload = _spec("both", tiny_model.parent, model=tiny_model).model_dump(mode="json")
+    payload["input"] = {"uri": "s3://b/z.safetensors"}
+    with pytest.raises(InvalidJobError, match="input, generate: give exactly one"):
+        parse_spec(payload)
+    del payload["input"], payload["generate"]
+    with pytest.raises(InvalidJobError, match="input, generate: give exactly one"):
+        parse_spec(payload)
+
+
+# --- what the worker checks against the model folder ----------------------------------------
+
+@pytest.mark.parametrize(("change", "words"), [
+    ({"height": 40}, "generate.height: 40 is not a multiple of 16"),
+    ({"width": 56}, "generate.width: 56 is not a multiple of 16"),
+    ({"num_inference_steps": 51}, "generate.num_inference_steps: 51 exceeds the limit of 50"),
+    ({"guidance_scale_2": 3.0}, "generate.guidance_scale_2: only for two-expert models"),
+    ({"boundary_ratio": 0.9}, "generate.boundary_ratio: only for two-expert models"),
+    ({"num_frames": 4001}, "generate.num_frames: 4001 exceeds the limit"),
+])
+def test_model_dependent_checks_fail_before_loading(
+    tiny_model: Path, tmp_path: Path, change: dict[str, Any], words: str
+) -> None:
+    decoders = default_decoders(SETTINGS)
+    spec = _spec("bad", tmp_path, model=tiny_model, **change)
+    with pytest.raises(InvalidJobError, match=words):
+        run_job(spec, decoders, JobContext(settings=SETTINGS))
+    assert decoders.models.keys() == []  # nothing was loaded for it
+
+
+def test_missing_folder_and_folder_without_transformer(tiny_model: Path, tmp_path: Path) -> None:
+    ctx = JobContext(settings=SETTINGS)
+    missing = _spec("missing", tmp_path, model=tmp_path / "nowhere")
+    with pytest.raises(InvalidJobError, match=r"generate.model: folder .*nowhere does not exist"):
+        run_job(missing, default_decoders(SETTINGS), ctx)
+    bare = without_transformer(tiny_model, tmp_path / "no-transformer")
+    spec = _spec("bare", tmp_path, model=bare)
+    with pytest.raises(InvalidJobError, match="generate.model: .* has no transformer"):
+        run_job(spec, default_decoders(SETTINGS), ctx)
+
+
+# --- the job --------------------------------------------------------------------------------
+
+def test_hand_off_is_exact_and_progress_goes_denoise_then_frames(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    # Given a generate job that saves its latents
+    states: list[Progress] = []
+    decoders = default_decoders(SETTINGS)
+    spec = _spec("gen", tmp_path, model=tiny_model, save_latents=True)
+    result = run_job(spec, decoders, JobContext(progress=states.append, settings=SETTINGS))
+    # Then its latents are exactly those of diffusers' own pipeline for the same seed
+    assert spec.generate is not None
+    reference = reference_latents(spec.generate)
+    assert result.latents_uri is not None
+    saved = load_file(result.latents_uri.removeprefix("file://"))["latents"]
+    assert saved.shape == (16, 3, 4, 6) and torch.equal(saved, reference)
+    # and its MP4 frames are exactly a decode job's frames of those reference latents, with
+    # the model's VAE
+    save_file({"latents": reference}, tmp_path / "ref.safetensors")
+    decode = JobSpec(job_id="ref", input=InputSpec(uri=(tmp_path / "ref.safetensors").as_uri()),
+                     decoder=DecoderSpec(weights=(tiny_model / "vae").as_uri()),
+                     output=OutputSpec(uri=tmp_path.as_uri()), video=spec.video)
+    expected = run_job(decode, decoders, JobContext(settings=SETTINGS))
+    got, want = _frames(result), _frames(expected)
+    assert len(got) == len(want) == 9 == result.frames
+    assert all((a == b).all() for a, b in zip(got, want, strict=True))
+    assert [s.sha256 for s in result.segments] == [s.sha256 for s in expected.segments]
+    # and progress went denoise 0/2, 1/2, 2/2, then frames
+    texts = [p.text for p in states]
+    assert texts[:3] == ["denoise 0/2", "denoise 1/2", "denoise 2/2"]
+    assert [p.stage for p in states[3:]] == ["decode"] * (len(states) - 3)
+    assert texts[-1] == "9/9 frames"
+    assert result.timings.denoise_s > 0 and result.timings.text_encode_s > 0
+
+
+def test_same_spec_same_segments_other_seed_other_video(tiny_model: Path, tmp_path: Path) -> None:
+    decoders = default_decoders(SETTINGS)
+    ctx = JobContext(settings=SETTINGS)
+    a = run_job(_spec("a", tmp_path / "a", model=tiny_model), decoders, ctx)
+    b = run_job(_spec("a", tmp_path / "b", model=tiny_model), default_decoders(SETTINGS), ctx)
+    c = run_job(_spec("c", tmp_path / "c", model=tiny_model, seed=8), decoders, ctx)
+    assert [s.sha256 for s in a.segments] == [s.sha256 for s in b.segments]
+    assert [s.sha256 for s in a.segments] != [s.sha256 for s in c.segments]
+
+
+def test_cancel_between_denoise_steps_writes_nothing(tiny_model: Path, tmp_path: Path) -> None:
+    steps: list[int] = []
+
+    def progress(p: Progress) -> None:
+        if p.stage == "denoise":
+            steps.append(p.steps_done)
+
+    ctx = JobContext(progress=progress, cancelled=lambda: len(steps) >= 3, settings=SETTINGS)
+    spec = _spec("cancel", tmp_path, model=tiny_model, num_inference_steps=10)
+    with pytest.raises(JobCancelled, match="cancelled while denoising"):
+        run_job(spec, default_decoders(SETTINGS), ctx)
+    assert steps == [0, 1, 2]  # stopped after step 2 of 10: the rest were skipped
+    assert not list(tmp_path.rglob("*.mp4")) and not list(tmp_path.rglob("manifest.json"))
+
+
+def test_flow_shift_changes_the_video(tiny_model: Path, tmp_path: Path) -> None:
+    ctx = JobContext(settings=SETTINGS)
+    decoders = default_decoders(SETTINGS)
+    base = run_job(_spec("s3", tmp_path / "a", model=tiny_model), decoders, ctx)
+    shifted = run_job(_spec("s9", tmp_path / "b", model=tiny_model, flow_shift=9.0), decoders, ctx)
+    assert [s.sha256 for s in base.segments] != [s.sha256 for s in shifted.segments]
+    # and the resident pipeline kept its own scheduler config
+    (key,) = decoders.models.keys()
+    entry = decoders.models.get(Path(key[0]), key[1])
+    assert entry.pipe.scheduler.config.flow_shift == 3.0
+
+
+def test_model_cache_budget(tiny_model: Path, tmp_path: Path) -> None:
+    cpu = torch.device("cpu")
+    probe = ModelCache(cpu, 2**40).get(tiny_model, torch.float32)
+    assert probe.bytes > 0
+    # A model larger than the budget alone is refused, naming the field and the setting
+    with pytest.raises(InvalidJobError, match="generate.model: .*FRAMEFLEET_MODEL_CACHE_GIB"):
+        ModelCache(cpu, probe.bytes - 1).get(tiny_model, torch.float32)
+    # Room for one: the second model evicts the least recently used
+    cache = ModelCache(cpu, probe.bytes + probe.bytes // 2)
+    first = cache.get(tiny_model, torch.float32)
+    assert cache.get(tiny_model, torch.float32) is first  # resident: not loaded again
+    cache.get(tiny_model, torch.bfloat16)
+    assert cache.keys() == [(str(tiny_model), torch.bfloat16)]
+
+
+def test_stage_costs_add_up_and_cost_report_sums_them() -> None:
+    from producer.cli_cost import stage_totals
+    from producer.cost import default_catalog, job_cost, prices_for
+    from tests.producer.test_cost import make_result
+
+    prices = prices_for("g7e.2xlarge", "on-demand", default_catalog())
+    report = job_cost(tenant="t", prices=prices, gpu_seconds=10.0, s3_puts=4,
+                      stored_bytes=2**20, video_seconds=5.0)
+    staged = with_stages(report, {"text_encode": 1.0, "denoise": 6.0})
+    by = {s.stage: s for s in staged.stages}
+    assert list(by) == ["text_encode", "denoise", "decode", "s3"]
+    assert by["decode"].gpu_seconds == pytest.approx(3.0)
+    assert by["denoise"].usd == pytest.approx(0.6 * report.gpu_usd)
+    assert by["s3"].usd == pytest.approx(report.s3_put_usd + report.storage_usd_per_month)
+    assert sum(s.usd for s in staged.stages) == pytest.approx(report.total_usd)
+    assert sum(s.share for s in staged.stages) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="exceed the job's GPU seconds"):
+        with_stages(report, {"denoise": 20.0})
+    with pytest.raises(ValueError, match="stage must be one of"):
+        with_stages(report, {"decode": 1.0})
+    # and the cost report sums each stage over jobs (a decode-only job adds decode and s3)
+    generated = make_result("g", "t", node="n", finished_at=1.0, wall_s=10.0,
+                            video_seconds=5.0, prices=prices)
+    decoded = make_result("d", "t", node="n", finished_at=2.0, wall_s=2.0,
+                          video_seconds=5.0, prices=prices)
+    assert generated.cost is not None and decoded.cost is not None
+    results = [
+        generated.model_copy(update={"cost": with_stages(generated.cost, {"denoise": 6.0})}),
+        decoded.model_copy(update={"cost": with_stages(decoded.cost, {})}),
+    ]
+    rows = {r.stage: r for r in stage_totals(results)}
+    assert rows["denoise"].jobs == 1 and rows["denoise"].gpu_seconds == pytest.approx(6.0)
+    assert rows["decode"].jobs == 2 and rows["decode"].gpu_seconds == pytest.approx(6.0)
+    assert "text_encode" not in rows
+    assert sum(r.share for r in rows.values()) == pytest.approx(1.0)
