@@ -13,7 +13,15 @@ from safetensors.torch import load_file, save_file
 from producer.cost import with_stages
 from producer.errors import InvalidJobError, JobCancelled
 from producer.settings import Settings
-from producer.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec, Progress, VideoSpec, parse_spec
+from producer.spec import (
+    DecoderSpec,
+    InputSpec,
+    JobSpec,
+    OutputSpec,
+    Progress,
+    VideoSpec,
+    parse_spec,
+)
 from tests.generate.tiny import reference_latents, tiny_generate, without_transformer
 from worker.encode import read_frames_rgb
 from worker.generate.cache import ModelCache
