@@ -224,6 +224,9 @@ class JobSpec(Frozen):
     def _one_source(self) -> JobSpec:
         if (self.input is None) == (self.generate is None):
             raise ValueError("input, generate: give exactly one of them (latents or a prompt)")
+        if self.generate is not None and self.decoder != DecoderSpec():
+            raise ValueError("decoder: a generate job decodes with its model's own VAE; "
+                             "leave decoder out")
         return self
 
     def digest(self) -> str:

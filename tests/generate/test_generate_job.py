@@ -65,7 +65,11 @@ def test_exactly_one_of_input_and_generate(tiny_model: Path) -> None:
     payload["input"] = {"uri": "s3://b/z.safetensors"}
     with pytest.raises(InvalidJobError, match="input, generate: give exactly one"):
         parse_spec(payload)
-    del payload["input"], payload["generate"]
+    del payload["input"]
+    payload["decoder"] = {"name": "pattern"}
+    with pytest.raises(InvalidJobError, match="decoder: a generate job decodes with its model"):
+        parse_spec(payload)
+    del payload["generate"], payload["decoder"]
     with pytest.raises(InvalidJobError, match="input, generate: give exactly one"):
         parse_spec(payload)
 
@@ -223,3 +227,32 @@ def test_stage_costs_add_up_and_cost_report_sums_them() -> None:
     assert rows["decode"].jobs == 2 and rows["decode"].gpu_seconds == pytest.approx(6.0)
     assert "text_encode" not in rows
     assert sum(r.share for r in rows.values()) == pytest.approx(1.0)
+
+
+def test_out_of_memory_while_denoising_is_retryable_then_lean(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    from producer.errors import DeviceOutOfMemory, RetryableError
+
+    decoders = default_decoders(SETTINGS)
+    ctx = JobContext(settings=SETTINGS)
+    run_job(_spec("other", tmp_path / "o", model=tiny_model, dtype="bfloat16"), decoders, ctx)
+    entry = decoders.models.get(tiny_model, torch.float32)
+    assert len(decoders.models.keys()) == 2
+
+    def oom(*_: Any) -> None:  # what the CUDA caching allocator raises when it cannot allocate
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    hook = entry.pipe.transformer.register_forward_pre_hook(oom)
+    try:
+        with pytest.raises(DeviceOutOfMemory, match="CUDA out of memory denoising oom") as e:
+            run_job(_spec("oom", tmp_path / "a", model=tiny_model), decoders, ctx)
+        assert isinstance(e.value, RetryableError)  # the task layer retries it once, lean
+    finally:
+        hook.remove()
+    assert not list(tmp_path.glob("a/**/*.mp4"))
+    # The lean retry (tiled=True) keeps only this job's model resident and succeeds
+    lean = JobContext(settings=SETTINGS, tiled=True)
+    result = run_job(_spec("oom", tmp_path / "b", model=tiny_model), decoders, lean)
+    assert result.frames == 9
+    assert decoders.models.keys() == [(str(tiny_model), torch.float32)]
