@@ -119,9 +119,12 @@ def _reuse(out: JobOutput, spec: JobSpec, info: WorkerInfo, t0: float) -> JobRes
     for seg in manifest.segments:
         if not out.exists(f"segment-{seg.index:05d}.mp4"):
             return None  # incomplete (deleted by hand?): run again, overwriting
+    if manifest.latents_uri is not None and not out.exists(LATENTS_FILE):
+        return None
     return JobResult(
         job_id=spec.job_id, tenant=spec.tenant, spec_digest=manifest.spec_digest,
         segments=manifest.segments, manifest_uri=out.uri(MANIFEST), full_uri=manifest.full_uri,
+        latents_uri=manifest.latents_uri,
         frames=manifest.frames, video_seconds=manifest.video_seconds, width=manifest.width,
         height=manifest.height, fps=manifest.fps,
         timings=StageTimings(wall_s=time.perf_counter() - t0), worker=info, reused=True,
