@@ -256,3 +256,36 @@ def test_out_of_memory_while_denoising_is_retryable_then_lean(
     result = run_job(_spec("oom", tmp_path / "b", model=tiny_model), decoders, lean)
     assert result.frames == 9
     assert decoders.models.keys() == [(str(tiny_model), torch.float32)]
+
+
+def test_stage_metrics_and_progress_bar_cover_the_new_stages(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    from producer.client import _Bar
+    from worker import metrics
+
+    def count(stage: str) -> float:
+        value = metrics.WORKER_REGISTRY.get_sample_value(
+            "framefleet_stage_seconds_count", {"stage": stage})
+        return value or 0.0
+
+    before = {s: count(s) for s in ("text_encode", "denoise")}
+    result = run_job(_spec("m", tmp_path, model=tiny_model), default_decoders(SETTINGS),
+                     JobContext(settings=SETTINGS))
+    metrics.observe_job("success", "gen", result)
+    assert {s: count(s) - before[s] for s in before} == {"text_encode": 1.0, "denoise": 1.0}
+    total = metrics.WORKER_REGISTRY.get_sample_value(
+        "framefleet_stage_seconds_sum", {"stage": "denoise"})
+    assert total is not None and total >= result.timings.denoise_s > 0
+    # the CLI bar shows denoise steps, then frames
+    bar = _Bar("job")
+    try:
+        bar.update(Progress(frames_done=0, frames_total=9, segments_done=0, stage="denoise",
+                            steps_done=12, steps_total=50))
+        task = bar.progress.tasks[0]
+        assert (task.completed, task.total, task.fields["unit"]) == (12, 50, "denoise steps")
+        bar.update(Progress(frames_done=5, frames_total=9, segments_done=1))
+        task = bar.progress.tasks[0]
+        assert (task.completed, task.total, task.fields["unit"]) == (5, 9, "frames")
+    finally:
+        bar.close()
