@@ -246,12 +246,14 @@ def main() -> int:
     ap.add_argument("--decode-graphs", type=int, default=0,
                     help="framefleet's compiled decode graphs (FRAMEFLEET_DECODE_GRAPHS)")
     ap.add_argument("--no-offload-probe", dest="offload_probe", action="store_false")
-    ap.add_argument("--tiny", action="store_true", help="CPU, the tiny preset (CI)")
+    ap.add_argument("--tiny", action="store_true",
+                    help="CPU-sized: the tiny and tiny-ti2v presets, 2 steps (CI)")
     ap.add_argument("--device", default=None)
     ap.add_argument("--out", required=True, help="folder for generate.json")
     args = ap.parse_args()
     if args.tiny:
-        args.models, args.steps, args.size = "tiny", [2], args.size or "32x48x9"
+        # the 1.3B and the TI2V-5B layouts in miniature, each at its own size
+        args.models, args.steps = "tiny,tiny-ti2v", [2]
         args.warmup_steps, args.offload_probe = 0, False
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32

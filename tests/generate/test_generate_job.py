@@ -289,3 +289,35 @@ def test_stage_metrics_and_progress_bar_cover_the_new_stages(
         assert (task.completed, task.total, task.fields["unit"]) == (5, 9, "frames")
     finally:
         bar.close()
+
+
+@pytest.mark.parametrize(("preset", "fields"), [
+    ("tiny-ti2v", {"height": 64, "width": 64}),
+    ("tiny-a14b", {"guidance_scale_2": 3.0, "num_inference_steps": 4}),
+])
+def test_wan22_layouts_hand_off_exactly(
+    wan22_models: dict[str, Path], tmp_path: Path, preset: str, fields: dict[str, Any]
+) -> None:
+    model = wan22_models[preset]
+    decoders = default_decoders(SETTINGS)
+    ctx = JobContext(settings=SETTINGS)
+    spec = _spec(preset, tmp_path / "a", model=model, save_latents=True, **fields)
+    result = run_job(spec, decoders, ctx)
+    assert spec.generate is not None and result.latents_uri is not None
+    reference = reference_latents(spec.generate)
+    assert torch.equal(load_file(result.latents_uri.removeprefix("file://"))["latents"],
+                       reference)
+    save_file({"latents": reference}, tmp_path / "ref.safetensors")
+    decode = JobSpec(job_id="ref", input=InputSpec(uri=(tmp_path / "ref.safetensors").as_uri()),
+                     decoder=DecoderSpec(weights=(model / "vae").as_uri()),
+                     output=OutputSpec(uri=(tmp_path / "ref").as_uri()), video=spec.video)
+    expected = run_job(decode, decoders, ctx)
+    assert (result.width, result.height, result.frames) == (expected.width, expected.height, 9)
+    assert [s.sha256 for s in result.segments] == [s.sha256 for s in expected.segments]
+    if preset == "tiny-a14b":  # the boundary between the experts is the spec's to move
+        moved = run_job(_spec("b", tmp_path / "b", model=model, boundary_ratio=0.5, **fields),
+                        decoders, ctx)
+        assert [s.sha256 for s in moved.segments] != [s.sha256 for s in result.segments]
+    else:  # 48 is not a multiple of the x16 VAE x patch 2
+        with pytest.raises(InvalidJobError, match="generate.width: 48 is not a multiple of 32"):
+            run_job(_spec("w", tmp_path / "c", model=model, height=64, width=48), decoders, ctx)

@@ -15,10 +15,11 @@ from worker.generate.presets import build_pipeline
 from worker.generate.text import MAX_SEQUENCE_LENGTH
 
 
-def save_tiny_model(folder: Path, seed: int = 0) -> Path:
+def save_tiny_model(folder: Path, seed: int = 0, preset: str = "tiny") -> Path:
     """``save_pretrained`` of a tiny random Wan T2V pipeline: a tiny UMT5 encoder, a locally
-    made tokenizer (``tokenizers``), a tiny transformer and VAE, and Wan2.1's UniPC scheduler."""
-    build_pipeline("tiny", seed=seed).save_pretrained(folder)
+    made tokenizer (``tokenizers``), a tiny transformer and VAE, and Wan2.1's UniPC scheduler
+    (``preset``: ``tiny-ti2v`` / ``tiny-a14b`` for the Wan2.2 layouts)."""
+    build_pipeline(preset, seed=seed).save_pretrained(folder)
     return folder
 
 
@@ -49,7 +50,8 @@ def reference_latents(gen: GenerateSpec) -> torch.Tensor:
     latents = pipe(
         prompt=gen.prompt, negative_prompt=gen.negative_prompt, height=gen.height,
         width=gen.width, num_frames=gen.num_frames, num_inference_steps=gen.num_inference_steps,
-        guidance_scale=gen.guidance_scale, generator=generator(gen), output_type="latent",
+        guidance_scale=gen.guidance_scale, guidance_scale_2=gen.guidance_scale_2,
+        generator=generator(gen), output_type="latent",
         max_sequence_length=MAX_SEQUENCE_LENGTH, return_dict=False,
     )[0]
     return vae_latents(pipe.vae, latents)

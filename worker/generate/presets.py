@@ -2,7 +2,8 @@
 
 The architectures are the published ones (diffusers-layout configs of Wan2.1-T2V-1.3B and
 Wan2.2-TI2V-5B, UMT5-XXL text encoder); the weights are seeded random. ``tiny`` is the same
-pipeline with a few channels, for CPU tests. The tokenizer is built locally with the
+pipeline with a few channels, for CPU tests (``tiny-ti2v`` and ``tiny-a14b``: the
+Wan2.2 TI2V and two-expert layouts in miniature). The tokenizer is built locally with the
 ``tokenizers`` library (characters as tokens): with random weights only the sequence length
 matters, and no download is needed.
 """
@@ -10,7 +11,7 @@ matters, and no download is needed.
 from __future__ import annotations
 
 import string
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ class Preset:
     scheduler: dict[str, Any]
     expand_timesteps: bool = False
     default_size: tuple[int, int, int] = (480, 832, 81)  # height, width, frames
-    extra: dict[str, Any] = field(default_factory=dict)
+    boundary_ratio: float | None = None  # set: a second expert (transformer_2), Wan2.2 A14B
 
 
 PRESETS: dict[str, Preset] = {
@@ -72,6 +73,20 @@ PRESETS: dict[str, Preset] = {
         {**UNIPC_FLOW, "flow_shift": 3.0}, default_size=(32, 48, 9),
     ),
 }
+_TINY = PRESETS["tiny"]
+#: Wan2.2 TI2V's layout in miniature: 48 latent channels, a patchifying residual VAE (x16).
+PRESETS["tiny-ti2v"] = Preset(
+    "tiny-ti2v", _TINY.text_encoder, {**_TINY.transformer, "in_channels": 48, "out_channels": 48},
+    {"base_dim": 8, "decoder_base_dim": 16, "z_dim": 48, "in_channels": 12, "out_channels": 12,
+     "patch_size": 2, "scale_factor_spatial": 16, "is_residual": True, "num_res_blocks": 1,
+     "latents_mean": [0.0] * 48, "latents_std": [1.0] * 48},
+    {**UNIPC_FLOW, "flow_shift": 5.0}, expand_timesteps=True, default_size=(64, 64, 9),
+)
+#: Wan2.2 A14B's layout in miniature: two experts split at a boundary timestep.
+PRESETS["tiny-a14b"] = Preset(
+    "tiny-a14b", _TINY.text_encoder, _TINY.transformer, _TINY.vae, _TINY.scheduler,
+    default_size=(32, 48, 9), boundary_ratio=0.875,
+)
 
 
 def make_tokenizer(vocab_size: int, max_length: int = 512) -> Any:
@@ -129,6 +144,10 @@ def build_pipeline(
         with torch.device(device):
             text_encoder = cast(UMT5EncoderModel(UMT5Config(**p.text_encoder)), dtype)
             transformer = cast(WanTransformer3DModel(**p.transformer), dtype)
+            second = None
+            if p.boundary_ratio is not None:
+                second = cast(WanTransformer3DModel(**p.transformer), dtype).eval()
+                second.requires_grad_(False)
             vae = cast(AutoencoderKLWan(**p.vae), dtype)
     finally:
         torch.random.set_rng_state(state)
@@ -140,6 +159,8 @@ def build_pipeline(
         vae=vae.eval().requires_grad_(False),
         scheduler=UniPCMultistepScheduler(**p.scheduler),
         transformer=transformer.eval().requires_grad_(False),
+        transformer_2=second,
+        boundary_ratio=p.boundary_ratio,
         expand_timesteps=p.expand_timesteps,
     )
     return pipe
@@ -154,6 +175,8 @@ def save_configs(pipe: Any, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     pipe.save_config(folder)
     pipe.transformer.save_config(folder / "transformer")
+    if pipe.transformer_2 is not None:
+        pipe.transformer_2.save_config(folder / "transformer_2")
     pipe.vae.save_config(folder / "vae")
     pipe.scheduler.save_config(folder / "scheduler")
     pipe.text_encoder.config.save_pretrained(folder / "text_encoder")
