@@ -101,7 +101,7 @@ def status(job_id: str) -> None:
     handle = _client().get(job_id)
     state = handle.status()
     progress = handle.progress()
-    extra = f" {progress.frames_done}/{progress.frames_total} frames" if progress else ""
+    extra = f" {progress.text}" if progress else ""  # denoise 12/50, then 120/121 frames
     console.print(f"{job_id}: {state}{extra}")
 
 

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from producer.cost import COST_STAGES
 from producer.errors import FramefleetError, PricingError, UnsupportedBackendError
 from producer.fleet import FleetRow, fleet_summary
 from producer.pricing import Catalog, load_catalog, prices_for
@@ -148,6 +149,41 @@ def write_plot(results: list[JobResult], path: Path, *, bucket_s: float, by: str
     fig.savefig(path, dpi=110)
 
 
+@dataclasses.dataclass(frozen=True)
+class StageRow:
+    """One stage summed over jobs: GPU-seconds, direct $ and share of the jobs' total $."""
+
+    stage: str
+    jobs: int
+    gpu_seconds: float
+    usd: float
+    share: float
+
+
+def stage_totals(results: Iterable[JobResult]) -> list[StageRow]:
+    """Per stage (text_encode, denoise, decode, s3), over the jobs whose cost has stages."""
+    sums = {stage: [0, 0.0, 0.0] for stage in COST_STAGES}
+    for r in results:
+        for row in r.cost.stages if r.cost is not None else ():
+            acc = sums.setdefault(row.stage, [0, 0.0, 0.0])
+            acc[0] += 1 if row.gpu_seconds > 0 or row.usd > 0 else 0
+            acc[1] += row.gpu_seconds
+            acc[2] += row.usd
+    total = sum(acc[2] for acc in sums.values())
+    return [StageRow(stage, int(jobs), secs, usd, usd / total if total > 0 else 0.0)
+            for stage, (jobs, secs, usd) in sums.items() if jobs]
+
+
+def _stage_table(rows: list[StageRow]) -> Table:
+    table = Table(title="cost per stage", title_justify="left")
+    for name in ("stage", "jobs", "GPU-s", "$ direct", "share"):
+        table.add_column(name, justify="left" if name == "stage" else "right")
+    for row in rows:
+        table.add_row(row.stage, str(row.jobs), f"{row.gpu_seconds:,.2f}", f"{row.usd:,.6f}",
+                      f"{row.share:.1%}")
+    return table
+
+
 def _row_dict(row: FleetRow) -> dict[str, Any]:
     return dataclasses.asdict(row)
 
@@ -232,6 +268,7 @@ def report(
             "jobs": len(results),
             "rows": [_row_dict(r) for r in rows],
             "total": _row_dict(total[0]) if total else None,
+            "stages": [dataclasses.asdict(r) for r in stage_totals(results)],
             "prices": sorted({s for r in results if r.cost for s in r.cost.prices.sources}),
         }
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
@@ -258,6 +295,9 @@ def report(
     console.print(
         f"fleet GPU-hours {first.fleet_gpu_hours:,.4f} ({how}); utilisation {first.utilisation:.1%}"
     )
+    stages = stage_totals(results)
+    if stages:
+        console.print(_stage_table(stages))
     combos = sorted(
         {
             (

@@ -96,15 +96,20 @@ class _Bar:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
         self.progress = Progress(
-            "[bold]{task.description}", BarColumn(), MofNCompleteColumn(), "frames",
+            "[bold]{task.description}", BarColumn(), MofNCompleteColumn(), "{task.fields[unit]}",
             "{task.fields[segments]} segments", TimeElapsedColumn(),
         )
-        self.task = self.progress.add_task(job_id, total=None, segments=0)
+        self.task = self.progress.add_task(job_id, total=None, segments=0, unit="frames")
         self.progress.start()
 
     def update(self, p: Progress) -> None:
+        if p.stage == "denoise":  # generate jobs: denoise 12/50, then frames
+            self.progress.update(self.task, completed=p.steps_done, total=p.steps_total,
+                                 segments=0, unit="denoise steps")
+            return
         self.progress.update(
-            self.task, completed=p.frames_done, total=p.frames_total, segments=p.segments_done
+            self.task, completed=p.frames_done, total=p.frames_total, segments=p.segments_done,
+            unit="frames",
         )
 
     def close(self) -> None:

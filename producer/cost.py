@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping
 
 from producer.pricing import load_catalog, prices_for
 from producer.settings import get_settings
-from producer.spec import CostReport, JobSpec, Prices
+from producer.spec import CostReport, JobSpec, Prices, StageCost
 
 #: S3 bills storage per GB-month with GB = 2**30 bytes (AWS's billing unit).
 BYTES_PER_GB = 2**30
@@ -72,6 +73,45 @@ def job_cost(
         usd_per_video_minute=per_video_second * 60.0,
         usd_per_1000_video_hours=per_video_second * SECONDS_PER_HOUR * 1000.0,
     )
+
+
+#: The stages a CostReport splits a job into: GPU stages in job order, then S3.
+COST_STAGES = ("text_encode", "denoise", "decode", "s3")
+
+
+def with_stages(report: CostReport, seconds: Mapping[str, float]) -> CostReport:
+    """``report`` with its ``stages``: what each stage cost and its share of the total.
+
+    ``seconds`` gives the GPU-seconds of ``text_encode`` and ``denoise`` (generate jobs; 0 or
+    missing for decode jobs). ``decode`` is the rest of the GPU time the job held: loading,
+    decoding and the encode/upload tail it waited for. GPU $ is split in proportion to
+    seconds; ``s3`` is the PUT $ plus one month of storage. Shares add up to 1 (0 when the
+    total is 0). Raises ``ValueError`` for an unknown stage, a negative value, or named
+    stages longer than the job's GPU time.
+    """
+    named = 0.0
+    for stage, value in seconds.items():
+        if stage not in COST_STAGES[:2]:
+            raise ValueError(f"stage must be one of {COST_STAGES[:2]}, got {stage!r}")
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"{stage} seconds must be a finite number >= 0, got {value!r}")
+        named += value
+    if named > report.gpu_seconds * (1 + 1e-9):
+        raise ValueError(
+            f"stage seconds ({named:.6f}) exceed the job's GPU seconds ({report.gpu_seconds:.6f})"
+        )
+    per_second = report.gpu_usd / report.gpu_seconds if report.gpu_seconds > 0 else 0.0
+    gpu = {stage: float(seconds.get(stage, 0.0)) for stage in COST_STAGES[:2]}
+    gpu["decode"] = max(0.0, report.gpu_seconds - named)
+    usd = {stage: secs * per_second for stage, secs in gpu.items()}
+    usd["s3"] = report.s3_put_usd + report.storage_usd_per_month
+    total = sum(usd.values())
+    stages = tuple(
+        StageCost(stage=stage, gpu_seconds=gpu.get(stage, 0.0), usd=usd[stage],
+                  share=usd[stage] / total if total > 0 else 0.0)
+        for stage in COST_STAGES
+    )
+    return report.model_copy(update={"stages": stages})
 
 
 @functools.lru_cache(maxsize=1)

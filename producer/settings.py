@@ -78,6 +78,24 @@ class Settings(BaseSettings):
         default=2, ge=0, le=16,
         description="CUDA: compiled, graph-captured decode sizes kept per decoder; 0: eager",
     )
+    max_denoise_steps: int = Field(
+        default=100, ge=1, le=10_000, description="reject generate jobs with more steps"
+    )
+    warmup_model: str | None = Field(
+        default=None,
+        description="local diffusers Wan folder (path or file:// URI) loaded when a worker "
+        "starts and kept resident",
+    )
+    model_cache_gib: float = Field(
+        default=80.0, gt=0, le=4096,
+        description="GPU memory the resident generation models may hold; least recently "
+        "used models are evicted beyond it",
+    )
+    text_encoder_offload: bool = Field(
+        default=False,
+        description="keep the text encoder on the CPU between jobs (frees its GPU memory; "
+        "each job pays its host-to-device copy)",
+    )
     metrics_port: int = Field(
         default=9400, ge=0, le=65_535, description="worker /metrics port (+ GPU index); 0: off"
     )

@@ -13,7 +13,15 @@ from collections.abc import Iterable
 from typing import Any, Literal
 from urllib.parse import urlparse
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from producer.errors import InvalidJobError
 
@@ -25,7 +33,9 @@ SCHEMA_VERSION: Literal[1] = 1
 RESULT_SCHEMA_VERSION: Literal[2] = 2
 #: Where a job's time goes, in pipeline order: ``StageTimings`` has one ``{stage}_s`` field per
 #: name, the worker pipeline measures every one but ``load``, and metrics label by them.
-STAGE_NAMES: tuple[str, ...] = ("load", "decode", "postprocess", "d2h", "encode", "upload")
+STAGE_NAMES: tuple[str, ...] = (
+    "load", "text_encode", "denoise", "decode", "postprocess", "d2h", "encode", "upload",
+)
 
 
 class Frozen(BaseModel):
@@ -165,6 +175,58 @@ class OutputSpec(Frozen):
         return check_uri(v.rstrip("/") or v, field="output.uri").rstrip("/")
 
 
+class GenerateSpec(Frozen):
+    """Denoise latents on the worker from a prompt (instead of loading them: ``input``).
+
+    The model is a local diffusers folder of a Wan text-to-video pipeline (Wan2.1 T2V 1.3B/14B,
+    Wan2.2 A14B with two experts, Wan2.2 TI2V-5B). What depends on the model (the size's
+    multiple, whether it has a second expert or a flow shift) is checked by the worker against
+    the folder's configs; the limits on steps and size come from the worker's settings.
+    """
+
+    model: str = Field(description="file:// URI of a local diffusers folder (model_index.json)")
+    prompt: str = Field(min_length=1, max_length=20_000)
+    negative_prompt: str = Field(default="", max_length=20_000)
+    height: int = Field(default=480, ge=16, le=4096)
+    width: int = Field(default=832, ge=16, le=4096)
+    num_frames: int = Field(default=81, ge=1, le=100_000, description="4k+1 frames")
+    num_inference_steps: int = Field(default=50, ge=1, le=10_000)
+    guidance_scale: float = Field(default=5.0, ge=0, le=100, description="> 1: CFG on")
+    guidance_scale_2: float | None = Field(
+        default=None, ge=0, le=100, description="second (low-noise) expert; two-expert models"
+    )
+    boundary_ratio: float | None = Field(
+        default=None, gt=0, lt=1,
+        description="two-expert models: share of the timesteps for the first expert; "
+        "default: the model's",
+    )
+    flow_shift: float | None = Field(
+        default=None, gt=0, le=100, description="scheduler flow shift; default: the model's"
+    )
+    seed: int = Field(default=0, ge=0, le=2**63 - 1)
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        default="auto", description="auto: bfloat16 on CUDA, float32 on CPU"
+    )
+    save_latents: bool = Field(
+        default=False, description="also write latents.safetensors beside the segments"
+    )
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, v: str) -> str:
+        check_uri(v, field="generate.model")
+        if urlparse(v).scheme != "file":
+            raise ValueError(f"generate.model: a local folder (file:///...), got {v!r}")
+        return v
+
+    @field_validator("num_frames")
+    @classmethod
+    def _frames(cls, v: int) -> int:
+        if v % 4 != 1:
+            raise ValueError(f"num_frames must be 4k+1 (1, 5, 9, … 81), got {v}")
+        return v
+
+
 class PipelineSpec(Frozen):
     mode: Literal["async", "sequential"] = "async"
     ring_slots: int = Field(default=3, ge=2, le=16)
@@ -207,7 +269,8 @@ class JobSpec(Frozen):
     schema_version: Literal[1] = SCHEMA_VERSION
     job_id: str
     tenant: str = "default"
-    input: InputSpec
+    input: InputSpec | None = None
+    generate: GenerateSpec | None = None
     decoder: DecoderSpec = DecoderSpec()
     video: VideoSpec = Field(default_factory=VideoSpec, validate_default=True)
     output: OutputSpec
@@ -234,6 +297,15 @@ class JobSpec(Frozen):
     @classmethod
     def _tenant(cls, v: str) -> str:
         return check_id(v, "tenant")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> JobSpec:
+        if (self.input is None) == (self.generate is None):
+            raise ValueError("input, generate: give exactly one of them (latents or a prompt)")
+        if self.generate is not None and self.decoder != DecoderSpec():
+            raise ValueError("decoder: a generate job decodes with its model's own VAE; "
+                             "leave decoder out")
+        return self
 
     def digest(self) -> str:
         """sha256 of the canonical JSON: two submissions of one job_id must carry the same."""
@@ -272,11 +344,22 @@ def parse_spec(data: Any) -> JobSpec:
 
 
 class Progress(Frozen):
-    """Payload of the Celery custom state ``PROGRESS``."""
+    """Payload of the Celery custom state ``PROGRESS``: denoise steps first (generate jobs),
+    then frames."""
 
     frames_done: int
     frames_total: int
     segments_done: int
+    stage: Literal["denoise", "decode"] = "decode"
+    steps_done: int = 0
+    steps_total: int = 0
+
+    @property
+    def text(self) -> str:
+        """``denoise 12/50`` while denoising, then ``120/121 frames``."""
+        if self.stage == "denoise":
+            return f"denoise {self.steps_done}/{self.steps_total}"
+        return f"{self.frames_done}/{self.frames_total} frames"
 
 
 class SegmentInfo(Frozen):
@@ -293,6 +376,8 @@ class StageTimings(Frozen):
     """Seconds spent per stage. Stages overlap in async mode, so they do not add up to wall."""
 
     load_s: float = 0.0
+    text_encode_s: float = Field(default=0.0, description="generate jobs: prompt encoding")
+    denoise_s: float = Field(default=0.0, description="generate jobs: the denoising loop")
     decode_s: float = 0.0
     postprocess_s: float = 0.0
     d2h_s: float = 0.0
@@ -339,6 +424,15 @@ class Prices(Frozen):
     sources: tuple[str, ...] = ()
 
 
+class StageCost(Frozen):
+    """One stage's part of a job's cost: GPU-seconds held (none for s3), $ and share of total."""
+
+    stage: str
+    gpu_seconds: float
+    usd: float
+    share: float
+
+
 class CostReport(Frozen):
     """Direct cost-to-serve of one job: its GPU time, S3 requests and storage, at ``prices``."""
 
@@ -354,6 +448,9 @@ class CostReport(Frozen):
     video_seconds: float
     usd_per_video_minute: float
     usd_per_1000_video_hours: float
+    stages: tuple[StageCost, ...] = Field(
+        default=(), description="text_encode, denoise, decode (GPU) and s3: each with its share"
+    )
 
 
 class Manifest(Frozen):
@@ -371,6 +468,7 @@ class Manifest(Frozen):
     segments: tuple[SegmentInfo, ...]
     full_uri: str | None = None
     playlist_uri: str | None = Field(default=None, description="the live HLS playlist")
+    latents_uri: str | None = Field(default=None, description="generate.save_latents")
 
 
 class JobResult(Frozen):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from producer.cost import with_stages
 from producer.errors import DeviceOutOfMemory, InvalidJobError, JobCancelled, JobConflictError
 from producer.settings import Settings, get_settings
 from producer.spec import (
@@ -32,6 +33,8 @@ from producer.spec import (
 from worker.decoders.base import ChunkDecoder, frames_for_latents
 from worker.devices import resolve_device, worker_info
 from worker.encode import concat_segments
+from worker.generate import ModelCache, generate_latents
+from worker.generate.handoff import LATENTS_FILE, latents_file
 from worker.hls import LivePlaylist
 from worker.inputs import load_latents
 from worker.pipeline import ClosedSegment, run_pipeline
@@ -44,12 +47,17 @@ CostFn = Callable[[JobSpec, float, int, int, float], CostReport]
 class DecoderCache:
     """Decoders built once per worker process and reused (weights loaded, warmed up)."""
 
-    def __init__(self, device: torch.device, capacity: int = 2, graphs: int = 0) -> None:
-        """``graphs``: compiled decode graphs each Wan decoder keeps (see decoders/wan_graph)."""
+    def __init__(
+        self, device: torch.device, capacity: int = 2, graphs: int = 0,
+        models: ModelCache | None = None,
+    ) -> None:
+        """``graphs``: compiled decode graphs each Wan decoder keeps (see decoders/wan_graph).
+        ``models``: the generation pipelines resident beside the decoders (worker/generate)."""
         self.device = device
         self.capacity = capacity
         self.graphs = graphs
         self._cache: OrderedDict[tuple[object, ...], ChunkDecoder] = OrderedDict()
+        self.models = models or ModelCache(device, 2**40, graphs=graphs)
 
     def get(self, spec: DecoderSpec) -> ChunkDecoder:
         key = (spec.name, spec.weights, spec.preset, spec.dtype, spec.seed)
@@ -119,6 +127,8 @@ def _reuse(out: JobOutput, spec: JobSpec, info: WorkerInfo, t0: float) -> JobRes
     for seg in manifest.segments:
         if not out.exists(segment_name(seg.index)):
             return None  # incomplete (deleted by hand?): run again, overwriting
+    if manifest.latents_uri is not None and not out.exists(LATENTS_FILE):
+        return None
     return JobResult(
         manifest=manifest, manifest_uri=out.uri(MANIFEST),
         timings=StageTimings(wall_s=time.perf_counter() - t0), worker=info, reused=True,
@@ -136,11 +146,22 @@ def run_job(spec: JobSpec, decoders: DecoderCache, ctx: JobContext | None = None
     reused = _reuse(out, spec, info, t0)
     if reused is not None:
         return reused
-    decoder = decoders.get(spec.decoder)
-    if ctx.tiled and hasattr(decoder, "with_tiling"):
-        decoder = decoder.with_tiling()
-    latents = load_latents(spec.input, decoder.latent_channels, settings)
-    load_s = time.perf_counter() - t0
+    text_encode_s = denoise_s = 0.0
+    if spec.generate is not None:
+        # Prompt in: the latents are denoised here and stay on the GPU for the decoder.
+        gen = generate_latents(
+            spec.generate, decoders.models, settings, job_id=spec.job_id,
+            progress=ctx.progress, cancelled=ctx.cancelled, lean=ctx.tiled,
+        )
+        decoder, latents = gen.decoder, gen.latents
+        load_s, text_encode_s, denoise_s = gen.load_s, gen.text_encode_s, gen.denoise_s
+    else:
+        assert spec.input is not None  # JobSpec: exactly one of input and generate
+        decoder = decoders.get(spec.decoder)
+        if ctx.tiled and hasattr(decoder, "with_tiling"):
+            decoder = decoder.with_tiling()
+        latents = load_latents(spec.input, decoder.latent_channels, settings)
+        load_s = time.perf_counter() - t0
     segments: list[SegmentInfo] = []
     total = frames_for_latents(latents.shape[1])
     playlist = LivePlaylist(out, spec.video, on_listed=lambda s: ctx.segment_landed(s, Progress(
@@ -180,6 +201,10 @@ def run_job(spec: JobSpec, decoders: DecoderCache, ctx: JobContext | None = None
                 [Path(tmp) / segment_name(s.index) for s in segments], Path(tmp) / "f.mp4"
             )
             full_uri = out.put_file("full.mp4", full.path)
+    latents_uri = None
+    if spec.generate is not None and spec.generate.save_latents:
+        latents_uri = out.put_bytes(LATENTS_FILE, latents_file(latents), "application/octet-stream")
+    del latents
     playlist_uri = playlist.finish()
     video_seconds = report.frames / spec.video.fps
     manifest = Manifest(
@@ -187,17 +212,21 @@ def run_job(spec: JobSpec, decoders: DecoderCache, ctx: JobContext | None = None
         width=report.width, height=report.height, fps=spec.video.fps,
         video_seconds=video_seconds, segments=tuple(segments), full_uri=full_uri,
         playlist_uri=playlist_uri,
+        latents_uri=latents_uri,
     )
     # The manifest goes LAST: its presence is the completion marker.
     manifest_uri = out.put_bytes(MANIFEST, manifest.model_dump_json(indent=2).encode())
     stats = report.stats
     wall = time.perf_counter() - t0
     timings = StageTimings(
-        load_s=load_s, **stats.stage_seconds(), backpressure_s=stats.backpressure_s,
+        load_s=load_s, text_encode_s=text_encode_s, denoise_s=denoise_s,
+        **stats.stage_seconds(), backpressure_s=stats.backpressure_s,
         wall_s=wall, gpu_busy_ratio=stats.gpu_busy_ratio,
     )
     stored = sum(s.bytes for s in segments)
     cost = ctx.cost(spec, wall, out.puts, stored, video_seconds) if ctx.cost else None
+    if cost is not None:
+        cost = with_stages(cost, {"text_encode": text_encode_s, "denoise": denoise_s})
     return JobResult(
         manifest=manifest, manifest_uri=manifest_uri, timings=timings, worker=info, cost=cost,
         finished_at=time.time(),
@@ -206,4 +235,7 @@ def run_job(spec: JobSpec, decoders: DecoderCache, ctx: JobContext | None = None
 
 def default_decoders(settings: Settings | None = None) -> DecoderCache:
     settings = settings or get_settings()
-    return DecoderCache(resolve_device(settings.device), graphs=settings.decode_graphs)
+    device = resolve_device(settings.device)
+    models = ModelCache(device, int(settings.model_cache_gib * 2**30),
+                        settings.text_encoder_offload, graphs=settings.decode_graphs)
+    return DecoderCache(device, graphs=settings.decode_graphs, models=models)

@@ -197,7 +197,7 @@ def test_out_of_memory_runs_again_tiled_outside_the_budget(
     else:
         assert result.state == "FAILURE"
         assert isinstance(result.result, FatalJobError)
-        assert "tiled decode did not fit either" in str(result.result)
+        assert "the smaller working set did not fit either" in str(result.result)
         assert _counts(tenant) == {"success": 0, "failure": 1, "retry": 1, "cancelled": 0}
 
 

@@ -1,7 +1,9 @@
-"""The OOM fallback: a CUDA out-of-memory runs the job again at once, in spatial tiles.
+"""The OOM fallback: a CUDA out-of-memory runs the job again at once with the smaller working
+set (``tiled``: the decode in spatial tiles; for a generate job also the other resident models
+evicted and the text encoder kept on the host).
 
-Tiled decode has the smaller working set; a job that does not fit even tiled fails (retrying
-the same thing cannot help). The requeue does not spend the retry budget.
+A job that does not fit even so fails (retrying the same thing cannot help). The requeue does
+not spend the retry budget.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ class OomFallback(Concern):
         if not isinstance(error, DeviceOutOfMemory):
             return None
         if self.run.tiled:
-            return Failed(error=FatalJobError(f"{error}; tiled decode did not fit either"),
-                          cause=error)
+            return Failed(cause=error, error=FatalJobError(
+                f"{error}; the smaller working set did not fit either"))
         log.warning("job %s: %s; retrying with tiled decode", self.run.spec.job_id, error)
         return Requeue(error=error, kwargs={"tiled": True})

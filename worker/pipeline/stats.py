@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 
 from producer.spec import STAGE_NAMES, check_stage_fields
 
-#: The stages the pipeline measures: every stage but ``load``, which the runner times before
-#: the pipeline starts.
-PIPELINE_STAGES = tuple(s for s in STAGE_NAMES if s != "load")
+#: Stages the runner times before the pipeline starts: loading the latents, or generating them.
+BEFORE_PIPELINE = ("load", "text_encode", "denoise")
+#: The stages the pipeline measures: every other stage.
+PIPELINE_STAGES = tuple(s for s in STAGE_NAMES if s not in BEFORE_PIPELINE)
 
 
 @dataclass
@@ -47,4 +48,4 @@ class PipelineStats:
 
 
 check_stage_fields((f.name for f in dataclasses.fields(PipelineStats)), "PipelineStats",
-                   skip=("load",))
+                   skip=BEFORE_PIPELINE)

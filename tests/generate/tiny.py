@@ -1,0 +1,57 @@
+"""A tiny random Wan pipeline on disk, and the reference the generate tests compare against."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from producer.spec import GenerateSpec
+from worker.generate.denoise import generator
+from worker.generate.handoff import vae_latents
+from worker.generate.presets import build_pipeline
+from worker.generate.text import MAX_SEQUENCE_LENGTH
+
+
+def save_tiny_model(folder: Path, seed: int = 0, preset: str = "tiny") -> Path:
+    """``save_pretrained`` of a tiny random Wan T2V pipeline: a tiny UMT5 encoder, a locally
+    made tokenizer (``tokenizers``), a tiny transformer and VAE, and Wan2.1's UniPC scheduler
+    (``preset``: ``tiny-ti2v`` / ``tiny-a14b`` for the Wan2.2 layouts)."""
+    build_pipeline(preset, seed=seed).save_pretrained(folder)
+    return folder
+
+
+def without_transformer(model: Path, folder: Path) -> Path:
+    """A copy of ``model`` whose transformer folder is gone."""
+    shutil.copytree(model, folder)
+    shutil.rmtree(folder / "transformer")
+    return folder
+
+
+def tiny_generate(model: Path, **kw: Any) -> GenerateSpec:
+    fields: dict[str, Any] = {
+        "model": model.as_uri(), "prompt": "a red fox in the snow", "height": 32, "width": 48,
+        "num_frames": 9, "num_inference_steps": 2, "guidance_scale": 5.0, "seed": 7,
+        "dtype": "float32",
+    }
+    return GenerateSpec(**{**fields, **kw})
+
+
+@torch.no_grad()
+def reference_latents(gen: GenerateSpec) -> torch.Tensor:
+    """diffusers alone: ``WanPipeline.from_pretrained`` + ``__call__`` with the same prompt,
+    steps and seed, ``output_type="latent"``, then the VAE-space latents (C, T, h, w)."""
+    from diffusers import WanPipeline
+
+    pipe = WanPipeline.from_pretrained(gen.model.removeprefix("file://"))
+    pipe.set_progress_bar_config(disable=True)
+    latents = pipe(
+        prompt=gen.prompt, negative_prompt=gen.negative_prompt, height=gen.height,
+        width=gen.width, num_frames=gen.num_frames, num_inference_steps=gen.num_inference_steps,
+        guidance_scale=gen.guidance_scale, guidance_scale_2=gen.guidance_scale_2,
+        generator=generator(gen), output_type="latent",
+        max_sequence_length=MAX_SEQUENCE_LENGTH, return_dict=False,
+    )[0]
+    return vae_latents(pipe.vae, latents)

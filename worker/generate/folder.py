@@ -1,0 +1,161 @@
+"""The model folder of a generate job: where it is, and what its configs say.
+
+Everything here reads small JSON files only (no weights), so a bad spec fails in milliseconds,
+before any model is loaded. :func:`model_folder` is the one place a job's model path is
+resolved: path confinement of local files applies here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from producer.errors import InvalidJobError
+from producer.settings import Settings
+from producer.spec import GenerateSpec
+from worker.paths import local_folder
+
+#: Pipelines a generate job runs (text to video). Image-to-video needs an image input.
+PIPELINES = ("WanPipeline",)
+
+
+def model_folder(uri: str, settings: Settings | None = None) -> Path:
+    """``file://`` URI (or plain absolute path, for settings) → an existing diffusers folder.
+
+    With ``settings`` (a job's folder) the path must lie under ``FRAMEFLEET_FILE_ROOTS``
+    (``worker.paths``: one refusal whether or not it exists); without (the operator's
+    ``FRAMEFLEET_WARMUP_MODEL``) it is taken as configured.
+    """
+    parsed = urlparse(uri)
+    if parsed.scheme not in ("", "file"):
+        raise InvalidJobError(f"generate.model: only local folders are loaded, got {uri!r}")
+    path = Path(unquote(parsed.path))
+    if not path.is_absolute():
+        raise InvalidJobError(f"generate.model: not an absolute path: {uri!r}")
+    if settings is not None:
+        path = local_folder(path, settings, field="generate.model", uri=uri)
+    if not path.exists():
+        raise InvalidJobError(f"generate.model: folder {path} does not exist")
+    if not path.is_dir():
+        raise InvalidJobError(f"generate.model: {path} is not a folder")
+    if not (path / "model_index.json").is_file():
+        raise InvalidJobError(
+            f"generate.model: {path} has no model_index.json (not a diffusers pipeline folder)"
+        )
+    return path
+
+
+def _json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise InvalidJobError(f"generate.model: {what} missing: {path}") from None
+    except (OSError, ValueError) as e:
+        raise InvalidJobError(f"generate.model: unreadable {path}: {e}") from e
+    if not isinstance(data, dict):
+        raise InvalidJobError(f"generate.model: {path} is not a JSON object")
+    return data
+
+
+def _component(index: dict[str, Any], name: str) -> bool:
+    entry = index.get(name)
+    return isinstance(entry, list) and len(entry) == 2 and entry[0] is not None
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the configs of a Wan pipeline folder say about the jobs it can run."""
+
+    path: Path
+    pipeline: str
+    spatial_factor: int  # VAE spatial compression (8 for Wan2.1, 16 for Wan2.2's VAE)
+    temporal_factor: int
+    patch: tuple[int, int]  # transformer patch (h, w)
+    experts: int  # 1, or 2 (transformer_2: Wan2.2 A14B)
+    boundary_ratio: float | None
+    expand_timesteps: bool  # Wan2.2 TI2V
+    shift_key: str | None  # the scheduler's flow-shift option, None if it has none
+
+    @property
+    def size_multiple(self) -> tuple[int, int]:
+        """Height and width must be multiples of these (VAE factor x transformer patch)."""
+        return self.spatial_factor * self.patch[0], self.spatial_factor * self.patch[1]
+
+
+def read_model(path: Path) -> ModelInfo:
+    """Read ``model_index.json`` and the component configs; errors name the missing part."""
+    index = _json(path / "model_index.json", "model_index.json")
+    pipeline = str(index.get("_class_name"))
+    if pipeline not in PIPELINES:
+        raise InvalidJobError(
+            f"generate.model: {path} is a {pipeline}; generate runs {', '.join(PIPELINES)} "
+            "(text to video)"
+        )
+    listed = [n for n in ("transformer", "transformer_2") if _component(index, n)]
+    experts = [n for n in listed if (path / n / "config.json").is_file()]
+    if not experts or len(experts) < len(listed):
+        missing = sorted(set(listed) - set(experts)) or ["transformer"]
+        raise InvalidJobError(
+            f"generate.model: {path} has no transformer ({', '.join(missing)}/config.json "
+            "missing)"
+        )
+    transformer = _json(path / experts[0] / "config.json", f"{experts[0]}/config.json")
+    vae = _json(path / "vae" / "config.json", "vae/config.json")
+    scheduler = _json(path / "scheduler" / "scheduler_config.json", "scheduler config")
+    patch = transformer.get("patch_size") or (1, 2, 2)
+    shift_key = next((k for k in ("flow_shift", "shift") if k in scheduler), None)
+    ratio = index.get("boundary_ratio")
+    return ModelInfo(
+        path=path,
+        pipeline=pipeline,
+        spatial_factor=int(vae.get("scale_factor_spatial", 8)),
+        temporal_factor=int(vae.get("scale_factor_temporal", 4)),
+        patch=(int(patch[1]), int(patch[2])),
+        experts=len(experts),
+        boundary_ratio=None if ratio is None else float(ratio),
+        expand_timesteps=bool(index.get("expand_timesteps", False)),
+        shift_key=shift_key,
+    )
+
+
+def check_request(gen: GenerateSpec, info: ModelInfo, settings: Settings) -> None:
+    """What the spec alone cannot check: the model's multiples and experts, the fleet's limits."""
+    if gen.num_inference_steps > settings.max_denoise_steps:
+        raise InvalidJobError(
+            f"generate.num_inference_steps: {gen.num_inference_steps} exceeds the limit of "
+            f"{settings.max_denoise_steps} (FRAMEFLEET_MAX_DENOISE_STEPS)"
+        )
+    if (gen.num_frames - 1) % info.temporal_factor:
+        raise InvalidJobError(
+            f"generate.num_frames: must be {info.temporal_factor}k+1 for this model, "
+            f"got {gen.num_frames}"
+        )
+    if gen.num_frames > settings.max_frames:
+        raise InvalidJobError(
+            f"generate.num_frames: {gen.num_frames} exceeds the limit of {settings.max_frames}"
+        )
+    mh, mw = info.size_multiple
+    for field, value, multiple in (("height", gen.height, mh), ("width", gen.width, mw)):
+        if value % multiple:
+            raise InvalidJobError(
+                f"generate.{field}: {value} is not a multiple of {multiple} (the VAE's "
+                f"{info.spatial_factor} x the transformer's patch) for this model"
+            )
+    if gen.height * gen.width > settings.max_pixels:
+        raise InvalidJobError(
+            f"generate.height, generate.width: {gen.width}x{gen.height} exceeds the limit of "
+            f"{settings.max_pixels} pixels"
+        )
+    two_experts = info.experts == 2 and info.boundary_ratio is not None
+    for field, given in (("guidance_scale_2", gen.guidance_scale_2),
+                         ("boundary_ratio", gen.boundary_ratio)):
+        if given is not None and not two_experts:
+            raise InvalidJobError(
+                f"generate.{field}: only for two-expert models (transformer_2 and a "
+                "boundary_ratio); this model has one"
+            )
+    if gen.flow_shift is not None and info.shift_key is None:
+        raise InvalidJobError("generate.flow_shift: this model's scheduler has no flow shift")

@@ -1,0 +1,102 @@
+"""A generate job's first stages: check the request, encode the prompt, denoise, hand off.
+
+Called by the runner in place of loading latents; the returned latents stay on the device and
+go straight into ``decoder.stream`` (the streamed decoder wraps the same pipeline's VAE).
+
+Out of memory: a CUDA OOM while encoding or denoising frees the failed attempt's blocks and
+raises :class:`DeviceOutOfMemory`, like an OOM while decoding, so the task layer retries the
+job once at once with ``tiled=True``: the smaller working set. For a generate job that means
+every other resident model is evicted, the text encoder moves to the host for good (it is
+brought to the GPU only to encode), and the decode runs in spatial tiles. A second OOM is fatal.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from producer.errors import DeviceOutOfMemory, JobCancelled
+from producer.settings import Settings
+from producer.spec import GenerateSpec, Progress
+from worker.generate.cache import ModelCache, Resident, module_bytes
+from worker.generate.denoise import denoise
+from worker.generate.folder import check_request, model_folder, read_model
+from worker.generate.handoff import vae_latents
+from worker.generate.text import encode_prompt
+
+
+@dataclass
+class Generated:
+    """Latents (C, T, h, w) in VAE space on the worker's device, and the stage times."""
+
+    latents: torch.Tensor
+    decoder: Any
+    load_s: float
+    text_encode_s: float
+    denoise_s: float
+
+
+def _sync(device: torch.device) -> None:
+    # Stage times are wall times of GPU work: wait for it (the decode waits for it anyway).
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _host_text_encoder(entry: Resident) -> None:
+    """Keep this model's text encoder on the host from now on (the lean retry)."""
+    if not entry.text_on_host and torch.device(entry.pipe.vae.device).type == "cuda":
+        entry.pipe.text_encoder.to("cpu")
+        entry.bytes -= module_bytes(entry.pipe.text_encoder)
+        entry.text_on_host = True
+
+
+def generate_latents(
+    gen: GenerateSpec, models: ModelCache, settings: Settings, *, job_id: str,
+    progress: Callable[[Progress], None], cancelled: Callable[[], bool], lean: bool = False,
+) -> Generated:
+    """Validate against the model folder, load (or reuse) the model, encode, denoise."""
+    t0 = time.perf_counter()
+    info = read_model(model_folder(gen.model, settings))
+    check_request(gen, info, settings)
+    entry = models.get(info.path, models.resolve_dtype(gen.dtype))
+    if lean:
+        models.evict_others(entry)
+        _host_text_encoder(entry)
+    device = models.device
+    load_s = time.perf_counter() - t0
+
+    def step(done: int, total: int) -> None:
+        progress(Progress(frames_done=0, frames_total=gen.num_frames, segments_done=0,
+                          stage="denoise", steps_done=done, steps_total=total))
+
+    try:
+        t1 = time.perf_counter()
+        positive, negative = encode_prompt(entry.pipe, gen, device, on_host=entry.text_on_host)
+        _sync(device)
+        t2 = time.perf_counter()
+        step(0, gen.num_inference_steps)
+        latents, stopped = denoise(entry.pipe, gen, info, positive, negative, step, cancelled)
+        del positive, negative
+        if stopped:
+            raise JobCancelled(f"job {job_id} cancelled while denoising")
+        z = vae_latents(entry.pipe.vae, latents)
+        del latents
+        _sync(device)
+        t3 = time.perf_counter()
+    except torch.OutOfMemoryError as e:
+        if torch.cuda.is_initialized():
+            torch.cuda.empty_cache()  # hand the failed attempt's blocks back first
+        raise DeviceOutOfMemory(
+            f"CUDA out of memory denoising {job_id} (lean={lean}): {e}"
+        ) from e
+    return Generated(z, models.decoder(entry, tiled=lean), load_s, t2 - t1, t3 - t2)
+
+
+def warm_up(models: ModelCache, folder: str) -> Resident:
+    """Load the configured model (``FRAMEFLEET_WARMUP_MODEL``) before the first job."""
+    info = read_model(model_folder(folder))
+    return models.get(info.path, models.resolve_dtype("auto"))
