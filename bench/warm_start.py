@@ -54,6 +54,25 @@ def child() -> None:
     }), flush=True)
 
 
+def _save_weights(decoder: str, work: str) -> str:
+    """A diffusers-layout folder of the decoder's architecture (seeded random weights, built on
+    the GPU and saved in bf16): what a worker's FRAMEFLEET_WARMUP_WEIGHTS names."""
+    sys.path.insert(0, str(ROOT))
+    import torch
+    from diffusers import AutoencoderKLWan
+
+    from producer.spec import DecoderSpec
+    from worker.decoders.wan import PRESETS
+
+    torch.manual_seed(0)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        vae = AutoencoderKLWan(**PRESETS[DecoderSpec(name=decoder).preset])
+    folder = str(Path(work) / "vae")
+    vae.to(torch.bfloat16).save_pretrained(folder)
+    del vae
+    return folder
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--child", action="store_true")
@@ -62,6 +81,9 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--cache", default=None, help="compile cache folder (default: a new one)")
     ap.add_argument("--out", default="bench/results/warm-start.json")
+    ap.add_argument("--weights", action="store_true",
+                    help="load the decoder from a weights folder (random weights saved once, "
+                    "untimed) as a production worker does, instead of a random init")
     args = ap.parse_args()
     if args.child:
         child()
@@ -69,8 +91,13 @@ def main() -> None:
     cache = args.cache or tempfile.mkdtemp(prefix="compile-cache-")
     work = tempfile.mkdtemp(prefix="work-")
     runs: list[dict[str, Any]] = []
+    extra: dict[str, str] = {}
+    if args.weights:
+        folder = _save_weights(args.decoder, work)
+        extra = {"FRAMEFLEET_WARMUP_WEIGHTS": Path(folder).as_uri(),
+                 "FRAMEFLEET_FILE_ROOTS": work}
     for i in range(args.runs):
-        env = {**os.environ, "FRAMEFLEET_WARMUP_DECODER": args.decoder,
+        env = {**os.environ, **extra, "FRAMEFLEET_WARMUP_DECODER": args.decoder,
                "FRAMEFLEET_WARMUP_LATENT_SIZE": args.sizes, "FRAMEFLEET_COMPILE_CACHE_DIR": cache,
                "FRAMEFLEET_WORK_DIR": work, "FRAMEFLEET_DEVICE": "cuda",
                "FRAMEFLEET_DECODE_GRAPHS": "2", "BENCH_SPAWN_T": repr(time.time())}
@@ -88,7 +115,8 @@ def main() -> None:
 
     out = {"command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
            "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "decoder": args.decoder, "sizes": args.sizes, "runs": runs}
+           "decoder": args.decoder, "sizes": args.sizes, "weights_folder": args.weights,
+           "runs": runs}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2))
     for r in runs:

@@ -68,6 +68,11 @@ class Settings(BaseSettings):
         "frames with wan2.1-vae; 44x80 = 704x1280 with wan2.2-vae); the worker reports ready "
         "once every size is compiled and captured",
     )
+    warmup_weights: str | None = Field(
+        default=None,
+        description="the warm-up decoder's weights folder (file://, diffusers layout): give the "
+        "jobs' decoder.weights so they use the warmed decoder; unset: a seeded random init",
+    )
     compile_cache_dir: str | None = Field(
         default=None,
         description="CUDA: folder kept across worker restarts for torch.compile's caches "

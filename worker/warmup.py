@@ -143,7 +143,10 @@ def warm_up(decoders: DecoderCache, settings: Settings) -> WarmupState:
     _write(folder, state)
     t0 = time.perf_counter()
     if settings.warmup_decoder is not None:
-        decoder = decoders.get(DecoderSpec(name=settings.warmup_decoder))
+        # The jobs' own weights: a job naming the same folder gets this very decoder (and its
+        # captured graphs) from the cache instead of building a second one.
+        decoder = decoders.get(DecoderSpec(name=settings.warmup_decoder,
+                                           weights=settings.warmup_weights))
         for h, w in parse_sizes(settings.warmup_latent_size):
             t = time.perf_counter()
             decoder.warmup(h, w)
