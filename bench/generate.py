@@ -124,16 +124,16 @@ def framefleet(spec: JobSpec, decoders: DecoderCache, settings: Settings) -> dic
     result = run_job(spec, decoders, JobContext(cost=cost_for_job, settings=settings))
     t = result.timings
     busy = t.text_encode_s + t.denoise_s + t.decode_s
-    assert result.latents_uri is not None
-    latents = load_file(result.latents_uri.removeprefix("file://"))["latents"]
+    assert result.manifest.latents_uri is not None
+    latents = load_file(result.manifest.latents_uri.removeprefix("file://"))["latents"]
     return {
         "wall_s": t.wall_s, "load_s": t.load_s, "text_encode_s": t.text_encode_s,
         "denoise_s": t.denoise_s, "decode_gpu_s": t.decode_s,
         "decode_stage_s": t.wall_s - t.load_s - t.text_encode_s - t.denoise_s,
         "encode_s": t.encode_s, "upload_s": t.upload_s,
         "gpu_busy_share": busy / t.wall_s, "decode_share": t.decode_s / t.wall_s,
-        "decode_gpu_busy_ratio": t.gpu_busy_ratio, "frames": result.frames,
-        "segments": len(result.segments),
+        "decode_gpu_busy_ratio": t.gpu_busy_ratio, "frames": result.manifest.frames,
+        "segments": len(result.manifest.segments),
         "cost_stages": [s.model_dump() for s in result.cost.stages] if result.cost else [],
         "latents": latents,
     }
@@ -167,7 +167,8 @@ def bench_model(args: argparse.Namespace, name: str, device: torch.device, dtype
     info = read_model(folder)
     settings = Settings(device="cuda" if device.type == "cuda" else "cpu",
                         max_denoise_steps=10_000, max_pixels=4096 * 4096,
-                        decode_graphs=args.decode_graphs, work_dir=str(work))
+                        decode_graphs=args.decode_graphs, work_dir=str(work),
+                        file_roots=str(work))
     models = ModelCache(device, 2**40, graphs=args.decode_graphs)
     entry = models.adopt(folder, pipe)
     decoders = DecoderCache(device, graphs=args.decode_graphs, models=models)

@@ -132,6 +132,8 @@ def local_folder(path: str | os.PathLike[str], settings: Settings, *, field: str
     real = confine(path, settings, field=field, uri=shown)
     try:
         info = os.stat(real)
+    except FileNotFoundError:
+        raise InvalidJobError(f"{field}: no such folder: {shown}") from None
     except OSError as e:
         raise os_error(e, field, shown) from None
     if not stat.S_ISDIR(info.st_mode):

@@ -49,10 +49,13 @@ class DecoderCache:
 
     def __init__(
         self, device: torch.device, capacity: int = 2, graphs: int = 0,
-        models: ModelCache | None = None,
+        models: ModelCache | None = None, settings: Settings | None = None,
     ) -> None:
         """``graphs``: compiled decode graphs each Wan decoder keeps (see decoders/wan_graph).
-        ``models``: the generation pipelines resident beside the decoders (worker/generate)."""
+        ``models``: the generation pipelines resident beside the decoders (worker/generate).
+        ``settings``: where weights folders may lie (FRAMEFLEET_FILE_ROOTS); default: the
+        process's settings."""
+        self.settings = settings
         self.device = device
         self.capacity = capacity
         self.graphs = graphs
@@ -82,7 +85,7 @@ class DecoderCache:
             name = "bfloat16" if self.device.type == "cuda" else "float32"
         weights = None
         if spec.weights is not None:
-            weights = fetch_weights(spec.weights)
+            weights = fetch_weights(spec.weights, self.settings)
         vae = build_vae(spec.preset, weights, spec.seed, DTYPES[name])
         return WanDecoder(vae, self.device, graphs=self.graphs)
 
@@ -238,4 +241,4 @@ def default_decoders(settings: Settings | None = None) -> DecoderCache:
     device = resolve_device(settings.device)
     models = ModelCache(device, int(settings.model_cache_gib * 2**30),
                         settings.text_encoder_offload, graphs=settings.decode_graphs)
-    return DecoderCache(device, graphs=settings.decode_graphs, models=models)
+    return DecoderCache(device, graphs=settings.decode_graphs, models=models, settings=settings)

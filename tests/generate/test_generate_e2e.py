@@ -35,9 +35,11 @@ def client(redis_url: str) -> Client:
 
 
 @pytest.fixture
-def worker(worker_factory: Any, tiny_model: Path) -> Any:
+def worker(worker_factory: Any, tiny_model: Path, tmp_path_factory: Any) -> Any:
     (w,) = worker_factory(1, env={
         "FRAMEFLEET_DEVICE": "cpu", "OMP_NUM_THREADS": "1",
+        # the models and the test folders lie under pytest's base folder
+        "FRAMEFLEET_FILE_ROOTS": str(tmp_path_factory.getbasetemp()),
         "FRAMEFLEET_MAX_DENOISE_STEPS": "2000", "FRAMEFLEET_WARMUP_MODEL": str(tiny_model),
     })
     return w
@@ -78,7 +80,8 @@ def _mid_denoise(handle: JobHandle) -> Progress | None:
 
 
 def test_hand_off_exact_and_progress_in_order(
-    client: Client, worker: Any, s3: Any, s3_bucket: str, tiny_model: Path, tmp_path: Path
+    client: Client, worker: Any, s3: Any, s3_bucket: str, tiny_model: Path, tmp_path: Path,
+    tmp_path_factory: Any,
 ) -> None:
     # Given a generate job that also saves its latents
     spec = _spec("gen-exact", s3_bucket, tiny_model, num_inference_steps=20, save_latents=True)
@@ -99,16 +102,16 @@ def test_hand_off_exact_and_progress_in_order(
     prefix = "out/gen/gen-exact/"
     saved = load_safetensors(_get(s3, s3_bucket, prefix + "latents.safetensors"))["latents"]
     assert torch.equal(saved, reference)
-    assert result.latents_uri == f"s3://{s3_bucket}/{prefix}latents.safetensors"
+    assert result.manifest.latents_uri == f"s3://{s3_bucket}/{prefix}latents.safetensors"
     # and the MP4 frames equal a decode of those latents with the model's VAE and encoder
     save_file({"latents": reference}, tmp_path / "ref.safetensors")
-    settings = Settings(device="cpu")
+    settings = Settings(device="cpu", file_roots=str(tmp_path_factory.getbasetemp()))
     decode = JobSpec(job_id="ref", input=InputSpec(uri=(tmp_path / "ref.safetensors").as_uri()),
                      decoder=DecoderSpec(weights=(tiny_model / "vae").as_uri()),
                      output=OutputSpec(uri=tmp_path.as_uri()), video=spec.video)
     expected = run_job(decode, default_decoders(settings), JobContext(settings=settings))
-    assert len(result.segments) == len(expected.segments) == 3
-    for got, want in zip(result.segments, expected.segments, strict=True):
+    assert len(result.manifest.segments) == len(expected.manifest.segments) == 3
+    for got, want in zip(result.manifest.segments, expected.manifest.segments, strict=True):
         path = tmp_path / f"got-{got.index}.mp4"
         path.write_bytes(_get(s3, s3_bucket, prefix + f"segment-{got.index:05d}.mp4"))
         a, b = read_frames_rgb(path), read_frames_rgb(Path(want.uri.removeprefix("file://")))
@@ -147,8 +150,9 @@ def test_sigkill_mid_denoise_then_identical_segments(
     # Then its segments are byte-identical to an uninterrupted run of the same generate spec
     clean = client.submit(_spec("gen-clean", s3_bucket, tiny_model, num_inference_steps=400))
     reference = clean.wait(timeout=180)
-    assert [s.sha256 for s in result.segments] == [s.sha256 for s in reference.segments]
-    for seg in result.segments:
+    assert ([s.sha256 for s in result.manifest.segments]
+            == [s.sha256 for s in reference.manifest.segments])
+    for seg in result.manifest.segments:
         data = _get(s3, s3_bucket, f"out/gen/gen-kill/segment-{seg.index:05d}.mp4")
         assert hashlib.sha256(data).hexdigest() == seg.sha256
     print(f"killed at denoise {p.steps_done}/{p.steps_total}; rerun identical")
@@ -168,7 +172,7 @@ def test_bad_generate_specs_fail_at_once_naming_the_field(
     both = {**change(), "input": {"uri": f"s3://{s3_bucket}/in/z.safetensors"}}
     cases = {
         "missing folder": (change(model=(tmp_path / "nowhere").as_uri()),
-                           "generate.model: folder"),
+                           "generate.model: no such folder"),
         "no transformer": (change(model=bare.as_uri()), "has no transformer"),
         "80 frames": (change(num_frames=80), "generate.num_frames"),
         "size": (change(height=40), "generate.height: 40 is not a multiple of 16"),
@@ -186,4 +190,5 @@ def test_bad_generate_specs_fail_at_once_naming_the_field(
         assert time.monotonic() - t0 < 30
     assert "Retry in" not in worker.log_text()  # failed at once: no retry loop
     # and the worker runs the next good job
-    assert client.submit(_spec("gen-good", s3_bucket, tiny_model)).wait(timeout=60).frames == 9
+    good_result = client.submit(_spec("gen-good", s3_bucket, tiny_model)).wait(timeout=60)
+    assert good_result.manifest.frames == 9

@@ -3,6 +3,7 @@ latents to the streamed decoder, progress order, determinism, the model cache's 
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,8 @@ from worker.encode import read_frames_rgb
 from worker.generate.cache import ModelCache
 from worker.runner import JobContext, default_decoders, run_job
 
-SETTINGS = Settings(device="cpu", max_denoise_steps=50)
+# The models and outputs lie in pytest's temporary folders: the file:// root.
+SETTINGS = Settings(device="cpu", max_denoise_steps=50, file_roots=tempfile.gettempdir())
 
 
 def _spec(job_id: str, out: Path, **generate: Any) -> JobSpec:
@@ -38,7 +40,7 @@ def _spec(job_id: str, out: Path, **generate: Any) -> JobSpec:
 
 def _frames(result: Any) -> list[Any]:
     frames = []
-    for seg in result.segments:
+    for seg in result.manifest.segments:
         frames += read_frames_rgb(Path(seg.uri.removeprefix("file://")))
     return frames
 
@@ -97,7 +99,7 @@ def test_model_dependent_checks_fail_before_loading(
 def test_missing_folder_and_folder_without_transformer(tiny_model: Path, tmp_path: Path) -> None:
     ctx = JobContext(settings=SETTINGS)
     missing = _spec("missing", tmp_path, model=tmp_path / "nowhere")
-    with pytest.raises(InvalidJobError, match=r"generate.model: folder .*nowhere does not exist"):
+    with pytest.raises(InvalidJobError, match=r"generate.model: no such folder: .*nowhere"):
         run_job(missing, default_decoders(SETTINGS), ctx)
     bare = without_transformer(tiny_model, tmp_path / "no-transformer")
     spec = _spec("bare", tmp_path, model=bare)
@@ -118,8 +120,8 @@ def test_hand_off_is_exact_and_progress_goes_denoise_then_frames(
     # Then its latents are exactly those of diffusers' own pipeline for the same seed
     assert spec.generate is not None
     reference = reference_latents(spec.generate)
-    assert result.latents_uri is not None
-    saved = load_file(result.latents_uri.removeprefix("file://"))["latents"]
+    assert result.manifest.latents_uri is not None
+    saved = load_file(result.manifest.latents_uri.removeprefix("file://"))["latents"]
     assert saved.shape == (16, 3, 4, 6) and torch.equal(saved, reference)
     # and its MP4 frames are exactly a decode job's frames of those reference latents, with
     # the model's VAE
@@ -129,9 +131,10 @@ def test_hand_off_is_exact_and_progress_goes_denoise_then_frames(
                      output=OutputSpec(uri=tmp_path.as_uri()), video=spec.video)
     expected = run_job(decode, decoders, JobContext(settings=SETTINGS))
     got, want = _frames(result), _frames(expected)
-    assert len(got) == len(want) == 9 == result.frames
+    assert len(got) == len(want) == 9 == result.manifest.frames
     assert all((a == b).all() for a, b in zip(got, want, strict=True))
-    assert [s.sha256 for s in result.segments] == [s.sha256 for s in expected.segments]
+    assert ([s.sha256 for s in result.manifest.segments]
+            == [s.sha256 for s in expected.manifest.segments])
     # and progress went denoise 0/2, 1/2, 2/2, then frames
     texts = [p.text for p in states]
     assert texts[:3] == ["denoise 0/2", "denoise 1/2", "denoise 2/2"]
@@ -146,8 +149,8 @@ def test_same_spec_same_segments_other_seed_other_video(tiny_model: Path, tmp_pa
     a = run_job(_spec("a", tmp_path / "a", model=tiny_model), decoders, ctx)
     b = run_job(_spec("a", tmp_path / "b", model=tiny_model), default_decoders(SETTINGS), ctx)
     c = run_job(_spec("c", tmp_path / "c", model=tiny_model, seed=8), decoders, ctx)
-    assert [s.sha256 for s in a.segments] == [s.sha256 for s in b.segments]
-    assert [s.sha256 for s in a.segments] != [s.sha256 for s in c.segments]
+    assert [s.sha256 for s in a.manifest.segments] == [s.sha256 for s in b.manifest.segments]
+    assert [s.sha256 for s in a.manifest.segments] != [s.sha256 for s in c.manifest.segments]
 
 
 def test_cancel_between_denoise_steps_writes_nothing(tiny_model: Path, tmp_path: Path) -> None:
@@ -170,7 +173,8 @@ def test_flow_shift_changes_the_video(tiny_model: Path, tmp_path: Path) -> None:
     decoders = default_decoders(SETTINGS)
     base = run_job(_spec("s3", tmp_path / "a", model=tiny_model), decoders, ctx)
     shifted = run_job(_spec("s9", tmp_path / "b", model=tiny_model, flow_shift=9.0), decoders, ctx)
-    assert [s.sha256 for s in base.segments] != [s.sha256 for s in shifted.segments]
+    assert ([s.sha256 for s in base.manifest.segments]
+            != [s.sha256 for s in shifted.manifest.segments])
     # and the resident pipeline kept its own scheduler config
     (key,) = decoders.models.keys()
     entry = decoders.models.get(Path(key[0]), key[1])
@@ -194,7 +198,8 @@ def test_model_cache_budget(tiny_model: Path, tmp_path: Path) -> None:
 
 def test_stage_costs_add_up_and_cost_report_sums_them() -> None:
     from producer.cli_cost import stage_totals
-    from producer.cost import default_catalog, job_cost, prices_for
+    from producer.cost import job_cost
+    from producer.pricing import default_catalog, prices_for
     from tests.producer.test_cost import make_result
 
     prices = prices_for("g7e.2xlarge", "on-demand", default_catalog())
@@ -254,7 +259,7 @@ def test_out_of_memory_while_denoising_is_retryable_then_lean(
     # The lean retry (tiled=True) keeps only this job's model resident and succeeds
     lean = JobContext(settings=SETTINGS, tiled=True)
     result = run_job(_spec("oom", tmp_path / "b", model=tiny_model), decoders, lean)
-    assert result.frames == 9
+    assert result.manifest.frames == 9
     assert decoders.models.keys() == [(str(tiny_model), torch.float32)]
 
 
@@ -303,21 +308,28 @@ def test_wan22_layouts_hand_off_exactly(
     ctx = JobContext(settings=SETTINGS)
     spec = _spec(preset, tmp_path / "a", model=model, save_latents=True, **fields)
     result = run_job(spec, decoders, ctx)
-    assert spec.generate is not None and result.latents_uri is not None
+    assert spec.generate is not None and result.manifest.latents_uri is not None
     reference = reference_latents(spec.generate)
-    assert torch.equal(load_file(result.latents_uri.removeprefix("file://"))["latents"],
+    assert torch.equal(load_file(result.manifest.latents_uri.removeprefix("file://"))["latents"],
                        reference)
     save_file({"latents": reference}, tmp_path / "ref.safetensors")
+    # TI2V-5B decodes with Wan2.2's own VAE (48 channels), A14B with Wan2.1's
+    name = "wan2.2-vae" if preset == "tiny-ti2v" else "wan2.1-vae"
     decode = JobSpec(job_id="ref", input=InputSpec(uri=(tmp_path / "ref.safetensors").as_uri()),
-                     decoder=DecoderSpec(weights=(model / "vae").as_uri()),
-                     output=OutputSpec(uri=(tmp_path / "ref").as_uri()), video=spec.video)
+                     decoder=DecoderSpec(name=name, weights=(model / "vae").as_uri()),
+                     output=OutputSpec(uri=(tmp_path / "ref").as_uri()),
+                     # the generate job's frame rate, given explicitly (wan2.2-vae's default is 24)
+                     video=VideoSpec(**spec.video.model_dump()))
     expected = run_job(decode, decoders, ctx)
-    assert (result.width, result.height, result.frames) == (expected.width, expected.height, 9)
-    assert [s.sha256 for s in result.segments] == [s.sha256 for s in expected.segments]
+    got_m, want_m = result.manifest, expected.manifest
+    assert (got_m.width, got_m.height, got_m.frames) == (want_m.width, want_m.height, 9)
+    assert ([s.sha256 for s in result.manifest.segments]
+            == [s.sha256 for s in expected.manifest.segments])
     if preset == "tiny-a14b":  # the boundary between the experts is the spec's to move
         moved = run_job(_spec("b", tmp_path / "b", model=model, boundary_ratio=0.5, **fields),
                         decoders, ctx)
-        assert [s.sha256 for s in moved.segments] != [s.sha256 for s in result.segments]
+        assert ([s.sha256 for s in moved.manifest.segments]
+                != [s.sha256 for s in result.manifest.segments])
     else:  # 48 is not a multiple of the x16 VAE x patch 2
         with pytest.raises(InvalidJobError, match="generate.width: 48 is not a multiple of 32"):
             run_job(_spec("w", tmp_path / "c", model=model, height=64, width=48), decoders, ctx)

@@ -228,5 +228,5 @@ def test_decoder_weights_folder_is_confined(tmp_path: Path) -> None:
         fetch_weights(tmp_path.as_uri(), settings)
     with pytest.raises(InvalidJobError, match="decoder.weights: .*file is not a directory"):
         fetch_weights((root / "file").as_uri(), settings)
-    with pytest.raises(InputNotFoundError, match="decoder.weights: no such file"):
+    with pytest.raises(InvalidJobError, match="decoder.weights: no such folder"):
         fetch_weights((root / "missing").as_uri(), settings)
