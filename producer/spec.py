@@ -324,6 +324,8 @@ def _unset_additions(spec: JobSpec) -> dict[str, Any]:
     exclude: dict[str, Any] = {}
     if spec.notify is None:
         exclude["notify"] = True
+    if spec.generate is None:
+        exclude["generate"] = True
     if spec.video.first_segment_frames is None:
         exclude["video"] = {"first_segment_frames"}
     return exclude

@@ -25,7 +25,7 @@ from worker.decoders.pattern import PatternDecoder
 from worker.hls import PLAYLIST
 from worker.runner import DecoderCache, run_job
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("file_roots")]
 
 CHUNK_S = 0.12  # four frames per chunk: ~33 frames/s, faster than playback (16 fps)
 LATENT_FRAMES = 40  # 157 frames, ~10 s of video

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from producer.errors import InvalidJobError
-from producer.spec import STAGE_NAMES, PipelineSpec, VideoSpec
+from producer.spec import PipelineSpec, VideoSpec
 from worker.decoders.pattern import PatternDecoder, read_frame_index
 from worker.encode import read_frames_rgb
 from worker.pipeline import ClosedSegment, PipelineStats, run_pipeline
@@ -159,7 +159,7 @@ def test_a_decoder_error_that_mentions_a_size_is_not_called_bad_input(tmp_path: 
 def test_pipeline_stats_fill_every_stage_but_load(tmp_path: Path) -> None:
     _, report = _run(tmp_path, "async")
     stats: PipelineStats = report.stats  # type: ignore[attr-defined]
-    assert PIPELINE_STAGES == tuple(s for s in STAGE_NAMES if s != "load")
+    assert PIPELINE_STAGES == ("decode", "postprocess", "d2h", "encode", "upload")
     seconds = stats.stage_seconds()
     assert list(seconds) == [f"{s}_s" for s in PIPELINE_STAGES]
     # the CPU path times decode, post-process and encode; there is no copy to time

@@ -26,6 +26,9 @@ from tests.services import S3Server, free_port
 from worker import storage
 from worker.storage import FileStore, JobOutput, S3Store, map_s3_error, open_uri, read_uri
 
+# file:// paths are confined to FRAMEFLEET_FILE_ROOTS: the test's own folder is one.
+pytestmark = pytest.mark.usefixtures("file_roots")
+
 # --- file:// ----------------------------------------------------------------------------------
 
 
@@ -45,7 +48,7 @@ def test_file_store_missing_and_oversized_files(tmp_path: Path) -> None:
         store.get_bytes("absent.npy", max_bytes=10)
     assert isinstance(missing.value, FileNotFoundError)  # builtin kept for plain callers
     (tmp_path / "big.npy").write_bytes(b"x" * 11)
-    with pytest.raises(InvalidJobError, match=r"big\.npy is 11 bytes, over the 10 limit"):
+    with pytest.raises(InvalidJobError, match=r"big\.npy is 11 bytes, over the 10 byte limit"):
         store.get_bytes("big.npy", max_bytes=10)
 
 
