@@ -1,7 +1,8 @@
 """The task's concerns: small objects around one run of a job, one module each.
 
 The task body (``worker.tasks``) only parses, claims, leases and runs; everything a run needs
-around it (progress, cancel and preemption, the OOM fallback, retries, metrics) is a concern,
+around it (progress, cancel and preemption, the worker-loss cap, the OOM fallback, retries,
+metrics) is a concern,
 in the manner of Dramatiq's middleware.
 
 The interface (``worker.concerns.base``):
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 from worker.concerns.base import Concern, Failed, Outcome, Succeeded, TaskRun, run_concerns
 from worker.concerns.cancel import CancelAndPreempt
+from worker.concerns.losses import WorkerLosses
 from worker.concerns.metrics import JobMetrics
 from worker.concerns.oom import OomFallback
 from worker.concerns.progress import ProgressReport
@@ -47,6 +49,7 @@ from worker.concerns.retries import Retries
 CONCERNS: tuple[type[Concern], ...] = (
     ProgressReport,
     CancelAndPreempt,
+    WorkerLosses,
     OomFallback,
     Retries,
     JobMetrics,

@@ -10,7 +10,7 @@ import logging
 
 from producer.errors import DeviceOutOfMemory, FatalJobError
 from worker.concerns.base import Concern, Failed, Outcome
-from worker.concerns.retries import Requeue
+from worker.concerns.retries import requeue
 
 log = logging.getLogger(__name__)
 
@@ -25,4 +25,4 @@ class OomFallback(Concern):
             return Failed(error=FatalJobError(f"{error}; tiled decode did not fit either"),
                           cause=error)
         log.warning("job %s: %s; retrying with tiled decode", self.run.spec.job_id, error)
-        return Requeue(error=error, kwargs={"tiled": True})
+        return requeue(self.run, error, kwargs={"tiled": True})
