@@ -31,10 +31,6 @@ from worker.lease import REDIS_DOWN
 log = logging.getLogger(__name__)
 
 
-class WorkerLost(FatalJobError):
-    """The job's worker died under it ``FRAMEFLEET_MAX_WORKER_LOSSES`` times."""
-
-
 class WorkerLosses(Concern):
     """Counts the runs of this job that never ended; fails the job once they reach the cap."""
 
@@ -55,7 +51,8 @@ class WorkerLosses(Concern):
             return
         node = (lost_on or "?").split(" ")[0]
         if losses >= cap:
-            raise WorkerLost(
+            # A FatalJobError (the client re-creates it without importing worker code).
+            raise FatalJobError(
                 f"job {job_id}: its worker was lost {losses} times (FRAMEFLEET_MAX_WORKER_LOSSES"
                 f"={cap}), the last time on {node}; not delivered again"
             )
