@@ -14,9 +14,10 @@ import time
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_process_init, worker_ready, worker_shutdown
+from celery.signals import task_revoked, worker_process_init, worker_ready, worker_shutdown
 
 from producer.app import make_app
+from producer.control import flags_for
 from producer.cost import configured_prices
 from producer.settings import Settings, get_settings
 from producer.spec import DecoderSpec
@@ -91,6 +92,20 @@ def _start_spot_watcher(sender: Any = None, **_: Any) -> None:
 def _stop_spot_watcher(**_: Any) -> None:
     if _watcher is not None:
         _watcher.stop()
+
+
+@task_revoked.connect
+def _mark_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
+    """A job dropped on receipt because it was revoked (cancelled while queued) never reaches
+    the task: mark it received all the same, so that a resubmit after its REVOKED result
+    expired sends it again instead of waiting on PENDING for ever (``producer.client``)."""
+    job_id = getattr(request, "id", None)
+    if sender is None or not job_id:
+        return
+    try:
+        flags_for(sender.app).mark_started(str(job_id))
+    except Exception as e:  # noqa: BLE001 - a signal handler must not break the consumer
+        log.warning("job %s: revoked, not marked received: %s", job_id, e)
 
 
 #: The app ``celery -A worker.main`` finds.

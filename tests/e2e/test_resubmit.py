@@ -1,5 +1,5 @@
 """A resubmit after the job's result expired: it runs again (returning the stored output as
-``reused``) instead of staying PENDING for ever.
+``reused``, or ending cancelled again) instead of staying PENDING for ever.
 
 Real Redis, SeaweedFS and a Celery worker whose results live the shortest time settings allow
 (``FRAMEFLEET_RESULT_EXPIRES_S=60``), so the test waits about a minute for the expiry.
@@ -7,6 +7,7 @@ Real Redis, SeaweedFS and a Celery worker whose results live the shortest time s
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import pytest
 import redis
 
 from producer.client import Client
-from tests.e2e.chaos_helpers import CHAOS_ENV, SMALL_JOB, Jobs, received, wait_for
+from tests.e2e.chaos_helpers import CHAOS_ENV, LONG_JOB, Jobs, mid_job, received, wait_for
 from tests.e2e.helpers import verify_output
 
 pytestmark = [pytest.mark.e2e]
@@ -33,13 +34,19 @@ def test_a_resubmit_after_the_result_expired_returns_the_stored_output(
     (worker,) = worker_factory(1, env={**CHAOS_ENV,
                                        "FRAMEFLEET_RESULT_EXPIRES_S": str(EXPIRES_S)})
     jobs = Jobs(client, s3, s3_bucket)
-    uri = jobs.put_input("small", SMALL_JOB)
-    first = jobs.submit("expires", uri, SMALL_JOB).wait(timeout=60)
-    result_key = client.app.backend.get_key_for_task("expires")
-    assert 0 < r.ttl(result_key) <= EXPIRES_S
-    # When its result has expired (its job_id claim has not: it lives 30 days)
-    wait_for(lambda: not r.exists(result_key), EXPIRES_S + 30, "expiry of the result")
-    assert r.exists("framefleet:spec:expires")
+    uri = jobs.put_input("long", LONG_JOB)
+    jobs.submit("expires", uri, LONG_JOB)
+    # (and one cancelled while it waited behind it: the worker drops it when it comes)
+    wait_for(partial(mid_job, jobs, ["expires"]), 60, "the first job mid-way")
+    cancelled = jobs.submit("cancelled", uri, LONG_JOB)
+    client.cancel("cancelled")
+    first = jobs.handles["expires"].wait(timeout=60)
+    wait_for(lambda: cancelled.status() == "REVOKED", 30, "the cancel")
+    keys = [client.app.backend.get_key_for_task(j) for j in ("expires", "cancelled")]
+    assert all(0 < r.ttl(key) <= EXPIRES_S for key in keys)
+    # When their results have expired (their job_id claims have not: they live 30 days)
+    wait_for(lambda: not r.exists(*keys), EXPIRES_S + 30, "expiry of the results")
+    assert r.exists("framefleet:spec:expires", "framefleet:spec:cancelled") == 2
     assert client.get("expires").status() == "PENDING"
     # Then submitting the same spec again sends it, and the worker returns the stored output
     again = client.submit(jobs.specs["expires"]).wait(timeout=60)
@@ -50,3 +57,13 @@ def test_a_resubmit_after_the_result_expired_returns_the_stored_output(
     # and a resubmit of the finished job returns it without sending it a third time
     assert client.submit(jobs.specs["expires"]).wait(timeout=10) == again
     assert received([worker], "expires") == 2
+    # The cancelled one is sent again too, and ends (cancelled: the worker remembers the
+    # revoke for a while) rather than staying PENDING
+    handle = client.submit(jobs.specs["cancelled"])
+    wait_for(lambda: handle.status() not in {"PENDING", "STARTED", "PROGRESS"}, 30,
+             "the resubmitted cancelled job's end")
+    assert handle.status() == "REVOKED"
+    dropped = worker.log_text().count("Discarding revoked task: framefleet.decode_video"
+                                      "[cancelled]")
+    # (both deliveries dropped on receipt: the cancel reached the worker while it was queued)
+    assert received([worker], "cancelled") == 2 and dropped == 2
