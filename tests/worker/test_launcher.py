@@ -134,15 +134,19 @@ def test_a_stopped_launcher_kills_what_outlives_the_drain_wait(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given workers that ignore SIGTERM (a job that runs on), and a drain wait of 1 s
-    stubborn = [sys.executable, "-c",
-                "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-                "time.sleep(60)"]
-    monkeypatch.setattr(launcher_module, "worker_command", lambda name: stubborn)
+    def stubborn(name: str) -> list[str]:
+        ready = tmp_path / name
+        return [sys.executable, "-c",
+                "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                "open(sys.argv[1], 'w').close(); time.sleep(60)", str(ready)]
+
+    monkeypatch.setattr(launcher_module, "worker_command", stubborn)
     launcher = Launcher([WorkerSlot("a@h", {}), WorkerSlot("b@h", {})], drain_s=1.0)
     done = threading.Thread(target=launcher.run, kwargs={"poll_s": 0.05})
     done.start()
-    deadline = time.monotonic() + 20
-    while any(s.proc is None for s in launcher.slots) and time.monotonic() < deadline:
+    deadline = time.monotonic() + 30
+    while not all((tmp_path / n).exists() for n in ("a@h", "b@h")):
+        assert time.monotonic() < deadline, "the workers did not start"
         time.sleep(0.05)
     # When it is stopped
     t0 = time.monotonic()

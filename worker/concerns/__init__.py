@@ -8,7 +8,8 @@ in the manner of Dramatiq's middleware.
 The interface (``worker.concerns.base``):
 
 - ``TaskRun``: one execution of the task for one job: the Celery task (``run.task``), the
-  spec, the worker's settings, the cancel flags, the node name, and two lists a concern may
+  spec, the worker's settings, the cancel flags, the node name, the job's counters
+  (``error_retries``, ``requeues``: see ``retries``), and two lists a concern may
   append to in ``before_run``: ``progress_hooks`` (called with each ``Progress``) and
   ``cancel_checks`` (polled between chunks; one ``True`` stops the run with ``JobCancelled``).
 - ``Concern``: created once per run as ``Concern(run)`` (so it may keep that run's state on
