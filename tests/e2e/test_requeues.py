@@ -2,8 +2,9 @@
 gets the whole retry budget for an S3 outage, as a fresh job does.
 
 Real Redis, SeaweedFS and a Celery worker. Another run of the job holds its lease (the test
-holds it, under another node's name, as a worker still running a restored duplicate would) for
-five looks of the worker, 5 s apart; then SeaweedFS goes down in the middle of the run. The
+holds and renews it, under another node's name, as a worker still running a restored duplicate
+would) for five looks of the worker, 5 s apart; then SeaweedFS goes down in the middle of the
+run. The
 retry budget (``FRAMEFLEET_RETRY_MAX=4``) is smaller than the number of lease waits: when
 lease waits spent it, the job failed at the first S3 error.
 """
@@ -55,9 +56,20 @@ def test_lease_waits_leave_the_retry_budget_whole(
     jobs = Jobs(client, s3, s3_bucket)
     uri = jobs.put_input("long", LONG_JOB)
     job_id = "waited"
-    held_ms = int((WAITS - 0.5) * LEASE_RETRY_S * 1000)
-    r.set(f"framefleet:lease:{job_id}", f"elsewhere@other {os.getpid()} held", px=held_ms)
+    lease = f"framefleet:lease:{job_id}"
+    r.set(lease, f"elsewhere@other {os.getpid()} held", px=10_000)
     jobs.submit(job_id, uri, LONG_JOB)
+
+    def lease_waits() -> int:
+        return len(re.findall(rf"\[{job_id}\] retry: Retry in {LEASE_RETRY_S}s$",
+                              worker.log_text(), re.M))
+
+    def held_for_five_looks() -> bool:
+        r.pexpire(lease, 10_000)  # the other run renews its lease
+        return lease_waits() >= WAITS
+
+    wait_for(held_for_five_looks, 30 + WAITS * LEASE_RETRY_S, "five lease waits", 0.2)
+    r.delete(lease)  # the other run ended
     try:
         # When the job runs at last, and SeaweedFS is down for a few seconds mid-job
         wait_for(partial(mid_job, jobs, [job_id]), 60 + WAITS * LEASE_RETRY_S,
@@ -71,7 +83,7 @@ def test_lease_waits_leave_the_retry_budget_whole(
             s3.start()
     # Then it waited for the lease five times, and still retried the S3 errors to success
     log = worker.log_text()
-    waits = len(re.findall(rf"\[{job_id}\] retry: Retry in {LEASE_RETRY_S}s$", log, re.M))
+    waits = lease_waits()
     errors = len(re.findall(rf"\[{job_id}\] retry: Retry in [\d.]+s: StorageError", log))
     print(f"requeues: {waits} lease waits, then {errors} retries of S3 errors (S3 back after "
           f"{2 + up:.1f} s)")
