@@ -57,7 +57,7 @@ class WorkerLosses(Concern):
                 f"={cap}), the last time on {node}; not delivered again"
             )
         log.warning("job %s: its worker was lost under it %d time(s), the last on %s; "
-                    "running it again (%d more allowed)", job_id, losses, node, cap - losses)
+                    "running it again (it fails at %d)", job_id, losses, node, cap)
 
     def on_outcome(self, outcome: Outcome) -> None:
         if not self.recorded:
