@@ -154,7 +154,7 @@ class Client:
                 )
             state = handle.status()
             if state in RERUNNABLE:
-                flags.take_started(spec.job_id)
+                flags.reset_runs(spec.job_id)
                 AsyncResult(spec.job_id, app=self.app).forget()
             elif not (state == "PENDING" and flags.take_started(spec.job_id)):
                 return handle  # queued, running or finished: the existing job

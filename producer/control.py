@@ -35,6 +35,7 @@ class Flags(Protocol):
     def end_run(self, job_id: str, holder: str, final: bool) -> None: ...
     def mark_started(self, job_id: str) -> None: ...
     def take_started(self, job_id: str) -> bool: ...
+    def reset_runs(self, job_id: str) -> None: ...
 
 
 # Claim a job_id (SET NX) and, when the claim is new, clear a stale cancel flag: one round trip.
@@ -121,6 +122,11 @@ class RedisFlags:
     def take_started(self, job_id: str) -> bool:
         """Clear the job's "has run" mark; True for the one caller that found it."""
         return bool(self.r.hdel(f"framefleet:runs:{job_id}", "started"))
+
+    def reset_runs(self, job_id: str) -> None:
+        """Forget the job's run record (a resubmit after FAILURE starts with no losses, even
+        if its last run was killed by the hard time limit and never ended)."""
+        self.r.delete(f"framefleet:runs:{job_id}")
 
 
 def _text(value: Any) -> str:
@@ -210,6 +216,9 @@ class FileFlags:
             return False
         self._write_runs(path, record)
         return True
+
+    def reset_runs(self, job_id: str) -> None:
+        (self.root / "runs" / f"{job_id}.json").unlink(missing_ok=True)
 
 
 def flags_for(app: Celery, settings: Settings | None = None) -> Flags:

@@ -155,3 +155,12 @@ def test_the_run_record_expires_with_the_claim(redis_url: str) -> None:
     assert 0 < r.ttl(f"framefleet:runs:{job}") <= SPEC_TTL_S
     RedisFlags(r).start_run(_id(), "gpu0@a 1 t")
     assert 0 < r.ttl(f"framefleet:runs:{job}") <= SPEC_TTL_S
+
+
+def test_reset_forgets_the_run_record(flags: Flags) -> None:
+    job = _id()
+    flags.mark_started(job)
+    flags.start_run(job, "gpu0@a 1 t")  # killed by the hard time limit: never ended
+    flags.reset_runs(job)
+    assert not flags.take_started(job)
+    assert flags.start_run(job, "gpu0@a 2 t") == (0, None)

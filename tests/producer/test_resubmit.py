@@ -51,8 +51,37 @@ def test_resubmit_sends_again_only_a_job_whose_result_expired(
         assert _queued(r, queued.job_id) == 1
         assert _queued(r, expired.job_id) == 2
     finally:
-        for key in r.scan_iter(match=f"{QUEUE}*"):
-            if r.type(key) == b"list":
-                for raw in r.lrange(key, 0, -1):
-                    if json.loads(raw)["headers"]["id"] in {queued.job_id, expired.job_id}:
-                        r.lrem(key, 0, raw)
+        _drop(r, {queued.job_id, expired.job_id})
+
+
+def _drop(r: redis.Redis, job_ids: set[str]) -> None:
+    """Remove the messages of ``job_ids`` from the queue (no worker will take them)."""
+    for key in r.scan_iter(match=f"{QUEUE}*"):
+        if r.type(key) == b"list":
+            for raw in r.lrange(key, 0, -1):
+                if json.loads(raw)["headers"]["id"] in job_ids:
+                    r.lrem(key, 0, raw)
+
+
+def test_a_resubmit_after_failure_starts_with_no_worker_losses(
+    redis_url: str, tmp_path: Path
+) -> None:
+    # Given a job that ended in FAILURE after its last run was killed without ending
+    # (Celery's hard time limit), so its run record still names that run
+    r = redis.Redis.from_url(redis_url)
+    client = Client(broker_url=redis_url, backend_url=redis_url)
+    spec = _spec(tmp_path)
+    flags = flags_for(client.app)
+    try:
+        client.submit(spec)
+        _drop(r, {spec.job_id})  # (a worker took it)
+        flags.mark_started(spec.job_id)
+        flags.start_run(spec.job_id, "gpu0@a 1 t")
+        client.app.backend.mark_as_failure(spec.job_id, TimeoutError("hard time limit"))
+        # When it is submitted again
+        client.submit(spec)
+        # Then it is sent again, and its next run counts no loss
+        assert _queued(r, spec.job_id) == 1
+        assert flags.start_run(spec.job_id, "gpu0@a 2 t") == (0, None)
+    finally:
+        _drop(r, {spec.job_id})
