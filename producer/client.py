@@ -136,8 +136,9 @@ class Client:
 
     def submit(self, spec: JobSpec) -> JobHandle:
         """Enqueue ``spec``. The same job_id with the same spec returns the existing job's
-        handle instead of running it twice (unless it ended in FAILURE or was cancelled);
-        the same job_id with a different spec raises JobConflictError."""
+        handle instead of running it twice (unless it ended in FAILURE, or its result has
+        expired: then it is sent again, and a complete stored output comes back as
+        ``reused``); the same job_id with a different spec raises JobConflictError."""
         settings = self.settings
         if spec.time_limit_s > settings.max_time_limit_s:
             raise InvalidJobError(
@@ -159,9 +160,14 @@ class Client:
                 raise JobConflictError(
                     f"job_id {spec.job_id!r} was already submitted with a different spec"
                 )
-            if handle.status() not in RERUNNABLE:
-                return handle
-            AsyncResult(spec.job_id, app=self.app).forget()
+            state = handle.status()
+            if state in RERUNNABLE:
+                flags.reset_runs(spec.job_id)
+                AsyncResult(spec.job_id, app=self.app).forget()
+            elif not (state == "PENDING" and flags.take_started(spec.job_id)):
+                return handle  # queued, running or finished: the existing job
+            # else a worker received it and its result has expired since: send it again (the
+            # worker returns the output still stored as ``reused``, or runs it if it is gone).
             flags.clear_cancel(spec.job_id)
         try:
             self.app.send_task(
@@ -179,6 +185,8 @@ class Client:
             # Nothing was queued: free the job_id, or a resubmission would wait forever.
             if existing is None:
                 flags.release(spec.job_id)
+            else:  # the next resubmit must send it again
+                flags.mark_started(spec.job_id)
             raise
         return handle
 

@@ -7,6 +7,7 @@ is enough for its one host.
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from pathlib import Path
@@ -30,6 +31,11 @@ class Flags(Protocol):
     def clear_cancel(self, job_id: str) -> None: ...
     def set_preempted(self, node: str) -> None: ...
     def preempted(self, node: str) -> bool: ...
+    def start_run(self, job_id: str, holder: str) -> tuple[int, str | None]: ...
+    def end_run(self, job_id: str, holder: str, final: bool) -> None: ...
+    def mark_started(self, job_id: str) -> None: ...
+    def take_started(self, job_id: str) -> bool: ...
+    def reset_runs(self, job_id: str) -> None: ...
 
 
 # Claim a job_id (SET NX) and, when the claim is new, clear a stale cancel flag: one round trip.
@@ -39,6 +45,30 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
   return false
 end
 return redis.call('GET', KEYS[1])
+"""
+
+
+# The run record of a job, ``framefleet:runs:{job_id}`` (a hash): ``running`` names the holder
+# (``node pid token``) of the run in progress, ``losses`` counts runs that started and never
+# ended (their worker died), ``lost_on`` is the holder of the last of them, and ``started``
+# says a worker has received the job (so a PENDING state means its result expired).
+_START_RUN = """
+local prev = redis.call('HGET', KEYS[1], 'running')
+if prev then
+  redis.call('HINCRBY', KEYS[1], 'losses', 1)
+  redis.call('HSET', KEYS[1], 'lost_on', prev)
+end
+redis.call('HSET', KEYS[1], 'running', ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return {tonumber(redis.call('HGET', KEYS[1], 'losses') or '0'),
+        redis.call('HGET', KEYS[1], 'lost_on') or false}
+"""
+_END_RUN = """
+if redis.call('HGET', KEYS[1], 'running') == ARGV[1] then
+  redis.call('HDEL', KEYS[1], 'running')
+  if ARGV[2] == '1' then redis.call('HDEL', KEYS[1], 'losses', 'lost_on') end
+end
+return 0
 """
 
 
@@ -72,11 +102,41 @@ class RedisFlags:
     def preempted(self, node: str) -> bool:
         return bool(self.r.exists(f"framefleet:preempted:{node}"))
 
+    def start_run(self, job_id: str, holder: str) -> tuple[int, str | None]:
+        """Record that ``holder`` runs ``job_id`` now; returns the worker losses so far and
+        the holder of the last lost run. A run recorded earlier and never ended is counted as
+        lost here: the lease guarantees that no other run of the job is alive."""
+        losses, lost_on = self.r.eval(_START_RUN, 1, f"framefleet:runs:{job_id}", holder,
+                                      SPEC_TTL_S)
+        return int(losses), _text(lost_on) if lost_on else None
+
+    def end_run(self, job_id: str, holder: str, final: bool) -> None:
+        """``holder``'s run ended (not lost); ``final``: the job ended, its losses are reset."""
+        self.r.eval(_END_RUN, 1, f"framefleet:runs:{job_id}", holder, "1" if final else "0")
+
+    def mark_started(self, job_id: str) -> None:
+        """A worker received ``job_id``: from now on a PENDING state means its result expired."""
+        key = f"framefleet:runs:{job_id}"
+        self.r.pipeline().hset(key, "started", "1").expire(key, SPEC_TTL_S).execute()
+
+    def take_started(self, job_id: str) -> bool:
+        """Clear the job's "has run" mark; True for the one caller that found it."""
+        return bool(self.r.hdel(f"framefleet:runs:{job_id}", "started"))
+
+    def reset_runs(self, job_id: str) -> None:
+        """Forget the job's run record (a resubmit after FAILURE starts with no losses, even
+        if its last run was killed by the hard time limit and never ended)."""
+        self.r.delete(f"framefleet:runs:{job_id}")
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
 
 class FileFlags:
     def __init__(self, root: Path) -> None:
         self.root = root
-        for sub in ("spec", "cancel", "preempted", "tmp"):
+        for sub in ("spec", "cancel", "preempted", "runs", "tmp"):
             (root / sub).mkdir(parents=True, exist_ok=True)
 
     def claim(self, job_id: str, digest: str, clear_cancel: bool = False) -> str | None:
@@ -112,6 +172,53 @@ class FileFlags:
 
     def preempted(self, node: str) -> bool:
         return (self.root / "preempted" / node).exists()
+
+    # The run record as a JSON file, rewritten whole: the embedded mode has one worker.
+    def _runs(self, job_id: str) -> tuple[Path, dict[str, Any]]:
+        path = self.root / "runs" / f"{job_id}.json"
+        try:
+            return path, dict(json.loads(path.read_text()))
+        except (FileNotFoundError, ValueError):
+            return path, {}
+
+    def _write_runs(self, path: Path, record: dict[str, Any]) -> None:
+        tmp = self.root / "tmp" / uuid.uuid4().hex
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, path)
+
+    def start_run(self, job_id: str, holder: str) -> tuple[int, str | None]:
+        path, record = self._runs(job_id)
+        if record.get("running"):
+            record["losses"] = int(record.get("losses", 0)) + 1
+            record["lost_on"] = record["running"]
+        record["running"] = holder
+        self._write_runs(path, record)
+        return int(record.get("losses", 0)), record.get("lost_on")
+
+    def end_run(self, job_id: str, holder: str, final: bool) -> None:
+        path, record = self._runs(job_id)
+        if record.get("running") != holder:
+            return
+        del record["running"]
+        if final:
+            record.pop("losses", None)
+            record.pop("lost_on", None)
+        self._write_runs(path, record)
+
+    def mark_started(self, job_id: str) -> None:
+        path, record = self._runs(job_id)
+        if not record.get("started"):
+            self._write_runs(path, {**record, "started": True})
+
+    def take_started(self, job_id: str) -> bool:
+        path, record = self._runs(job_id)
+        if not record.pop("started", False):
+            return False
+        self._write_runs(path, record)
+        return True
+
+    def reset_runs(self, job_id: str) -> None:
+        (self.root / "runs" / f"{job_id}.json").unlink(missing_ok=True)
 
 
 def flags_for(app: Celery, settings: Settings | None = None) -> Flags:

@@ -171,6 +171,21 @@ class Settings(BaseSettings):
     webhook_queue: int = Field(
         default=1000, ge=1, le=100_000, description="webhook events waiting per worker process"
     )
+    max_worker_losses: int = Field(
+        default=3, ge=1, le=100,
+        description="times a job's worker may die under it (crash, OOM killer, lost host) "
+        "before the job ends in FAILURE instead of being delivered again",
+    )
+    max_requeues: int | None = Field(
+        default=None, ge=1, le=10_000_000,
+        description="requeues (lease waits, preemptions, the OOM fallback) before a job fails; "
+        "they never spend the retry budget. Default: enough 5 s lease waits to outlast "
+        "max_time_limit_s, plus 100",
+    )
+    output_prefix: str | None = Field(
+        default=None, pattern=r"^(s3://[^/\s]+|file:///)\S*$",
+        description="s3:// or file:// prefix every job's output.uri must be under; unset: any",
+    )
 
     @model_validator(mode="after")
     def _visibility(self) -> Settings:
@@ -209,6 +224,11 @@ class Settings(BaseSettings):
     @property
     def visibility_timeout(self) -> int:
         return self.visibility_timeout_s or self.max_time_limit_s + 15 * 60
+
+    @property
+    def requeue_limit(self) -> int:
+        # 5 s: worker.lease.LEASE_RETRY_S, the wait between two looks at a held lease.
+        return self.max_requeues or self.max_time_limit_s // 5 + 100
 
 
 @lru_cache(maxsize=1)

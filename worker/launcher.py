@@ -3,18 +3,27 @@
 The launcher itself never initialises CUDA (GPUs are counted through NVML or ``nvidia-smi``):
 CUDA is initialised only in the worker's pool process that runs tasks. A worker that dies is
 restarted with exponential back-off; SIGTERM/SIGINT are forwarded for a warm shutdown (the
-running job finishes; with acks_late an unfinished job is redelivered).
+running job finishes; with acks_late an unfinished job is redelivered). The launcher waits for
+that as long as the longest job may run (``drain_timeout_s``), then kills what is left.
+
+Node names are unique on a host: each launcher reserves the names of its workers
+(``HostNames``), so a second launcher of ``--cpu 1`` on the same host runs ``cpu1@host``
+(and serves /metrics on the port of CPU slot 1), and one for a GPU that another launcher
+already runs refuses to start. A metrics port something else holds is a startup error too.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from producer.app import worker_command
@@ -24,6 +33,57 @@ from producer.settings import Settings
 log = logging.getLogger(__name__)
 #: The decoder a GPU worker warms up when ``FRAMEFLEET_WARMUP_DECODER`` is unset.
 GPU_WARMUP_DECODER = "wan2.1-vae"
+#: A job's hard time limit comes 60 s after its soft one; then 30 s to store the result and ack.
+DRAIN_MARGIN_S = 60 + 30
+#: CPU slot indices a launcher tries before it gives up finding a free node name.
+MAX_CPU_INDEX = 1000
+
+
+def drain_timeout_s(settings: Settings) -> float:
+    """Seconds a stopping launcher lets its workers finish their running jobs before it kills
+    them: the longest job (``FRAMEFLEET_MAX_TIME_LIMIT_S``, hard limit 60 s later) plus a
+    margin. The platform's grace period (compose ``stop_grace_period``, Kubernetes
+    ``terminationGracePeriodSeconds``, the ASG drain timeout) should be at least this."""
+    return float(settings.max_time_limit_s + DRAIN_MARGIN_S)
+
+
+class HostNames:
+    """Worker node names reserved on this host while the launcher (or the worker) lives.
+
+    One abstract Unix socket per name (Linux): binding a name another process holds fails,
+    and the kernel frees it when the holder dies, however it dies (no stale lock files). The
+    abstract namespace is per network namespace, the same scope in which two workers' metrics
+    ports would clash. Elsewhere (macOS) nothing is reserved.
+    """
+
+    def __init__(self) -> None:
+        self._held: dict[str, socket.socket] = {}
+
+    def take(self, name: str) -> bool:
+        """Reserve ``name``; False if another process holds it."""
+        if not sys.platform.startswith("linux"):
+            return True
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(f"\0framefleet-node:{name}")
+        except OSError as e:
+            sock.close()
+            if e.errno == errno.EADDRINUSE:
+                return False
+            raise
+        self._held[name] = sock
+        return True
+
+    def fds(self, name: str) -> tuple[int, ...]:
+        """The descriptor that holds ``name``, for the worker to inherit (it keeps the name
+        reserved should the launcher die before it)."""
+        sock = self._held.get(name)
+        return () if sock is None else (sock.fileno(),)
+
+    def close(self) -> None:
+        for sock in self._held.values():
+            sock.close()
+        self._held.clear()
 
 
 def count_gpus() -> int:
@@ -71,12 +131,18 @@ class WorkerSlot:
     proc: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     started: float = 0.0
+    #: Descriptors the worker inherits (the reservation of its node name).
+    pass_fds: tuple[int, ...] = ()
 
 
 def plan_workers(
-    gpus: list[int], cpu: int, metrics_port: int, warmup_decoder: str = GPU_WARMUP_DECODER
+    gpus: list[int], cpu: int | Sequence[int], metrics_port: int,
+    warmup_decoder: str = GPU_WARMUP_DECODER,
 ) -> list[WorkerSlot]:
-    """One slot per GPU (pinned, warming up ``warmup_decoder``), then ``cpu`` CPU slots."""
+    """One slot per GPU (pinned, warming up ``warmup_decoder``), then ``cpu`` CPU slots
+    (a count: indices 0..cpu-1, or the indices themselves)."""
+    cpu_indices = list(range(cpu)) if isinstance(cpu, int) else list(cpu)
+    cpu = len(cpu_indices)
     host = socket.gethostname()
     slots = []
     for i in gpus:
@@ -88,7 +154,7 @@ def plan_workers(
                "FRAMEFLEET_METRICS_PORT": str(metrics_port_for(metrics_port, gpu=i))}
         slots.append(WorkerSlot(f"gpu{i}@{host}", env))
     threads = max(1, (os.cpu_count() or 1) // max(1, cpu))
-    for j in range(cpu):
+    for j in cpu_indices:
         # CPU workers share the cores: without a cap each torch pool takes them all.
         env = {"CUDA_VISIBLE_DEVICES": "", "FRAMEFLEET_DEVICE": "cpu",
                "OMP_NUM_THREADS": str(threads),
@@ -100,15 +166,19 @@ def plan_workers(
 class Launcher:
     """Starts and supervises the planned workers until stopped."""
 
-    def __init__(self, slots: list[WorkerSlot], max_backoff_s: float = 60.0) -> None:
+    def __init__(self, slots: list[WorkerSlot], max_backoff_s: float = 60.0,
+                 drain_s: float = 600.0) -> None:
+        """``drain_s``: how long ``run`` waits for the workers once stopped (``launch`` passes
+        ``drain_timeout_s``)."""
         self.slots = slots
         self.max_backoff_s = max_backoff_s
+        self.drain_s = drain_s
         self.stopping = threading.Event()
 
     def _start(self, slot: WorkerSlot) -> None:
         env = dict(os.environ)
         env.update(slot.env)
-        slot.proc = subprocess.Popen(worker_command(slot.name), env=env)
+        slot.proc = subprocess.Popen(worker_command(slot.name), env=env, pass_fds=slot.pass_fds)
         slot.started = time.monotonic()
         log.info("started %s (pid %d)", slot.name, slot.proc.pid)
 
@@ -141,28 +211,76 @@ class Launcher:
                     del next_start[slot.name]
                     self._start(slot)
             self.stopping.wait(poll_s)
+        # One deadline for all: the workers drain side by side.
+        deadline = time.monotonic() + self.drain_s
         for slot in self.slots:
             if slot.proc is not None:
                 try:
-                    slot.proc.wait(timeout=600)
+                    slot.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
+                    log.error("%s still running %.0f s after the stop: killed (its job is "
+                              "delivered again)", slot.name, self.drain_s)
                     slot.proc.kill()
+                    slot.proc.wait()
         return 0
 
 
-def plan_for(gpus: list[int], cpu: int, settings: Settings) -> list[WorkerSlot]:
-    """``plan_workers`` with the settings' metrics port and warm-up decoder."""
-    return plan_workers(gpus, cpu, settings.metrics_port,
-                        settings.warmup_decoder or GPU_WARMUP_DECODER)
+def plan_for(gpus: list[int], cpu: int, settings: Settings,
+             names: HostNames | None = None) -> list[WorkerSlot]:
+    """``plan_workers`` with the settings' metrics port and warm-up decoder.
+
+    With ``names``, every node name is reserved on this host first: a GPU whose worker another
+    launcher runs is refused (two workers on one GPU), and CPU slots take the lowest indices
+    no other launcher holds, so their names and metrics ports differ.
+    """
+    warmup = settings.warmup_decoder or GPU_WARMUP_DECODER
+    if names is None:
+        return plan_workers(gpus, cpu, settings.metrics_port, warmup)
+    host = socket.gethostname()
+    for i in gpus:
+        if not names.take(f"gpu{i}@{host}"):
+            raise ValueError(f"gpu{i}@{host} is already run by another launcher on this host: "
+                             "two workers would share the GPU, its node name and its metrics "
+                             "port; stop that launcher or choose other GPUs with --gpus")
+    free = (j for j in range(MAX_CPU_INDEX) if names.take(f"cpu{j}@{host}"))
+    indices = [j for _, j in zip(range(cpu), free, strict=False)]
+    if len(indices) < cpu:
+        raise ValueError(f"--cpu {cpu}: no free CPU worker name below cpu{MAX_CPU_INDEX}@{host}")
+    slots = plan_workers(gpus, indices, settings.metrics_port, warmup)
+    for slot in slots:
+        slot.pass_fds = names.fds(slot.name)
+    return slots
+
+
+def check_metrics_ports(slots: Sequence[WorkerSlot]) -> None:
+    """Refuse to start when a worker's /metrics port is held by another process."""
+    for slot in slots:
+        port = int(slot.env.get("FRAMEFLEET_METRICS_PORT", "0"))
+        if port == 0:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            # As the metrics server binds (SO_REUSEADDR): only a live listener is a clash.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("", port))
+            except OSError as e:
+                raise ValueError(
+                    f"FRAMEFLEET_METRICS_PORT: port {port} of {slot.name} is in use "
+                    f"({e.strerror}); free it, or choose another base port (0: no /metrics)"
+                ) from e
 
 
 def launch(gpus: str | None, cpu: int, settings: Settings) -> int:
     """Plan, start and supervise the workers (``--gpus``/``--cpu``) until SIGTERM/SIGINT."""
     selected = parse_gpus(gpus, count_gpus()) if gpus else []
-    slots = plan_for(selected, cpu, settings)
+    names = HostNames()
+    slots = plan_for(selected, cpu, settings, names)
     if not slots:
         raise ValueError("no workers to start: no GPU found; use --cpu N")
-    launcher = Launcher(slots)
+    check_metrics_ports(slots)
+    log.info("starting %s; a stop waits up to %.0f s for running jobs",
+             ", ".join(s.name for s in slots), drain_timeout_s(settings))
+    launcher = Launcher(slots, drain_s=drain_timeout_s(settings))
 
     def forward(signum: int, _frame: object) -> None:
         launcher.stop(signum)

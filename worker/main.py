@@ -14,6 +14,7 @@ from typing import Any
 
 from celery import Celery
 from celery.signals import (
+    task_revoked,
     worker_process_init,
     worker_process_shutdown,
     worker_ready,
@@ -21,6 +22,7 @@ from celery.signals import (
 )
 
 from producer.app import make_app
+from producer.control import flags_for
 from producer.cost import configured_prices
 from producer.errors import FramefleetError
 from producer.settings import Settings, get_settings
@@ -134,6 +136,20 @@ def _warm_model(decoders: DecoderCache, settings: Settings) -> None:
 def _flush_webhooks(**_: Any) -> None:
     """Give queued webhook deliveries a few seconds before the pool process exits."""
     close_process_notifier(timeout=5.0)
+
+
+@task_revoked.connect
+def _mark_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
+    """A job dropped on receipt because it was revoked (cancelled while queued) never reaches
+    the task: mark it received all the same, so that a resubmit after its REVOKED result
+    expired sends it again instead of waiting on PENDING for ever (``producer.client``)."""
+    job_id = getattr(request, "id", None)
+    if sender is None or not job_id:
+        return
+    try:
+        flags_for(sender.app).mark_started(str(job_id))
+    except Exception as e:  # noqa: BLE001 - a signal handler must not break the consumer
+        log.warning("job %s: revoked, not marked received: %s", job_id, e)
 
 
 #: The app ``celery -A worker.main`` finds.

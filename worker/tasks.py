@@ -2,9 +2,11 @@
 
 - Fatal errors (bad spec, bad input, conflicts) → FAILURE at once, with the message; no retry.
 - A duplicate delivery of a job that already succeeded is dropped.
-- A job that another worker runs right now (its lease is held) waits in the queue.
-- Everything around the run (progress, cancel and preemption, the OOM fallback, retries with
-  back-off, metrics) is a concern of ``worker.concerns``.
+- A job that another worker runs right now (its lease is held) waits in the queue: a requeue,
+  counted apart from the retries of errors (``worker.concerns.retries``).
+- A job whose ``output.uri`` is outside ``FRAMEFLEET_OUTPUT_PREFIX`` (when set) fails at once.
+- Everything around the run (progress, cancel and preemption, the worker-loss cap, the OOM
+  fallback, retries with back-off, metrics) is a concern of ``worker.concerns``.
 
 Nothing is registered at import: ``register(app)`` adds the task to an app built by
 ``producer.app.make_app`` (the worker entry point ``worker.main`` does).
@@ -26,7 +28,7 @@ from producer.errors import InvalidJobError, JobConflictError
 from producer.settings import Settings, get_settings
 from producer.spec import JobSpec, parse_spec
 from worker.concerns import CONCERNS, TaskRun, run_concerns
-from worker.concerns.retries import retry_later
+from worker.concerns.retries import requeue_now
 from worker.lease import LEASE_RETRY_S, JobLease
 from worker.runner import DecoderCache, default_decoders, run_job
 
@@ -60,8 +62,10 @@ def register(app: Celery) -> Task:
     return task
 
 
-def decode_video(self: Task, payload: Any, tiled: bool = False) -> dict[str, Any]:
-    """Run one job; ``tiled`` is set by the OOM fallback's requeue."""
+def decode_video(self: Task, payload: Any, tiled: bool = False, error_retries: int = 0,
+                 requeues: int = 0) -> dict[str, Any]:
+    """Run one job; ``tiled`` is set by the OOM fallback's requeue, the two counters by every
+    send after the first (``worker.concerns.retries``)."""
     settings = get_settings()
     spec = _parse(payload, settings)
     flags = flags_for(self.app, settings)
@@ -70,10 +74,12 @@ def decode_video(self: Task, payload: Any, tiled: bool = False) -> dict[str, Any
                      str(self.request.hostname))
     if not lease.acquire():
         # Another worker runs this job right now: look again later instead of running twice.
-        retry_later(self, countdown=LEASE_RETRY_S)
+        requeue_now(self, spec.job_id, int(requeues), settings, countdown=LEASE_RETRY_S,
+                    why="its lease is held by another run")
     try:
         run = TaskRun(task=self, spec=spec, settings=settings, flags=flags, tiled=tiled,
-                      cost=cost_for_job)
+                      cost=cost_for_job, error_retries=int(error_retries),
+                      requeues=int(requeues))
         return run_concerns(run, CONCERNS, lambda ctx: run_job(spec, decoders(), ctx))
     finally:
         lease.release()
@@ -84,7 +90,17 @@ def _parse(payload: Any, settings: Settings) -> JobSpec:
     size = len(json.dumps(payload))
     if size > limit:
         raise InvalidJobError(f"job message is {size} bytes, over the {limit} byte limit")
-    return parse_spec(payload)
+    spec = parse_spec(payload)
+    prefix = settings.output_prefix
+    if prefix is not None and not _under(spec.output.uri, prefix.rstrip("/")):
+        raise InvalidJobError(f"output.uri: {spec.output.uri} is not under this fleet's "
+                              f"output prefix {prefix} (FRAMEFLEET_OUTPUT_PREFIX)")
+    return spec
+
+
+def _under(uri: str, prefix: str) -> bool:
+    uri = uri.rstrip("/")
+    return uri == prefix or uri.startswith(prefix + "/")
 
 
 def _claim(app: Celery, flags: Flags, spec: JobSpec) -> None:
@@ -93,6 +109,9 @@ def _claim(app: Celery, flags: Flags, spec: JobSpec) -> None:
     registered = flags.claim(spec.job_id, digest)
     if registered is not None and registered != digest:
         raise JobConflictError(f"job_id {spec.job_id!r} was already used by a different spec")
+    # Received: from now on, a PENDING state of this job means its result expired (the
+    # client's resubmit then sends it again, see producer.client).
+    flags.mark_started(spec.job_id)
     meta = app.backend.get_task_meta(spec.job_id)
     result = meta.get("result")
     manifest = result.get("manifest") if isinstance(result, dict) else None

@@ -117,3 +117,50 @@ def test_flags_for_follows_the_result_backend(redis_url: str, tmp_path: Path) ->
     assert isinstance(files, FileFlags)
     files.set_cancel(job)
     assert (tmp_path / "data" / "flags" / "cancel" / job).exists()
+
+
+def test_a_run_that_never_ended_is_counted_as_a_worker_loss(flags: Flags) -> None:
+    job = _id()
+    # Given a first run that started and ended (a retry: not final)
+    assert flags.start_run(job, "gpu0@a 11 t1") == (0, None)
+    flags.end_run(job, "gpu0@a 11 t1", final=False)
+    # When the next run starts and its worker dies without ending it, twice
+    assert flags.start_run(job, "gpu1@b 12 t2") == (0, None)
+    assert flags.start_run(job, "gpu2@c 13 t3") == (1, "gpu1@b 12 t2")
+    # Then the run after them sees two losses, the last one on gpu2@c
+    assert flags.start_run(job, "gpu0@a 14 t4") == (2, "gpu2@c 13 t3")
+    # A stale holder cannot end the current run; the job's end resets the losses
+    flags.end_run(job, "gpu1@b 12 t2", final=True)
+    assert flags.start_run(job, "gpu0@a 15 t5") == (3, "gpu0@a 14 t4")
+    flags.end_run(job, "gpu0@a 15 t5", final=True)
+    assert flags.start_run(job, "gpu0@a 16 t6") == (0, None)
+
+
+def test_the_started_mark_is_taken_once(flags: Flags) -> None:
+    job = _id()
+    assert not flags.take_started(job)
+    flags.mark_started(job)
+    flags.start_run(job, "gpu0@a 1 t")
+    flags.mark_started(job)
+    assert flags.take_started(job)
+    assert not flags.take_started(job)
+    # and taking it leaves the run record alone
+    assert flags.start_run(job, "gpu0@a 2 t") == (1, "gpu0@a 1 t")
+
+
+def test_the_run_record_expires_with_the_claim(redis_url: str) -> None:
+    r = redis.Redis.from_url(redis_url)
+    job = _id()
+    RedisFlags(r).mark_started(job)
+    assert 0 < r.ttl(f"framefleet:runs:{job}") <= SPEC_TTL_S
+    RedisFlags(r).start_run(_id(), "gpu0@a 1 t")
+    assert 0 < r.ttl(f"framefleet:runs:{job}") <= SPEC_TTL_S
+
+
+def test_reset_forgets_the_run_record(flags: Flags) -> None:
+    job = _id()
+    flags.mark_started(job)
+    flags.start_run(job, "gpu0@a 1 t")  # killed by the hard time limit: never ended
+    flags.reset_runs(job)
+    assert not flags.take_started(job)
+    assert flags.start_run(job, "gpu0@a 2 t") == (0, None)

@@ -21,7 +21,7 @@ from celery import Celery, Task
 
 from producer.app import make_app
 from producer.control import flags_for
-from producer.errors import FatalJobError, JobCancelled, StorageError
+from producer.errors import DeviceOutOfMemory, FatalJobError, JobCancelled, StorageError
 from producer.settings import Settings, get_settings
 from producer.spec import DecoderSpec, InputSpec, JobResult, JobSpec, OutputSpec, Progress
 from worker import tasks
@@ -74,10 +74,11 @@ class Scripted:
         self.attempts = 0
         self.runs: list[TaskRun] = []
 
-        def body(task: Task, tiled: bool = False) -> dict[str, Any]:
+        def body(task: Task, tiled: bool = False, error_retries: int = 0,
+                 requeues: int = 0) -> dict[str, Any]:
             self.attempts += 1
             run = TaskRun(task=task, spec=spec, settings=settings, flags=flags_for(app),
-                          tiled=tiled)
+                          tiled=tiled, error_retries=error_retries, requeues=requeues)
             self.runs.append(run)
             return run_concerns(run, concerns, lambda ctx: work(run, ctx, self.attempts))
 
@@ -339,3 +340,151 @@ def test_decode_video_registered_on_one_app_runs_a_job(
     assert JobResult.model_validate(result.result).manifest.job_id == spec.job_id
     assert task.name not in other.tasks
     assert _counts(tenant) == {"success": 1, "failure": 0, "retry": 1, "cancelled": 0}
+
+
+def test_requeues_do_not_spend_the_retry_budget(
+    app: Celery, tmp_path: Path, tenant: str
+) -> None:
+    # Given a run requeued once (the OOM fallback), then always hitting a retryable error
+    spec = _spec(tmp_path, tenant)
+
+    def work(run: TaskRun, ctx: JobContext, attempt: int) -> JobResult:
+        if attempt == 1:
+            raise DeviceOutOfMemory("CUDA out of memory")
+        raise StorageError(f"S3 503 on attempt {attempt}")
+
+    scripted = Scripted(app, spec, Settings(retry_max=2), work)
+    # When the task runs
+    result = _apply(scripted, spec.job_id)
+    # Then the error still got the whole budget: the requeue, then one try and two retries
+    assert scripted.attempts == 4
+    assert [(r.requeues, r.error_retries) for r in scripted.runs] == [
+        (0, 0), (1, 0), (1, 1), (1, 2)]
+    assert result.state == "FAILURE" and "attempt 4" in str(result.result)
+
+
+def test_requeues_have_a_cap_of_their_own(
+    app: Celery, redis_url: str, tmp_path: Path, tenant: str
+) -> None:
+    # Given a node that is preempted on every run, and at most two requeues
+    spec = _spec(tmp_path, tenant)
+    nodes = set()
+
+    def work(run: TaskRun, ctx: JobContext, attempt: int) -> JobResult:
+        nodes.add(run.node)
+        run.flags.set_preempted(run.node)
+        assert ctx.cancelled()
+        raise JobCancelled("stopped between chunks")
+
+    scripted = Scripted(app, spec, Settings(max_requeues=2, cancel_poll_s=0), work)
+    try:
+        result = _apply(scripted, spec.job_id)
+    finally:
+        redis.Redis.from_url(redis_url).delete(*(f"framefleet:preempted:{n}" for n in nodes))
+    # Then the third requeue is refused: FAILURE naming the setting
+    assert scripted.attempts == 3
+    assert result.state == "FAILURE"
+    assert isinstance(result.result, FatalJobError)
+    assert "requeued 2 times (FRAMEFLEET_MAX_REQUEUES=2)" in str(result.result)
+
+
+def test_lease_waits_are_requeues_not_retries(
+    app: Celery, tmp_path: Path, tenant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given the real task, whose lease is held elsewhere for three looks, then a run that
+    # always hits a retryable error, and a budget of two retries
+    waits, runs = [False, False, False], []
+    monkeypatch.setattr(tasks.JobLease, "acquire", lambda self: waits.pop() if waits else True)
+
+    def run_job(spec: JobSpec, decoders: Any, ctx: JobContext) -> JobResult:
+        runs.append(spec.job_id)
+        raise StorageError(f"S3 503 on run {len(runs)}")
+
+    monkeypatch.setattr(tasks, "run_job", run_job)
+    monkeypatch.setenv("FRAMEFLEET_RETRY_MAX", "2")
+    get_settings.cache_clear()
+    try:
+        task = tasks.register(app)
+        spec = _spec(tmp_path, tenant)
+        result = task.apply(args=[spec.model_dump(mode="json")], task_id=spec.job_id)
+    finally:
+        get_settings.cache_clear()
+    # Then the error got its whole budget after the three lease waits: one run, two retries
+    assert len(runs) == 3, runs
+    assert result.state == "FAILURE" and "run 3" in str(result.result)
+
+
+def _lost_runs(app: Celery, job_id: str, nodes: list[str]) -> None:
+    """Runs of ``job_id`` on ``nodes`` that started and whose worker died (never ended)."""
+    flags = flags_for(app)
+    for n, node in enumerate(nodes):
+        flags.start_run(job_id, f"{node} {1000 + n} t{n}")
+
+
+def test_a_job_that_lost_its_worker_too_often_fails_naming_the_node(
+    app: Celery, tmp_path: Path, tenant: str
+) -> None:
+    # Given a job whose worker died under it three times, the last on gpu7@lost
+    spec = _spec(tmp_path, tenant)
+    _lost_runs(app, spec.job_id, ["gpu1@a", "gpu2@b", "gpu7@lost"])
+
+    def work(run: TaskRun, ctx: JobContext, attempt: int) -> JobResult:
+        raise AssertionError("a job over the cap must not run")
+
+    scripted = Scripted(app, spec, Settings(max_worker_losses=3), work)
+    # When it is delivered again
+    result = _apply(scripted, spec.job_id)
+    # Then it fails at once, saying so and naming the node, and is not retried
+    assert result.state == "FAILURE"
+    assert isinstance(result.result, FatalJobError)
+    message = str(result.result)
+    assert "lost 3 times" in message and "MAX_WORKER_LOSSES=3" in message
+    assert "gpu7@lost" in message
+    assert _counts(tenant) == {"success": 0, "failure": 1, "retry": 0, "cancelled": 0}
+
+
+def test_a_job_under_the_loss_cap_runs_and_its_end_resets_the_count(
+    app: Celery, redis_url: str, tmp_path: Path, tenant: str
+) -> None:
+    # Given a job whose worker died under it once
+    spec = _spec(tmp_path, tenant)
+    _lost_runs(app, spec.job_id, ["gpu1@a"])
+    real = _real_run(DecoderCache(torch.device("cpu")))
+    seen: list[dict[bytes, bytes]] = []
+    r = redis.Redis.from_url(redis_url)
+    key = f"framefleet:runs:{spec.job_id}"
+
+    def work(run: TaskRun, ctx: JobContext, attempt: int) -> JobResult:
+        seen.append(r.hgetall(key))
+        return real(run, ctx)
+
+    result = _apply(Scripted(app, spec, Settings(max_worker_losses=3), work), spec.job_id)
+    # Then it ran (recorded as running, one loss on gpu1@a), and its success cleared the count
+    assert result.state == "SUCCESS"
+    assert seen[0][b"losses"] == b"1" and seen[0][b"lost_on"].startswith(b"gpu1@a ")
+    assert set(r.hgetall(key)) <= {b"started"}
+
+
+def test_output_outside_the_fleet_prefix_fails_at_once_naming_the_field(
+    app: Celery, tmp_path: Path, tenant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tasks, "_decoders", DecoderCache(torch.device("cpu")))
+    spec = _spec(tmp_path, tenant)
+    task = tasks.register(app)
+    results = {}
+    for prefix in (f"{(tmp_path / 'out').as_uri()}/", (tmp_path / "elsewhere").as_uri(),
+                   f"{(tmp_path / 'ou').as_uri()}"):
+        monkeypatch.setenv("FRAMEFLEET_OUTPUT_PREFIX", prefix)
+        get_settings.cache_clear()
+        try:
+            job = spec.model_copy(update={"job_id": f"{spec.job_id}-{len(results)}"})
+            results[prefix] = task.apply(args=[job.model_dump(mode="json")], task_id=job.job_id)
+        finally:
+            get_settings.cache_clear()
+    inside, outside, sibling = results.values()
+    assert inside.state == "SUCCESS", inside.traceback
+    for refused in (outside, sibling):
+        assert refused.state == "FAILURE"
+        assert isinstance(refused.result, FatalJobError)
+        assert str(refused.result).startswith("output.uri: ")
+        assert "FRAMEFLEET_OUTPUT_PREFIX" in str(refused.result)

@@ -13,8 +13,9 @@ import time
 import pytest
 import redis
 
+from producer.settings import Settings
 from tests.services import free_port
-from worker.lease import LEASE_TTL_S, JobLease
+from worker.lease import LEASE_RETRY_S, LEASE_TTL_S, JobLease
 
 
 @pytest.fixture
@@ -119,3 +120,12 @@ def test_release_with_redis_away_logs_and_returns(caplog: pytest.LogCaptureFixtu
     with caplog.at_level(logging.WARNING, logger="worker.lease"):
         lease.release()
     assert "not released" in caplog.text
+
+
+def test_the_requeue_cap_lets_lease_waits_outlast_the_longest_job() -> None:
+    # Lease waits come every LEASE_RETRY_S while another run holds the job
+    for limit in (60, 3600, 6 * 3600):
+        s = Settings(max_time_limit_s=limit)
+        assert s.requeue_limit == limit // LEASE_RETRY_S + 100
+        assert s.requeue_limit * LEASE_RETRY_S > limit
+    assert Settings(max_requeues=7).requeue_limit == 7

@@ -1,13 +1,14 @@
 """The task's concerns: small objects around one run of a job, one module each.
 
 The task body (``worker.tasks``) only parses, claims, leases and runs; everything a run needs
-around it (progress, cancel and preemption, the OOM fallback, retries, metrics, webhooks) is a
-concern, in the manner of Dramatiq's middleware.
+around it (progress, cancel and preemption, the worker-loss cap, the OOM fallback, retries,
+metrics, webhooks) is a concern, in the manner of Dramatiq's middleware.
 
 The interface (``worker.concerns.base``):
 
 - ``TaskRun``: one execution of the task for one job: the Celery task (``run.task``), the
-  spec, the worker's settings, the cancel flags, the node name, and two lists a concern may
+  spec, the worker's settings, the cancel flags, the node name, the job's counters
+  (``error_retries``, ``requeues``: see ``retries``), and two lists a concern may
   append to in ``before_run``: ``progress_hooks`` (called with each ``Progress``) and
   ``cancel_checks`` (polled between chunks; one ``True`` stops the run with ``JobCancelled``).
 - ``Concern``: created once per run as ``Concern(run)`` (so it may keep that run's state on
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 from worker.concerns.base import Concern, Failed, Outcome, Succeeded, TaskRun, run_concerns
 from worker.concerns.cancel import CancelAndPreempt
+from worker.concerns.losses import WorkerLosses
 from worker.concerns.metrics import JobMetrics
 from worker.concerns.notify import Notifications
 from worker.concerns.oom import OomFallback
@@ -48,6 +50,7 @@ from worker.concerns.retries import Retries
 CONCERNS: tuple[type[Concern], ...] = (
     ProgressReport,
     CancelAndPreempt,
+    WorkerLosses,
     OomFallback,
     Retries,
     JobMetrics,

@@ -33,6 +33,9 @@ class TaskRun:
     flags: Flags
     tiled: bool = False
     cost: CostFn | None = None
+    #: Retries of retryable errors this job has spent, and its requeues (``retries``).
+    error_retries: int = 0
+    requeues: int = 0
     #: Called with each progress report of the runner (append in ``before_run``).
     progress_hooks: list[Callable[[Progress], None]] = field(default_factory=list)
     #: Polled between chunks; one True stops the run with JobCancelled.

@@ -22,7 +22,7 @@ from producer.app import QUEUE
 from producer.control import flags_for
 from producer.errors import JobCancelled
 from worker.concerns.base import Concern, Outcome, Status, TaskRun, Throttle
-from worker.concerns.retries import Requeue
+from worker.concerns.retries import requeue
 from worker.lease import REDIS_DOWN
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ class CancelAndPreempt(Concern):
             # Back to the queue at once for another worker (this one no longer consumes).
             log.warning("job %s handed back: node %s is being reclaimed", self.run.spec.job_id,
                         self.run.node)
-            return Requeue(error=error)
+            return requeue(self.run, error)
         log.info("%s", error)
         return Revoked(error=error)
 

@@ -12,7 +12,7 @@ import logging
 
 from producer.errors import DeviceOutOfMemory, FatalJobError
 from worker.concerns.base import Concern, Failed, Outcome
-from worker.concerns.retries import Requeue
+from worker.concerns.retries import requeue
 
 log = logging.getLogger(__name__)
 
@@ -27,4 +27,4 @@ class OomFallback(Concern):
             return Failed(cause=error, error=FatalJobError(
                 f"{error}; the smaller working set did not fit either"))
         log.warning("job %s: %s; retrying with tiled decode", self.run.spec.job_id, error)
-        return Requeue(error=error, kwargs={"tiled": True})
+        return requeue(self.run, error, kwargs={"tiled": True})

@@ -1,10 +1,16 @@
 """Retries: a retryable error runs the job again after an exponential back-off, up to a cap.
 
-This module owns the retry budget, in one place (``retry_later``): a retry of a retryable
-error spends it (``FRAMEFLEET_RETRY_MAX`` retries, delays ``FRAMEFLEET_RETRY_BACKOFF_S`` ×
-2^n capped at ``FRAMEFLEET_RETRY_BACKOFF_MAX_S``), then the job fails with that error. A
-requeue (a lease held elsewhere, preemption, the OOM fallback) is no failure and does not
-check the budget, though Celery's retry counter still counts it.
+This module owns the job's two counters, carried in the task's keyword arguments from one
+send to the next:
+
+- ``error_retries``: retries of retryable errors, the retry budget (``FRAMEFLEET_RETRY_MAX``
+  retries, delays ``FRAMEFLEET_RETRY_BACKOFF_S`` × 2^n capped at
+  ``FRAMEFLEET_RETRY_BACKOFF_MAX_S``); then the job fails with that error.
+- ``requeues``: sends that are no failure (a lease held elsewhere, preemption, the OOM
+  fallback), capped apart (``FRAMEFLEET_MAX_REQUEUES``) so that they never spend the budget.
+
+Celery's own ``request.retries`` counts every send of both kinds, so nothing here reads it;
+worker losses are counted in the job's run record (``worker.concerns.losses``).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from typing import Any, ClassVar, NoReturn
 
 from celery import Task
 
-from producer.errors import RetryableError
+from producer.errors import FatalJobError, RetryableError
 from producer.settings import Settings
 from worker.concerns.base import Concern, Failed, Outcome, Status, TaskRun
 
@@ -29,15 +35,44 @@ def backoff(retries: int, settings: Settings) -> float:
 
 def retry_later(
     task: Task, *, error: BaseException | None = None, countdown: float = 0.0,
-    kwargs: dict[str, Any] | None = None, retry_max: int | None = None,
+    kwargs: dict[str, Any] | None = None,
 ) -> NoReturn:
-    """Send the job again (Celery's retry; raises ``celery.exceptions.Retry``).
+    """Send the job again (Celery's retry; raises ``celery.exceptions.Retry``) with the
+    task's keyword arguments updated by ``kwargs``.
 
-    ``retry_max``: the budget this retry spends; None: a requeue, allowed whatever the count.
-    ``kwargs`` None keeps the task's current keyword arguments.
+    Celery's retry limit never refuses: the caps are the counters of this module.
     """
-    limit = task.request.retries + 1 if retry_max is None else retry_max
-    raise task.retry(exc=error, countdown=countdown, kwargs=kwargs, max_retries=limit)
+    merged = {**(task.request.kwargs or {}), **(kwargs or {})}
+    raise task.retry(exc=error, countdown=countdown, kwargs=merged,
+                     max_retries=task.request.retries + 1)
+
+
+def requeue_refused(job_id: str, requeues: int, settings: Settings,
+                    why: BaseException | str) -> FatalJobError | None:
+    """The error that ends a job requeued ``requeues`` times already, or None if it may go."""
+    limit = settings.requeue_limit
+    if requeues < limit:
+        return None
+    return FatalJobError(f"job {job_id} was requeued {requeues} times "
+                         f"(FRAMEFLEET_MAX_REQUEUES={limit}); the last time: {why}")
+
+
+def requeue_now(task: Task, job_id: str, requeues: int, settings: Settings, why: str,
+                countdown: float = 0.0) -> NoReturn:
+    """Requeue outside a run (a lease held elsewhere), or fail once requeued too often."""
+    refused = requeue_refused(job_id, requeues, settings, why)
+    if refused is not None:
+        raise refused
+    retry_later(task, countdown=countdown, kwargs={"requeues": requeues + 1})
+
+
+def requeue(run: TaskRun, error: BaseException, *, countdown: float = 0.0,
+            kwargs: dict[str, Any] | None = None) -> Outcome:
+    """A ``Requeue`` of ``run``'s job, or FAILURE once it was requeued too often."""
+    refused = requeue_refused(run.spec.job_id, run.requeues, run.settings, error)
+    if refused is not None:
+        return Failed(error=refused, cause=error)
+    return Requeue(error=error, countdown=countdown, kwargs=kwargs)
 
 
 @dataclass(frozen=True)
@@ -49,20 +84,21 @@ class Retry(Outcome):
 
     def settle(self, run: TaskRun) -> NoReturn:
         retry_later(run.task, error=self.error, countdown=self.countdown,
-                    retry_max=run.settings.retry_max)
+                    kwargs={"error_retries": run.error_retries + 1})
 
 
 @dataclass(frozen=True)
 class Requeue(Outcome):
     """Back to the queue after ``countdown`` s (with ``kwargs``, if given), outside the
-    budget."""
+    retry budget; made by ``requeue``, which checks the requeue cap."""
 
     status: ClassVar[Status] = "retry"
     countdown: float = 0.0
     kwargs: dict[str, Any] | None = None
 
     def settle(self, run: TaskRun) -> NoReturn:
-        retry_later(run.task, error=self.error, countdown=self.countdown, kwargs=self.kwargs)
+        retry_later(run.task, error=self.error, countdown=self.countdown,
+                    kwargs={**(self.kwargs or {}), "requeues": run.requeues + 1})
 
 
 class Retries(Concern):
@@ -71,7 +107,7 @@ class Retries(Concern):
     def on_error(self, error: BaseException) -> Outcome | None:
         if not isinstance(error, RetryableError):
             return None
-        retries = self.run.task.request.retries
+        retries = self.run.error_retries
         if retries >= self.run.settings.retry_max:
             return Failed(error=error)
         delay = backoff(retries, self.run.settings)
