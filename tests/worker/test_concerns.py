@@ -353,7 +353,7 @@ def test_requeues_do_not_spend_the_retry_budget(
             raise DeviceOutOfMemory("CUDA out of memory")
         raise StorageError(f"S3 503 on attempt {attempt}")
 
-    scripted = Scripted(app, spec, Settings(retry_max=2), work)
+    scripted = Scripted(app, spec, Settings(file_roots=str(tmp_path), retry_max=2), work)
     # When the task runs
     result = _apply(scripted, spec.job_id)
     # Then the error still got the whole budget: the requeue, then one try and two retries
@@ -376,7 +376,8 @@ def test_requeues_have_a_cap_of_their_own(
         assert ctx.cancelled()
         raise JobCancelled("stopped between chunks")
 
-    scripted = Scripted(app, spec, Settings(max_requeues=2, cancel_poll_s=0), work)
+    settings = Settings(file_roots=str(tmp_path), max_requeues=2, cancel_poll_s=0)
+    scripted = Scripted(app, spec, settings, work)
     try:
         result = _apply(scripted, spec.job_id)
     finally:
@@ -431,7 +432,7 @@ def test_a_job_that_lost_its_worker_too_often_fails_naming_the_node(
     def work(run: TaskRun, ctx: JobContext, attempt: int) -> JobResult:
         raise AssertionError("a job over the cap must not run")
 
-    scripted = Scripted(app, spec, Settings(max_worker_losses=3), work)
+    scripted = Scripted(app, spec, Settings(file_roots=str(tmp_path), max_worker_losses=3), work)
     # When it is delivered again
     result = _apply(scripted, spec.job_id)
     # Then it fails at once, saying so and naming the node, and is not retried
@@ -458,7 +459,8 @@ def test_a_job_under_the_loss_cap_runs_and_its_end_resets_the_count(
         seen.append(r.hgetall(key))
         return real(run, ctx)
 
-    result = _apply(Scripted(app, spec, Settings(max_worker_losses=3), work), spec.job_id)
+    settings = Settings(file_roots=str(tmp_path), max_worker_losses=3)
+    result = _apply(Scripted(app, spec, settings, work), spec.job_id)
     # Then it ran (recorded as running, one loss on gpu1@a), and its success cleared the count
     assert result.state == "SUCCESS"
     assert seen[0][b"losses"] == b"1" and seen[0][b"lost_on"].startswith(b"gpu1@a ")
@@ -469,6 +471,7 @@ def test_output_outside_the_fleet_prefix_fails_at_once_naming_the_field(
     app: Celery, tmp_path: Path, tenant: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(tasks, "_decoders", DecoderCache(torch.device("cpu")))
+    monkeypatch.setenv("FRAMEFLEET_FILE_ROOTS", str(tmp_path))
     spec = _spec(tmp_path, tenant)
     task = tasks.register(app)
     results = {}
