@@ -32,11 +32,9 @@ from producer.spec import HeldRun, JobSpec
 from worker import metrics
 from worker.concerns.base import Concern, Outcome, TaskRun
 from worker.concerns.retries import Requeue
+from worker.ops.exporter import ENQUEUED_AT_HEADER
 
 log = logging.getLogger(__name__)
-
-#: The message header the client stamps at send (unix time, float).
-ENQUEUED_AT_HEADER = "framefleet_enqueued_at"
 
 
 def enqueued_at(request: Any) -> float | None:
