@@ -417,7 +417,7 @@ def prices(
                   pad_edge=False, collapse_padding=True)
     for name in ("type", "region", "GPUs", "$/h", "$/GPU-h", "source"):
         right = name.startswith(("$", "GPU"))
-        table.add_column(name, justify="right" if right else "left", no_wrap=right or None)
+        table.add_column(name, justify="right" if right else "left", no_wrap=right)
     notes: list[str] = []  # long source strings go below the table, numbered
     for entry in entries:
         try:

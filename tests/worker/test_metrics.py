@@ -2,21 +2,35 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 import secrets
 import sys
 import time
 import types
 import urllib.request
+import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+import redis
+from celery.exceptions import SoftTimeLimitExceeded
+from pydantic import ValidationError
 
+from producer import errors
+from producer.app import QUEUE, TASK_NAME
+from producer.cli_cost import read_held
+from producer.client import Client, JobHandle
 from producer.cost import job_cost
+from producer.errors import JobFailed
 from producer.pricing import default_catalog, prices_for
+from producer.settings import Settings
 from producer.spec import JobResult, Manifest, SegmentInfo, StageTimings, WorkerInfo
 from tests.services import free_port
 from worker import metrics
+from worker.ops import exporter
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
@@ -112,14 +126,15 @@ def test_observe_job_is_scraped_with_its_values(metrics_port: int) -> None:
     result = make_result(tenant)
 
     metrics.observe_job("success", tenant, result)
-    metrics.observe_job("failure", tenant, None)
+    metrics.observe_job("failure", tenant, None, reason="StorageError")
     after = scrape(metrics_port)
 
     def delta(name: str, **labels: str) -> float:
         return value(after, name, **labels) - value(before, name, **labels)
 
-    assert value(after, "framefleet_jobs_total", status="success", tenant=tenant) == 1
-    assert value(after, "framefleet_jobs_total", status="failure", tenant=tenant) == 1
+    jobs = "framefleet_jobs_total"
+    assert value(after, jobs, status="success", reason="", tenant=tenant) == 1
+    assert value(after, jobs, status="failure", reason="StorageError", tenant=tenant) == 1
     assert result.cost is not None
     assert value(after, "framefleet_cost_usd_total", tenant=tenant) == pytest.approx(
         result.cost.total_usd, rel=1e-12
@@ -146,7 +161,7 @@ def test_reused_result_counts_the_job_but_not_its_timings(metrics_port: int) -> 
     before = scrape(metrics_port)
     metrics.observe_job("success", tenant, make_result(tenant, reused=True))
     after = scrape(metrics_port)
-    assert value(after, "framefleet_jobs_total", status="success", tenant=tenant) == 1
+    assert value(after, "framefleet_jobs_total", status="success", reason="", tenant=tenant) == 1
     assert value(after, "framefleet_job_wall_seconds_count") == value(
         before, "framefleet_job_wall_seconds_count"
     )
@@ -158,10 +173,78 @@ def test_unknown_status_is_refused() -> None:
         metrics.observe_job("done", "t", None)
 
 
+def test_a_retry_is_no_outcome_and_has_its_own_counter(metrics_port: int) -> None:
+    tenant = f"t{secrets.token_hex(4)}"
+    with pytest.raises(ValueError, match="observe_retry"):
+        metrics.observe_job("retry", tenant, None)
+    metrics.observe_retry("retry", tenant, "StorageError")
+    metrics.observe_retry("requeue", tenant, "DeviceOutOfMemory")
+    after = scrape(metrics_port)
+    retries = "framefleet_job_retries_total"
+    assert value(after, retries, kind="retry", reason="StorageError", tenant=tenant) == 1
+    assert value(after, retries, kind="requeue", reason="DeviceOutOfMemory", tenant=tenant) == 1
+    # Nothing ended: the outcome counter has no series of this tenant at all.
+    assert not [k for k in after if k[0] == "framefleet_jobs_total" and ("tenant", tenant) in k[1]]
+
+
+class _ClassOfOurOwn(errors.InvalidJobError):
+    """A subclass outside producer.errors: its reason is the nearest class of the tree."""
+
+
+@pytest.mark.parametrize(("error", "reason"), [
+    (errors.InvalidJobError("job_id: bad"), "InvalidJobError"),
+    (errors.UnknownInstanceTypeError("m9"), "UnknownInstanceTypeError"),
+    (_ClassOfOurOwn("x"), "InvalidJobError"),
+    (errors.StorageError("503 from s3://b/k"), "StorageError"),
+    (SoftTimeLimitExceeded(), "TimeLimitExceeded"),
+    (KeyError("surprise"), "UnexpectedError"),
+    (None, "UnexpectedError"),
+])  # fmt: skip
+def test_failure_reason_is_an_error_class_never_the_message(
+    error: BaseException | None, reason: str
+) -> None:
+    assert metrics.failure_reason(error) == reason
+    assert reason in metrics.REASONS
+
+
+def test_reason_is_bounded_and_only_for_failures() -> None:
+    with pytest.raises(ValueError, match="REASONS"):
+        metrics.observe_job("failure", "t", None, reason="could not reach s3://b/k")
+    with pytest.raises(ValueError, match="REASONS"):
+        metrics.observe_job("failure", "t", None)
+    with pytest.raises(ValueError, match="REASONS"):
+        metrics.observe_job("success", "t", None, reason="StorageError")
+    with pytest.raises(ValueError, match="REASONS"):
+        metrics.observe_retry("retry", "t", "free text")
+
+
+def test_tenant_label_keeps_only_allowed_names() -> None:
+    allowed = Settings(metrics_tenants="acme,beta").metrics_tenant_names
+    assert metrics.tenant_label("acme", allowed) == "acme"
+    assert metrics.tenant_label("zeta", allowed) == metrics.OTHER_TENANT == "other"
+    # By default no name is kept: the label has one value, whatever the tenants.
+    assert metrics.tenant_label("acme", Settings().metrics_tenant_names) == "other"
+    # "*" keeps every name, on purpose.
+    every = Settings(metrics_tenants="*").metrics_tenant_names
+    assert every is None and metrics.tenant_label("zeta", every) == "zeta"
+    for bad in ("acme beta", "a,,b", ",".join(f"t{i}" for i in range(101)), "../x"):
+        with pytest.raises(ValidationError, match="metrics_tenants"):
+            Settings(metrics_tenants=bad)
+
+
+def test_metrics_tenants_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FRAMEFLEET_METRICS_TENANTS", "acme,beta")
+    assert Settings().metrics_tenant_names == frozenset({"acme", "beta"})
+
+
 def test_metric_names_cover_every_family() -> None:
     names = metrics.metric_names()
     for name in (
         "framefleet_jobs_total",
+        "framefleet_job_retries_total",
+        "framefleet_queue_wait_seconds_bucket",
+        "framefleet_gpu_held_seconds_total",
+        "framefleet_queue_oldest_age_seconds",
         "framefleet_job_wall_seconds_bucket",
         "framefleet_stage_seconds_sum",
         "framefleet_frames_total",
@@ -247,3 +330,80 @@ def test_sampler_reads_nvml_on_a_gpu_machine(metrics_port: int) -> None:
     util = [v for (n, _), v in samples.items() if n == "framefleet_gpu_utilization_ratio"]
     assert used and used[0] > 0
     assert util and 0.0 <= util[0] <= 1.0
+
+
+# --- a real worker ----------------------------------------------------------------------------
+
+
+def _undecodable(r: redis.Redis) -> str:
+    """Push an envelope whose body is not JSON, as a broken producer would; its task id."""
+    task_id = str(uuid.uuid4())
+    envelope = {
+        "body": base64.b64encode(b"{{not json").decode(), "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": {"lang": "py", "task": TASK_NAME, "id": task_id, "root_id": task_id,
+                    "parent_id": None, "group": None, "retries": 0},
+        "properties": {"correlation_id": task_id, "reply_to": "", "delivery_mode": 2,
+                       "delivery_info": {"exchange": "", "routing_key": QUEUE},
+                       "priority": 0, "body_encoding": "base64",
+                       "delivery_tag": str(uuid.uuid4())},
+    }  # fmt: skip
+    r.lpush(QUEUE, json.dumps(envelope))
+    return task_id
+
+
+@pytest.mark.e2e
+def test_a_real_worker_counts_every_end_its_reason_queue_wait_and_held_time(
+    redis_url: str, worker_factory: Any, s3: Any, s3_bucket: str
+) -> None:
+    from tests.e2e.helpers import pattern_spec, put_latents
+
+    r = redis.Redis.from_url(redis_url)
+    r.flushdb()
+    client = Client(broker_url=redis_url, backend_url=redis_url)
+    uri = put_latents(s3, s3_bucket, "in/m.npy", latent_frames=2, fmt="npy")
+    # Given jobs queued before any worker runs (so they wait), of every kind of end:
+    good = client.submit(pattern_spec("m-good", uri, s3_bucket, tenant="acme"))
+    zeta = client.submit(pattern_spec("m-zeta", uri, s3_bucket, tenant="zeta"))
+    nope = f"s3://{s3_bucket}/in/nope.npy"
+    missing = client.submit(pattern_spec("m-missing", nope, s3_bucket, tenant="acme"))
+    not_a_spec = str(uuid.uuid4())  # valid JSON, but no spec: fails before it runs
+    client.app.send_task(TASK_NAME, args=[{"hello": "world"}], task_id=not_a_spec)
+    undecodable = _undecodable(r)
+    time.sleep(1.0)
+    port = free_port()
+    # When a worker that keeps only the name "acme" in its tenant label takes them.
+    worker_factory(1, env={"FRAMEFLEET_METRICS_PORT": str(port),
+                           "FRAMEFLEET_METRICS_TENANTS": "acme"})
+    good.wait(timeout=120)
+    zeta.wait(timeout=120)
+    for handle in (missing, JobHandle(client.app, not_a_spec), JobHandle(client.app, undecodable)):
+        with pytest.raises(JobFailed):
+            handle.wait(timeout=60)
+    samples = scrape(port)
+    jobs = "framefleet_jobs_total"
+    # Then every end is counted once, with its reason; "zeta" is "other".
+    assert value(samples, jobs, status="success", reason="", tenant="acme") == 1
+    assert value(samples, jobs, status="success", reason="", tenant="other") == 1
+    assert value(samples, jobs, status="failure", reason="InputNotFoundError", tenant="acme") == 1
+    assert value(samples, jobs, status="failure", reason="InvalidJobError", tenant="unknown") == 1
+    assert not [labels for name, labels in samples if ("tenant", "zeta") in labels]
+    # The queue wait of the stamped jobs: at least the second they waited for a worker.
+    wait = "framefleet_queue_wait_seconds"
+    assert value(samples, f"{wait}_count", tenant="acme") == 2
+    assert value(samples, f"{wait}_sum", tenant="acme") >= 2 * 1.0
+    assert value(samples, f"{wait}_bucket", tenant="acme", le="0.5") == 0
+    # Held time for every end, and a record of the failed run for the cost report.
+    held = "framefleet_gpu_held_seconds_total"
+    assert value(samples, held, status="success", tenant="acme") > 0
+    assert value(samples, held, status="failure", tenant="acme") > 0
+    (record,) = read_held(client.app)
+    assert (record.job_id, record.tenant, record.status) == ("m-missing", "acme", "failure")
+    assert record.reason == "InputNotFoundError" and record.device == "cpu"
+    assert record.prices is not None and 0 < record.gpu_seconds < 60
+    # And the message no worker could decode is counted by the fleet exporter.
+    exporter.export_once(r, [QUEUE], backend=r)
+    undecoded = {"status": "failure", "reason": "InvalidJobError", "tenant": "unknown"}
+    assert exporter.EXPORTER_REGISTRY.get_sample_value(jobs, undecoded) == 1
+    client.app.close()
+    r.close()

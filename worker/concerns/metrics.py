@@ -76,11 +76,10 @@ class JobMetrics(Concern):
 
     def on_outcome(self, outcome: Outcome) -> None:
         held = time.monotonic() - self.started
-        status = outcome.status
+        status: str = outcome.status
         if status == "retry":
-            kind = "requeue" if isinstance(outcome, Requeue) else "retry"
-            metrics.observe_retry(kind, self.tenant, metrics.failure_reason(outcome.error))
-            status = kind
+            status = "requeue" if isinstance(outcome, Requeue) else "retry"
+            metrics.observe_retry(status, self.tenant, metrics.failure_reason(outcome.error))
         elif status == "failure":
             reason = metrics.failure_reason(outcome.error)
             metrics.observe_job("failure", self.tenant, None, reason=reason)
