@@ -318,10 +318,11 @@ _USD = re.compile(r"\$\s?([\d,]+(?:\.\d+)?)")
 
 
 def test_prices_are_printed_at_one_precision(backend_url: str, stored: list[JobResult]) -> None:
+    # Wide, so that each printed line is one line (and a quoted source is recognised).
     texts = [
-        _cli("cost", "prices").stdout,
-        _cli("cost", "prices", "--instance-type", "g7e.12xlarge").stdout,
-        _cli("cost", "report", "--backend", backend_url).stdout,
+        _cli("cost", "prices", columns=300).stdout,
+        _cli("cost", "prices", "--instance-type", "g7e.12xlarge", columns=300).stdout,
+        _cli("cost", "report", "--backend", backend_url, columns=300).stdout,
     ]
     amounts = [m for text in texts for line in text.splitlines()
                if not line.lstrip().startswith(("source:", "["))  # quoted catalog sources
