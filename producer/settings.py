@@ -112,19 +112,19 @@ class Settings(BaseSettings):
         return self
 
     @property
-    def metrics_tenant_names(self) -> frozenset[str] | None:
-        """The tenants of ``metrics_tenants``; None means every tenant (``*``)."""
-        if self.metrics_tenants == "*":
-            return None
-        return frozenset(name for name in self.metrics_tenants.split(",") if name)
-
-    @property
     def backend_url(self) -> str:
         return self.result_backend or self.broker_url
 
     @property
     def visibility_timeout(self) -> int:
         return self.visibility_timeout_s or self.max_time_limit_s + 15 * 60
+
+    @property
+    def metrics_tenant_names(self) -> frozenset[str] | None:
+        """The tenants of ``metrics_tenants``; None means every tenant (``*``)."""
+        if self.metrics_tenants == "*":
+            return None
+        return frozenset(name for name in self.metrics_tenants.split(",") if name)
 
 
 @lru_cache(maxsize=1)

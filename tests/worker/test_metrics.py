@@ -20,17 +20,33 @@ from celery.exceptions import SoftTimeLimitExceeded
 from pydantic import ValidationError
 
 from producer import errors
-from producer.app import QUEUE, TASK_NAME
+from producer.app import QUEUE, TASK_NAME, make_app
 from producer.cli_cost import read_held
 from producer.client import Client, JobHandle
 from producer.cost import job_cost
 from producer.errors import JobFailed
+from producer.fleet import HELD_PREFIX
 from producer.pricing import default_catalog, prices_for
 from producer.settings import Settings
-from producer.spec import JobResult, Manifest, SegmentInfo, StageTimings, WorkerInfo
+from producer.spec import (
+    InputSpec,
+    JobResult,
+    JobSpec,
+    Manifest,
+    OutputSpec,
+    SegmentInfo,
+    StageTimings,
+    WorkerInfo,
+)
 from tests.services import free_port
 from worker import metrics
+from worker.concerns.base import Failed, TaskRun
+from worker.concerns.cancel import Revoked
+from worker.concerns.metrics import JobMetrics
+from worker.concerns.retries import Requeue, Retry
+from worker.metrics import WORKER_REGISTRY
 from worker.ops import exporter
+from worker.ops.exporter import ENQUEUED_AT_HEADER
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
@@ -407,3 +423,78 @@ def test_a_real_worker_counts_every_end_its_reason_queue_wait_and_held_time(
     assert exporter.EXPORTER_REGISTRY.get_sample_value(jobs, undecoded) == 1
     client.app.close()
     r.close()
+
+
+# --- the task layer's concern -----------------------------------------------------------------
+
+
+def _run(app: Any, tenant: str, **request: Any) -> TaskRun:
+    """A TaskRun of a task stand-in: Celery's request fields the concern reads, a real app."""
+    fields = {"retries": 0, "delivery_info": {}, "headers": None, "hostname": "gpu0@h",
+              **request}  # fmt: skip
+    task = types.SimpleNamespace(request=types.SimpleNamespace(**fields), app=app)
+    spec = JobSpec(job_id=f"j-{secrets.token_hex(4)}", tenant=tenant,
+                   input=InputSpec(uri="file:///in/z.npy"), output=OutputSpec(uri="file:///out"))
+    settings = Settings(metrics_tenants=tenant)
+    return TaskRun(task=task, spec=spec, settings=settings, flags=None)  # type: ignore[arg-type]
+
+
+def _waits(tenant: str) -> float:
+    count = WORKER_REGISTRY.get_sample_value("framefleet_queue_wait_seconds_count",
+                                             {"tenant": tenant})
+    return count or 0.0
+
+
+def test_queue_wait_is_observed_on_a_first_delivery_only() -> None:
+    tenant = f"t{secrets.token_hex(4)}"
+    stamp = {ENQUEUED_AT_HEADER: time.time() - 5}
+    JobMetrics(_run(None, tenant, headers=stamp))
+    assert _waits(tenant) == 1
+    sum_ = WORKER_REGISTRY.get_sample_value("framefleet_queue_wait_seconds_sum",
+                                            {"tenant": tenant})
+    assert sum_ is not None and 5 <= sum_ < 60
+    # A retry carries the first stamp: its wait would include the first run. Not observed,
+    # nor a redelivery, nor a message without a stamp (or with one that is not a number).
+    JobMetrics(_run(None, tenant, headers=stamp, retries=1))
+    JobMetrics(_run(None, tenant, headers=stamp, delivery_info={"redelivered": True}))
+    JobMetrics(_run(None, tenant))
+    JobMetrics(_run(None, tenant, headers={ENQUEUED_AT_HEADER: "yesterday"}))
+    assert _waits(tenant) == 1
+
+
+def test_retries_requeues_and_cancels_are_told_apart_and_leave_held_records(
+    redis_url: str,
+) -> None:
+    tenant = f"t{secrets.token_hex(4)}"
+    app = make_app(broker_url=redis_url, backend_url=redis_url)
+    try:
+        ends = [
+            (Retry(error=errors.StorageError("503")), "retry", "StorageError"),
+            (Requeue(error=errors.DeviceOutOfMemory("oom")), "requeue", "DeviceOutOfMemory"),
+            (Revoked(error=errors.JobCancelled("by the client")), "cancelled", ""),
+            (Failed(error=errors.InputNotFoundError("no such object")), "failure",
+             "InputNotFoundError"),
+        ]  # fmt: skip
+        runs = []
+        for outcome, _, _ in ends:
+            run = _run(app, tenant)
+            JobMetrics(run).on_outcome(outcome)
+            runs.append(run.spec.job_id)
+        sample = WORKER_REGISTRY.get_sample_value
+        retries = "framefleet_job_retries_total"
+        assert sample(retries, {"kind": "retry", "reason": "StorageError", "tenant": tenant}) == 1
+        assert sample(retries, {"kind": "requeue", "reason": "DeviceOutOfMemory",
+                                "tenant": tenant}) == 1
+        assert sample("framefleet_jobs_total", {"status": "cancelled", "reason": "",
+                                                "tenant": tenant}) == 1
+        for _, status, _ in ends:
+            held = sample("framefleet_gpu_held_seconds_total", {"status": status, "tenant": tenant})
+            assert held is not None and held >= 0
+        records = {h.job_id: h for h in read_held(app) if h.tenant == tenant}
+        assert [(records[j].status, records[j].reason) for j in runs] == [
+            (status, reason) for _, status, reason in ends]
+        ttl = app.backend.client.ttl(next(iter(app.backend.client.scan_iter(
+            match=f"{HELD_PREFIX}{runs[0]}:*"))))
+        assert 0 < ttl <= Settings().result_expires_s
+    finally:
+        app.close()

@@ -212,16 +212,16 @@ def run_exporter(
     cw = cloudwatch_client
     if cloudwatch and cw is None:
         cw = cloudwatch_ops.cloudwatch_client()
-    client = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=5)
-    backend = client
+    backend = None  # the broker's Redis, unless the results live elsewhere
     if backend_url is not None and backend_url != redis_url:
         backend = redis.Redis.from_url(backend_url, socket_timeout=5, socket_connect_timeout=5)
+    client = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=5)
     server, _thread = start_http_server(port, addr=addr, registry=EXPORTER_REGISTRY)
     log.info("exporter serving queue depth of %s on %s:%d", list(queues), addr, port)
     try:
         done = 0
         while not stop.is_set():
-            export_once(client, queues, cw if cloudwatch else None, backend=backend)
+            export_once(client, queues, cw if cloudwatch else None, backend=backend or client)
             done += 1
             if max_iterations is not None and done >= max_iterations:
                 break
@@ -230,6 +230,6 @@ def run_exporter(
         server.shutdown()
         server.server_close()
         client.close()
-        if backend is not client:
+        if backend is not None:
             backend.close()
 
