@@ -28,8 +28,8 @@ from prometheus_client import (
     start_http_server,
 )
 
-from producer import errors
 from producer.spec import STAGE_NAMES, JobResult, Prices
+from worker.labels import REASONS
 from worker.ops.exporter import EXPORTER_REGISTRY
 
 log = logging.getLogger(__name__)
@@ -38,23 +38,6 @@ log = logging.getLogger(__name__)
 #: (the job runs again): it is counted in ``framefleet_job_retries_total{kind}``.
 OUTCOMES = ("success", "failure", "cancelled")
 RETRY_KINDS = ("retry", "requeue")
-#: The ``tenant`` label of a tenant that is not in ``FRAMEFLEET_METRICS_TENANTS``.
-OTHER_TENANT = "other"
-#: The ``tenant`` label of a job whose spec did not parse (its tenant is not known).
-UNKNOWN_TENANT = "unknown"
-#: ``reason`` of an error from outside framefleet's error tree (a bug, not a bad job).
-UNEXPECTED = "UnexpectedError"
-#: ``reason`` of Celery's soft or hard time limit.
-TIME_LIMIT = "TimeLimitExceeded"
-#: Every value ``reason`` can take: the class names of ``producer.errors`` and the two above.
-REASONS = frozenset(
-    {
-        cls.__name__
-        for cls in vars(errors).values()
-        if isinstance(cls, type) and issubclass(cls, errors.FramefleetError)
-    }
-    | {UNEXPECTED, TIME_LIMIT}
-)
 
 WORKER_REGISTRY = CollectorRegistry()
 ProcessCollector(registry=WORKER_REGISTRY)
@@ -215,28 +198,8 @@ def set_gpu_price(prices: Prices) -> None:
         GPU_PRICE.labels(*labels).set(prices.instance_usd_per_hour / prices.gpus_per_instance)
 
 
-def tenant_label(tenant: str, allowed: frozenset[str] | None) -> str:
-    """The ``tenant`` label of ``tenant``: its name if ``allowed`` has it (None: every tenant
-    is allowed), else ``"other"``, so that the label's values stay a bounded set."""
-    return tenant if allowed is None or tenant in allowed else OTHER_TENANT
-
-
-def failure_reason(error: BaseException | None) -> str:
-    """The ``reason`` label of ``error``: the nearest class of ``producer.errors`` in its
-    hierarchy, ``TimeLimitExceeded`` for Celery's time limits, else ``UnexpectedError``.
-    Never the message: that is free text, and every distinct value would be a new series."""
-    if error is None:
-        return UNEXPECTED
-    for cls in type(error).__mro__:
-        if cls.__module__ == errors.__name__ and cls.__name__ in REASONS:
-            return cls.__name__
-        if cls.__name__ in ("SoftTimeLimitExceeded", "TimeLimitExceeded"):  # billiard's, via Celery
-            return TIME_LIMIT
-    return UNEXPECTED
-
-
 def observe_job(status: str, tenant: str, result: JobResult | None, *, reason: str = "") -> None:
-    """Count one ended job (``tenant`` is the label: see :func:`tenant_label`); with a result,
+    """Count one ended job (``tenant`` is the label: see ``worker.labels``); with a result,
     record its timings, output and cost.
 
     ``reason`` (a value of :data:`REASONS`) is given for failures only. A result whose output

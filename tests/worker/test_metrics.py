@@ -39,7 +39,7 @@ from producer.spec import (
     WorkerInfo,
 )
 from tests.services import free_port
-from worker import metrics
+from worker import labels, metrics
 from worker.concerns.base import Failed, TaskRun
 from worker.concerns.cancel import Revoked
 from worker.concerns.metrics import JobMetrics
@@ -219,8 +219,8 @@ class _ClassOfOurOwn(errors.InvalidJobError):
 def test_failure_reason_is_an_error_class_never_the_message(
     error: BaseException | None, reason: str
 ) -> None:
-    assert metrics.failure_reason(error) == reason
-    assert reason in metrics.REASONS
+    assert labels.failure_reason(error) == reason
+    assert reason in labels.REASONS
 
 
 def test_reason_is_bounded_and_only_for_failures() -> None:
@@ -236,13 +236,13 @@ def test_reason_is_bounded_and_only_for_failures() -> None:
 
 def test_tenant_label_keeps_only_allowed_names() -> None:
     allowed = Settings(metrics_tenants="acme,beta").metrics_tenant_names
-    assert metrics.tenant_label("acme", allowed) == "acme"
-    assert metrics.tenant_label("zeta", allowed) == metrics.OTHER_TENANT == "other"
+    assert labels.tenant_label("acme", allowed) == "acme"
+    assert labels.tenant_label("zeta", allowed) == labels.OTHER_TENANT == "other"
     # By default no name is kept: the label has one value, whatever the tenants.
-    assert metrics.tenant_label("acme", Settings().metrics_tenant_names) == "other"
+    assert labels.tenant_label("acme", Settings().metrics_tenant_names) == "other"
     # "*" keeps every name, on purpose.
     every = Settings(metrics_tenants="*").metrics_tenant_names
-    assert every is None and metrics.tenant_label("zeta", every) == "zeta"
+    assert every is None and labels.tenant_label("zeta", every) == "zeta"
     for bad in ("acme beta", "a,,b", ",".join(f"t{i}" for i in range(101)), "../x"):
         with pytest.raises(ValidationError, match="metrics_tenants"):
             Settings(metrics_tenants=bad)

@@ -29,7 +29,7 @@ from producer.errors import FramefleetError
 from producer.fleet import HELD_PREFIX
 from producer.settings import Settings
 from producer.spec import HeldRun, JobSpec
-from worker import metrics
+from worker import labels, metrics
 from worker.concerns.base import Concern, Outcome, TaskRun
 from worker.concerns.retries import Requeue
 from worker.ops.exporter import ENQUEUED_AT_HEADER
@@ -51,10 +51,10 @@ def enqueued_at(request: Any) -> float | None:
 def failed_before_run(error: BaseException, spec: JobSpec | None, settings: Settings) -> None:
     """Count a job that failed before it ran (bad spec, reused ``job_id``): an end like any
     other. Without a parsed spec its tenant is not known: ``unknown``."""
-    tenant = (metrics.UNKNOWN_TENANT if spec is None
-              else metrics.tenant_label(spec.tenant, settings.metrics_tenant_names))
+    tenant = (labels.UNKNOWN_TENANT if spec is None
+              else labels.tenant_label(spec.tenant, settings.metrics_tenant_names))
     try:
-        metrics.observe_job("failure", tenant, None, reason=metrics.failure_reason(error))
+        metrics.observe_job("failure", tenant, None, reason=labels.failure_reason(error))
     except Exception:  # counting must never change how the task ends
         log.exception("could not count the failed job")
 
@@ -68,7 +68,7 @@ class JobMetrics(Concern):
         # ahead of this one ends it in before_run (a job cancelled while queued).
         self.started_at = time.time()
         self.started = time.monotonic()
-        self.tenant = metrics.tenant_label(run.spec.tenant, run.settings.metrics_tenant_names)
+        self.tenant = labels.tenant_label(run.spec.tenant, run.settings.metrics_tenant_names)
         request = run.task.request
         stamp = enqueued_at(request)
         if stamp is not None and not request.retries and not _redelivered(request):
@@ -79,15 +79,15 @@ class JobMetrics(Concern):
         status: str = outcome.status
         if status == "retry":
             status = "requeue" if isinstance(outcome, Requeue) else "retry"
-            metrics.observe_retry(status, self.tenant, metrics.failure_reason(outcome.error))
+            metrics.observe_retry(status, self.tenant, labels.failure_reason(outcome.error))
         elif status == "failure":
-            reason = metrics.failure_reason(outcome.error)
+            reason = labels.failure_reason(outcome.error)
             metrics.observe_job("failure", self.tenant, None, reason=reason)
         else:
             metrics.observe_job(status, self.tenant, outcome.result)
         metrics.observe_held(status, self.tenant, held)
         if outcome.result is None:
-            self._record(status, metrics.failure_reason(outcome.error), held)
+            self._record(status, labels.failure_reason(outcome.error), held)
 
     def _record(self, status: str, reason: str, held: float) -> None:
         """Leave a HeldRun in Redis (the result backend's client), kept as long as results."""
