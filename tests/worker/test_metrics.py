@@ -385,6 +385,9 @@ def test_a_real_worker_counts_every_end_its_reason_queue_wait_and_held_time(
     missing = client.submit(pattern_spec("m-missing", nope, s3_bucket, tenant="acme"))
     not_a_spec = str(uuid.uuid4())  # valid JSON, but no spec: fails before it runs
     client.app.send_task(TASK_NAME, args=[{"hello": "world"}], task_id=not_a_spec)
+    reused = str(uuid.uuid4())  # the job_id of "m-good" with another spec: refused at claim
+    other = pattern_spec("m-good", uri, s3_bucket, tenant="acme", segment_frames=3)
+    client.app.send_task(TASK_NAME, args=[other.model_dump(mode="json")], task_id=reused)
     undecodable = _undecodable(r)
     time.sleep(1.0)
     port = free_port()
@@ -393,7 +396,8 @@ def test_a_real_worker_counts_every_end_its_reason_queue_wait_and_held_time(
                            "FRAMEFLEET_METRICS_TENANTS": "acme"})
     good.wait(timeout=120)
     zeta.wait(timeout=120)
-    for handle in (missing, JobHandle(client.app, not_a_spec), JobHandle(client.app, undecodable)):
+    for handle in (missing, *(JobHandle(client.app, i) for i in (not_a_spec, reused,
+                                                                  undecodable))):
         with pytest.raises(JobFailed):
             handle.wait(timeout=60)
     samples = scrape(port)
@@ -403,6 +407,7 @@ def test_a_real_worker_counts_every_end_its_reason_queue_wait_and_held_time(
     assert value(samples, jobs, status="success", reason="", tenant="other") == 1
     assert value(samples, jobs, status="failure", reason="InputNotFoundError", tenant="acme") == 1
     assert value(samples, jobs, status="failure", reason="InvalidJobError", tenant="unknown") == 1
+    assert value(samples, jobs, status="failure", reason="JobConflictError", tenant="acme") == 1
     assert not [labels for name, labels in samples if ("tenant", "zeta") in labels]
     # The queue wait of the stamped jobs: at least the second they waited for a worker.
     wait = "framefleet_queue_wait_seconds"
