@@ -198,7 +198,7 @@ def exporter(
     from worker.ops.exporter import run_exporter
 
     s = get_settings()
-    run_exporter(s.broker_url, s.exporter_port, cloudwatch, interval, backend_url=s.backend_url)
+    run_exporter(s.broker_url, s.exporter_port, cloudwatch, interval)
 
 
 @cli.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -41,7 +41,7 @@ class FramefleetConsumer(Consumer):  # type: ignore[misc]
             self.app.backend.mark_as_failure(task_id, error)
         except Exception:
             log.exception("could not record FAILURE for undecodable message %s", task_id)
-        count_undecodable(getattr(self.app.backend, "client", None))  # the exporter serves it
+        count_undecodable(self.app.conf.broker_url)  # the fleet exporter serves the count
 
     def on_decode_error(self, message: Any, exc: Exception) -> None:
         self._fail(message, exc)

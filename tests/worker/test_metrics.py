@@ -423,7 +423,7 @@ def test_a_real_worker_counts_every_end_its_reason_queue_wait_and_held_time(
     assert record.reason == "InputNotFoundError" and record.device == "cpu"
     assert record.prices is not None and 0 < record.gpu_seconds < 60
     # And the message no worker could decode is counted by the fleet exporter.
-    exporter.export_once(r, [QUEUE], backend=r)
+    exporter.export_once(r, [QUEUE])
     undecoded = {"status": "failure", "reason": "InvalidJobError", "tenant": "unknown"}
     assert exporter.EXPORTER_REGISTRY.get_sample_value(jobs, undecoded) == 1
     client.app.close()

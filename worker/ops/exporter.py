@@ -8,8 +8,8 @@ backlog N times. Its series live in :data:`EXPORTER_REGISTRY`, apart from a work
   from the enqueue stamp the client puts in each message's headers (0: the queue is empty);
 - ``framefleet_jobs_total{status="failure",reason="InvalidJobError",tenant="unknown"}``: the
   messages no worker could decode (not JSON, pickle). A worker's consumer counts them in the
-  result backend's Redis (:func:`count_undecodable`): it runs in the worker's main process,
-  which serves no metrics, and such a job never reaches the task that would count it.
+  broker's Redis (:func:`count_undecodable`): it runs in the worker's main process, which
+  serves no metrics, and such a job never reaches the task that would count it.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ PRIORITY_STEPS = range(1, 10)
 
 #: The message header the client stamps at send: unix time (float) the job was enqueued.
 ENQUEUED_AT_HEADER = "framefleet_enqueued_at"
-#: Redis key (result backend) counting the messages no worker could decode.
+#: Redis key (on the broker) counting the messages no worker could decode.
 UNDECODABLE_KEY = "framefleet:undecodable_total"
 
 EXPORTER_REGISTRY = CollectorRegistry()
@@ -78,14 +78,18 @@ UNDECODABLE = _Undecodable()
 EXPORTER_REGISTRY.register(UNDECODABLE)
 
 
-def count_undecodable(client: Any) -> None:
-    """Count one message no worker could decode (the worker's consumer calls this with the
-    result backend's Redis client; anything else, as in embedded mode, counts nothing)."""
-    if not isinstance(client, redis.Redis):
+def count_undecodable(broker_url: str | None) -> None:
+    """Count one message no worker could decode on the broker at ``broker_url`` (a worker's
+    consumer calls this; a broker that is not Redis, as in embedded mode, counts nothing)."""
+    if not broker_url or not broker_url.startswith(("redis://", "rediss://", "unix://")):
         return
     try:
-        client.incr(UNDECODABLE_KEY)
-    except redis.RedisError as e:
+        client = redis.Redis.from_url(broker_url, socket_timeout=5, socket_connect_timeout=5)
+        try:
+            client.incr(UNDECODABLE_KEY)
+        finally:
+            client.close()
+    except (redis.RedisError, ValueError) as e:
         log.warning("undecodable message not counted: %s", e)
 
 
@@ -142,16 +146,12 @@ def queue_depth(redis_url: str, queue: str = "video") -> int:
 
 
 def export_once(
-    client: redis.Redis,
-    queues: Iterable[str],
-    cloudwatch: Any = None,
-    *,
-    backend: redis.Redis | None = None,
+    client: redis.Redis, queues: Iterable[str], cloudwatch: Any = None, *,
     now: float | None = None,
 ) -> None:
-    """Set ``framefleet_queue_depth`` and ``framefleet_queue_oldest_age_seconds`` per queue;
-    with a CloudWatch client, also put the depth there; with the result backend's client, read
-    the count of undecodable messages."""
+    """Set ``framefleet_queue_depth`` and ``framefleet_queue_oldest_age_seconds`` per queue
+    (``now``: the clock, for tests), and read the count of undecodable messages; with a
+    CloudWatch client, also put the depth there."""
     for queue in queues:
         try:
             depth = _depth(client, queue)
@@ -174,13 +174,12 @@ def export_once(
                 QUEUE_OLDEST_AGE.remove(queue)
         if cloudwatch is not None:
             cloudwatch_ops.put_queue_depth(cloudwatch, queue, depth)
-    if backend is not None:
-        try:
-            raw = backend.get(UNDECODABLE_KEY)
-            UNDECODABLE.value = float(raw) if raw is not None else 0.0
-        except (redis.RedisError, ValueError) as e:
-            log.warning("count of undecodable messages unavailable: %s", e)
-            UNDECODABLE.value = None
+    try:
+        raw = client.get(UNDECODABLE_KEY)
+        UNDECODABLE.value = float(raw) if raw is not None else 0.0
+    except (redis.RedisError, ValueError) as e:
+        log.warning("count of undecodable messages unavailable: %s", e)
+        UNDECODABLE.value = None
 
 
 def run_exporter(
@@ -194,12 +193,8 @@ def run_exporter(
     stop: threading.Event | None = None,
     max_iterations: int | None = None,
     cloudwatch_client: Any = None,
-    backend_url: str | None = None,
 ) -> None:
     """Serve the exporter's series on ``addr:port``, refreshed every ``interval_s``.
-
-    ``backend_url`` (the result backend's Redis, where workers count undecodable messages)
-    defaults to ``redis_url``.
 
     With ``cloudwatch`` the depth also goes to CloudWatch (see :mod:`worker.ops.cloudwatch`)
     for the autoscaling group; ``cloudwatch_client`` replaces the default
@@ -212,16 +207,13 @@ def run_exporter(
     cw = cloudwatch_client
     if cloudwatch and cw is None:
         cw = cloudwatch_ops.cloudwatch_client()
-    backend = None  # the broker's Redis, unless the results live elsewhere
-    if backend_url is not None and backend_url != redis_url:
-        backend = redis.Redis.from_url(backend_url, socket_timeout=5, socket_connect_timeout=5)
     client = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=5)
     server, _thread = start_http_server(port, addr=addr, registry=EXPORTER_REGISTRY)
     log.info("exporter serving queue depth of %s on %s:%d", list(queues), addr, port)
     try:
         done = 0
         while not stop.is_set():
-            export_once(client, queues, cw if cloudwatch else None, backend=backend or client)
+            export_once(client, queues, cw if cloudwatch else None)
             done += 1
             if max_iterations is not None and done >= max_iterations:
                 break
@@ -230,6 +222,4 @@ def run_exporter(
         server.shutdown()
         server.server_close()
         client.close()
-        if backend is not None:
-            backend.close()
 

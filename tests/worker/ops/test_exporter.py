@@ -260,19 +260,19 @@ def test_unstamped_messages_leave_the_age_unknown_not_zero(redis_url: str) -> No
         client.close()
 
 
-def test_undecodable_messages_are_counted_in_the_backend_and_served(redis_url: str) -> None:
+def test_undecodable_messages_are_counted_on_the_broker_and_served(redis_url: str) -> None:
     url = _other_db(redis_url, 8)
-    backend = redis.Redis.from_url(url)
-    backend.delete(exporter.UNDECODABLE_KEY)
+    broker = redis.Redis.from_url(url)
+    broker.delete(exporter.UNDECODABLE_KEY)
     labels = {"status": "failure", "reason": "InvalidJobError", "tenant": "unknown"}
     try:
-        exporter.export_once(backend, [], backend=backend)
+        exporter.export_once(broker, [])
         assert exporter.EXPORTER_REGISTRY.get_sample_value("framefleet_jobs_total", labels) == 0
         for _ in range(3):
-            exporter.count_undecodable(backend)
-        exporter.count_undecodable(None)  # embedded mode: nothing to count in, no error
-        exporter.export_once(backend, [], backend=backend)
+            exporter.count_undecodable(url)
+        exporter.count_undecodable("filesystem://")  # embedded mode: no Redis, no error
+        exporter.export_once(broker, [])
         assert exporter.EXPORTER_REGISTRY.get_sample_value("framefleet_jobs_total", labels) == 3
     finally:
-        backend.delete(exporter.UNDECODABLE_KEY)
-        backend.close()
+        broker.delete(exporter.UNDECODABLE_KEY)
+        broker.close()
