@@ -13,6 +13,7 @@ from rich.console import Console
 
 from producer.cli_cost import cost_app
 from producer.errors import FramefleetError
+from producer.ports import CPU_PORT_OFFSET, DEFAULT_EXPORTER_PORT, DEFAULT_METRICS_PORT
 from producer.spec import (
     DecoderSpec,
     InputSpec,
@@ -187,12 +188,20 @@ def healthcheck(timeout: float = 5.0) -> None:
     console.print("ok")
 
 
-@cli.command()
+EXPORTER_HELP = (
+    "Fleet-wide Prometheus exporter of the Redis queue (one per fleet): depth, age of the "
+    "oldest waiting job, undecodable messages.\n\n"
+    f"Serves /metrics on FRAMEFLEET_EXPORTER_PORT (default {DEFAULT_EXPORTER_PORT}). Workers "
+    f"serve theirs on FRAMEFLEET_METRICS_PORT (default {DEFAULT_METRICS_PORT}) + GPU index, "
+    f"CPU workers on FRAMEFLEET_METRICS_PORT + {CPU_PORT_OFFSET} + slot."
+)
+
+
+@cli.command(help=EXPORTER_HELP)
 def exporter(
     cloudwatch: Annotated[bool, typer.Option(help="also put QueueDepth to CloudWatch")] = False,
     interval: Annotated[float, typer.Option(help="seconds between two reads")] = 15.0,
 ) -> None:
-    """Fleet-wide Prometheus exporter of the Redis queue depth (one per fleet)."""
     from producer.settings import get_settings
     from worker.ops.exporter import run_exporter
 

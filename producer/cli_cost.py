@@ -1,7 +1,10 @@
 """``framefleet cost``: cost reports from finished jobs, and the price catalog (typer + rich).
 
 ``report`` reads the JobResults that workers left in the Celery result backend (Redis only),
-so it sees what the backend still holds: results expire after ``result_expires_s``.
+and the HeldRun records of runs that ended without one (failed, retried, cancelled), so it
+sees what the backend still holds: both expire after ``result_expires_s``. Tables print every
+dollar amount to four decimals (``producer.pricing.format_usd``) and fit 80 columns; ``--json``
+and ``--csv`` keep full precision.
 """
 
 from __future__ import annotations
@@ -21,15 +24,18 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 from pydantic import ValidationError
+from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from producer.cost import COST_STAGES
+from producer.cost_tables import print_report
 from producer.errors import FramefleetError, PricingError, UnsupportedBackendError
-from producer.fleet import FleetRow, fleet_summary
-from producer.pricing import Catalog, load_catalog, prices_for
+from producer.fleet import HELD_PREFIX, FleetRow, fleet_summary
+from producer.pricing import Catalog, format_usd, load_catalog, prices_for
 from producer.settings import get_settings
-from producer.spec import JobResult
+from producer.spec import HeldRun, JobResult
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -98,6 +104,36 @@ def read_results(app: Celery, *, since: float | None = None, batch: int = 500) -
     return results
 
 
+def read_held(app: Celery, *, since: float | None = None, batch: int = 500) -> list[HeldRun]:
+    """The HeldRun records (runs without a JobResult) in the app's Redis, oldest first.
+
+    Written by the workers next to the results (``producer.fleet.HELD_PREFIX``); records that
+    do not validate are skipped. Raises :class:`UnsupportedBackendError` unless Redis.
+    """
+    from celery.backends.redis import RedisBackend
+
+    backend = app.backend
+    if not isinstance(backend, RedisBackend):
+        raise UnsupportedBackendError(
+            f"cost report reads finished jobs from a Redis result backend; "
+            f"{type(backend).__name__} is not supported"
+        )
+    client = backend.client
+    held = []
+    for keys in _batched(client.scan_iter(match=HELD_PREFIX + "*", count=batch), batch):
+        for raw in client.mget(keys):
+            if raw is None:
+                continue
+            try:
+                run = HeldRun.model_validate_json(raw)
+            except ValidationError:
+                continue
+            if since is None or run.finished_at >= since:
+                held.append(run)
+    held.sort(key=lambda h: h.finished_at)
+    return held
+
+
 def cost_over_time(
     results: Iterable[JobResult], *, bucket_s: float, by: Literal["tenant"] | None = "tenant"
 ) -> dict[str, list[tuple[float, float]]]:
@@ -120,8 +156,21 @@ def cost_over_time(
     }
 
 
+#: What ``--plot`` needs, and the extra that installs it.
+PLOT_MISSING = "--plot needs matplotlib, which is not installed: pip install 'framefleet[plot]'"
+
+
+def require_matplotlib() -> None:
+    """Raise ``ImportError`` with :data:`PLOT_MISSING` unless matplotlib can be imported."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as e:
+        raise ImportError(PLOT_MISSING) from e
+
+
 def write_plot(results: list[JobResult], path: Path, *, bucket_s: float, by: str | None) -> None:
     """PNG of $ per video-minute over time, one line per group (matplotlib, Agg backend)."""
+    require_matplotlib()
     import matplotlib.dates as mdates
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -188,31 +237,9 @@ def _row_dict(row: FleetRow) -> dict[str, Any]:
     return dataclasses.asdict(row)
 
 
-def _report_table(rows: list[FleetRow], total: FleetRow | None, title: str) -> Table:
-    table = Table(title=title, title_justify="left")
-    for name in ("tenant", "jobs", "video min", "GPU-h", "$ direct", "$ util-adj"):
-        table.add_column(name, justify="left" if name == "tenant" else "right")
-    table.add_column("$/video-min", justify="right")
-    table.add_column("$/video-min adj", justify="right")
-    shown = [*rows, total] if total is not None else rows
-    for row in shown:
-        style = "bold" if row is total else None
-        table.add_row(
-            "total" if row is total else row.group,
-            str(row.jobs),
-            f"{row.video_minutes:,.2f}",
-            f"{row.busy_gpu_hours:,.4f}",
-            f"{row.direct_usd:,.4f}",
-            f"{row.adjusted_usd:,.4f}",
-            f"{row.usd_per_video_minute:,.4f}",
-            f"{row.adjusted_usd_per_video_minute:,.4f}",
-            style=style,
-        )
-    return table
-
-
 def _fail(e: Exception) -> None:
-    err.print(f"[red]error:[/red] {e}")
+    # escape: a message may hold brackets (the pricing hint's [instances."..."]), not markup.
+    err.print(f"[red]error:[/red] {escape(str(e))}", soft_wrap=True)
     raise typer.Exit(1)
 
 
@@ -234,7 +261,8 @@ def report(
         str | None, typer.Option(help="Result backend URL (default: from FRAMEFLEET_*).")
     ] = None,
 ) -> None:
-    """Cost per tenant of the jobs that finished in the window: direct and utilisation-adjusted."""
+    """Cost per tenant of the jobs that finished in the window: direct, utilisation-adjusted,
+    and the GPU time of runs that ended without a result (failed, retried, cancelled)."""
     if as_json and as_csv:
         _fail(ValueError("--json and --csv exclude each other"))
     if by not in ("tenant", "none"):
@@ -243,7 +271,9 @@ def report(
     try:
         window = parse_duration(since)
         bucket_s = parse_duration(bucket) or 3600.0
-    except ValueError as e:
+        if plot is not None:
+            require_matplotlib()  # before any work: the answer would be lost otherwise
+    except (ValueError, ImportError) as e:
         _fail(e)
         return
     from producer.app import make_app
@@ -252,8 +282,9 @@ def report(
     try:
         start = None if window is None else time.time() - window
         results = read_results(app, since=start)
-        rows = fleet_summary(results, by=group, fleet_gpu_hours=fleet_gpu_hours)
-        total = fleet_summary(results, by=None, fleet_gpu_hours=fleet_gpu_hours)
+        held = read_held(app, since=start)
+        rows = fleet_summary(results, by=group, fleet_gpu_hours=fleet_gpu_hours, held=held)
+        total = fleet_summary(results, by=None, fleet_gpu_hours=fleet_gpu_hours, held=held)
     except (FramefleetError, ValueError) as e:
         _fail(e)
         return
@@ -266,6 +297,7 @@ def report(
         doc = {
             "since": since,
             "jobs": len(results),
+            "held_runs": len(held),
             "rows": [_row_dict(r) for r in rows],
             "total": _row_dict(total[0]) if total else None,
             "stages": [dataclasses.asdict(r) for r in stage_totals(results)],
@@ -282,35 +314,14 @@ def report(
         if total_row is not None:
             writer.writerow({**_row_dict(total_row), "group": "(total)"})
         return
-    if not results:
-        console.print(f"no finished jobs in the result backend since {since}")
+    scope = "in the last " + since.strip() if window is not None else "at any time"
+    if not results and not held:
+        console.print(f"no finished jobs in the result backend {scope}")
         return
-    first = rows[0]
-    how = (
-        "inferred: first job start to last job end x distinct workers"
-        if first.fleet_gpu_hours_inferred
-        else "given"
-    )
-    console.print(_report_table(rows, total_row, f"cost of jobs finished in the last {since}"))
-    console.print(
-        f"fleet GPU-hours {first.fleet_gpu_hours:,.4f} ({how}); utilisation {first.utilisation:.1%}"
-    )
+    print_report(console, rows, total_row, total[0], scope, results, held)
     stages = stage_totals(results)
     if stages:
         console.print(_stage_table(stages))
-    combos = sorted(
-        {
-            (
-                r.cost.prices.instance_type,
-                r.cost.prices.capacity,
-                r.cost.prices.instance_usd_per_hour,
-            )
-            for r in results
-            if r.cost
-        }
-    )
-    for instance_type, capacity, usd in combos:
-        console.print(f"prices: {instance_type} {capacity} ${usd:g}/h")
     if plot is not None:
         console.print(f"plot written to {plot}")
 
@@ -348,12 +359,15 @@ def prices(
             return
         console.print(
             f"{chosen.instance_type} ({chosen.region}, {chosen.capacity}): "
-            f"${chosen.instance_usd_per_hour:g}/h for {chosen.gpus_per_instance} GPU(s) = "
-            f"${chosen.instance_usd_per_hour / chosen.gpus_per_instance:.5g} per GPU-hour"
+            f"{format_usd(chosen.instance_usd_per_hour)}/h for {chosen.gpus_per_instance} GPU(s)"
+            f" = {format_usd(chosen.instance_usd_per_hour / chosen.gpus_per_instance)}"
+            " per GPU-hour",
+            highlight=False,
         )
         console.print(
-            f"S3: ${chosen.s3_put_usd_per_1000:g} per 1000 PUT, "
-            f"${chosen.s3_storage_usd_per_gb_month:g} per GB-month"
+            f"S3: {format_usd(chosen.s3_put_usd_per_1000)} per 1000 PUT, "
+            f"{format_usd(chosen.s3_storage_usd_per_gb_month)} per GB-month",
+            highlight=False,
         )
         for source in chosen.sources:
             console.print(f"  source: {source}", highlight=False)
@@ -367,14 +381,16 @@ def prices(
         }
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         return
-    table = Table(title=f"instance prices ({cap})", title_justify="left")
+    table = Table(title=f"instance prices ({cap})", title_justify="left", box=box.SIMPLE_HEAD,
+                  pad_edge=False, collapse_padding=True)
     for name in ("type", "region", "GPUs", "$/h", "$/GPU-h", "source"):
-        table.add_column(name, justify="right" if name.startswith(("$", "GPU")) else "left")
+        right = name.startswith(("$", "GPU"))
+        table.add_column(name, justify="right" if right else "left", no_wrap=right)
     notes: list[str] = []  # long source strings go below the table, numbered
     for entry in entries:
         try:
             usd = prices_for(entry.instance_type, cap, catalog).instance_usd_per_hour
-            cells = (f"{usd:g}", f"{usd / entry.gpus:.5g}")
+            cells = (format_usd(usd, sign=False), format_usd(usd / entry.gpus, sign=False))
         except PricingError:  # spot without a configured price
             cells = ("-", "-")
         spot = cap == "spot" and entry.spot_source is not None
@@ -389,11 +405,13 @@ def prices(
         console.print(f"[{number}] {source}", highlight=False, markup=False)
     s3 = catalog.s3
     console.print(
-        f"S3 Standard {s3.region}: ${s3.put_usd_per_1000:g} per 1000 PUT, "
-        f"${s3.storage_usd_per_gb_month:g} per GB-month ({s3.source}, {s3.as_of})",
-        highlight=False,
+        f"S3 Standard {s3.region}: {format_usd(s3.put_usd_per_1000)} per 1000 PUT, "
+        f"{format_usd(s3.storage_usd_per_gb_month)} per GB-month ({s3.source}, {s3.as_of})",
+        highlight=False, markup=False,
     )
     if cap == "spot" and catalog.spot_discount is None:
         console.print(
-            "spot prices without an entry: set them in the pricing file (see producer/pricing.py)"
+            'spot prices without an entry: set them in the pricing file, e.g. '
+            '[instances."g7e.2xlarge"] spot_usd_per_hour = 1.45 (see producer/pricing.py)',
+            highlight=False, markup=False,
         )

@@ -180,6 +180,7 @@ class Client:
                 # Events and logs name the job, not its whole spec (and not its URIs).
                 argsrepr=f"[<JobSpec {spec.job_id}>]",
                 kwargsrepr="{}",
+                headers={"framefleet_enqueued_at": time.time()},  # queue wait and oldest age
             )
         except BaseException:
             # Nothing was queued: free the job_id, or a resubmission would wait forever.

@@ -1,14 +1,21 @@
-"""Which port a worker serves ``/metrics`` on: the one rule the launcher, compose, the EC2 user
-data and the Kubernetes manifests follow.
+"""Which port a worker serves ``/metrics`` on, and the fleet exporter's: the one rule the
+launcher, compose, the Prometheus configuration, the EC2 user data and the Kubernetes manifests
+follow (``tests/infra`` derives every port they name from this module).
 
 A worker on GPU index ``i`` (as its container sees it) serves on ``base + i``; CPU worker ``j``
 on ``base + CPU_PORT_OFFSET + j``, clear of the GPU range; ``base`` 0 turns metrics off.
 ``base`` is ``FRAMEFLEET_METRICS_PORT``. A container given one GPU sees it as index 0, so it
 serves on its own ``base``: compose and the user data give container N the base ``9400 + N``,
-a Kubernetes pod (one GPU, its own IP) keeps ``9400``.
+a Kubernetes pod (one GPU, its own IP) keeps ``9400``. The fleet exporter (one per fleet)
+serves on ``FRAMEFLEET_EXPORTER_PORT``, just above the range of an 8-GPU host.
 """
 
 from __future__ import annotations
+
+#: Default ``FRAMEFLEET_METRICS_PORT``: the base of the worker ports.
+DEFAULT_METRICS_PORT = 9400
+#: Default ``FRAMEFLEET_EXPORTER_PORT``: ``framefleet exporter``'s ``/metrics``.
+DEFAULT_EXPORTER_PORT = 9410
 
 #: CPU workers start this far above the base (a host has at most a few dozen GPUs).
 CPU_PORT_OFFSET = 100

@@ -41,6 +41,17 @@ from producer.spec import Prices
 
 Capacity = Literal["on-demand", "spot"]
 
+#: Decimals of every dollar amount the CLI prints (JSON and CSV keep full precision).
+USD_DECIMALS = 4
+
+
+def format_usd(value: float, *, sign: bool = True) -> str:
+    """A dollar amount as the CLI prints it, always to :data:`USD_DECIMALS` decimals and with
+    thousands separators: ``$3.3600``, ``$1,234.5678`` (``sign=False``: without the ``$``,
+    for table columns whose header names the unit)."""
+    text = f"{value:,.{USD_DECIMALS}f}"
+    return f"${text}" if sign else text
+
 
 @dataclass(frozen=True)
 class InstancePrice:

@@ -15,6 +15,8 @@ from typing import Literal
 from pydantic import Field, IPvAnyAddress, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from producer.ports import DEFAULT_EXPORTER_PORT, DEFAULT_METRICS_PORT
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FRAMEFLEET_", frozen=True, extra="ignore")
@@ -102,13 +104,21 @@ class Settings(BaseSettings):
         "each job pays its host-to-device copy)",
     )
     metrics_port: int = Field(
-        default=9400, ge=0, le=65_535, description="worker /metrics port (+ GPU index); 0: off"
+        default=DEFAULT_METRICS_PORT, ge=0, le=65_535,
+        description="worker /metrics port: + GPU index, CPU workers + 100 + slot; 0: off",
+    )
+    exporter_port: int = Field(
+        default=DEFAULT_EXPORTER_PORT, ge=1, le=65_535, description="fleet exporter port"
+    )
+    metrics_tenants: str = Field(
+        default="", pattern=r"^(\*|[A-Za-z0-9._-]{1,128}(,[A-Za-z0-9._-]{1,128}){0,99})?$",
+        description="tenants that keep their name in the metrics' tenant label (comma-separated,"
+        " at most 100; others: 'other'); '*': every tenant (unbounded)",
     )
     metrics_addr: IPvAnyAddress = Field(
         default=IPv4Address("127.0.0.1"),
         description="address /metrics and the exporter listen on; the images set 0.0.0.0",
     )
-    exporter_port: int = Field(default=9410, ge=1, le=65_535, description="fleet exporter port")
     instance_type: str = Field(default="g7e.2xlarge", description="EC2 type, for cost reports")
     capacity: Literal["on-demand", "spot"] = Field(default="on-demand", description="pricing")
     pricing_file: str | None = Field(
@@ -229,6 +239,13 @@ class Settings(BaseSettings):
     def requeue_limit(self) -> int:
         # 5 s: worker.lease.LEASE_RETRY_S, the wait between two looks at a held lease.
         return self.max_requeues or self.max_time_limit_s // 5 + 100
+
+    @property
+    def metrics_tenant_names(self) -> frozenset[str] | None:
+        """The tenants of ``metrics_tenants``; None means every tenant (``*``)."""
+        if self.metrics_tenants == "*":
+            return None
+        return frozenset(name for name in self.metrics_tenants.split(",") if name)
 
 
 @lru_cache(maxsize=1)

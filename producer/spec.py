@@ -435,6 +435,26 @@ class StageCost(Frozen):
     share: float
 
 
+class HeldRun(Frozen):
+    """GPU time a run held without a JobResult (it failed, was retried, requeued or
+    cancelled): the worker writes one per such run, ``framefleet cost report`` adds them up.
+
+    ``reason`` is the error's class (``producer.errors``); ``prices`` is None when the worker's
+    prices could not be read (a broken pricing file is itself a reason to fail).
+    """
+
+    job_id: str
+    tenant: str
+    status: Literal["failure", "retry", "requeue", "cancelled"]
+    reason: str
+    node: str
+    device: str
+    started_at: float = Field(description="unix time the run started")
+    finished_at: float = Field(description="unix time the run ended")
+    gpu_seconds: float = Field(ge=0)
+    prices: Prices | None = None
+
+
 class CostReport(Frozen):
     """Direct cost-to-serve of one job: its GPU time, S3 requests and storage, at ``prices``."""
 

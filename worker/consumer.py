@@ -21,6 +21,7 @@ from celery.worker.consumer import Consumer
 from kombu.transport import redis as kombu_redis
 
 from producer.errors import InvalidJobError
+from worker.ops.exporter import count_undecodable
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,7 @@ class FramefleetConsumer(Consumer):  # type: ignore[misc]
             self.app.backend.mark_as_failure(task_id, error)
         except Exception:
             log.exception("could not record FAILURE for undecodable message %s", task_id)
+        count_undecodable(self.app.conf.broker_url)  # the fleet exporter serves the count
 
     def on_decode_error(self, message: Any, exc: Exception) -> None:
         self._fail(message, exc)

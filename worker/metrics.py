@@ -30,22 +30,49 @@ from prometheus_client import (
 
 from producer.settings import get_settings
 from producer.spec import STAGE_NAMES, JobResult, Prices
+from worker.labels import REASONS
 from worker.ops.exporter import EXPORTER_REGISTRY
 
 log = logging.getLogger(__name__)
 
-STATUSES = ("success", "failure", "retry", "cancelled")
+#: How a job ends: the values of ``framefleet_jobs_total{status}``. A retry or requeue is no end
+#: (the job runs again): it is counted in ``framefleet_job_retries_total{kind}``.
+OUTCOMES = ("success", "failure", "cancelled")
+RETRY_KINDS = ("retry", "requeue")
 
 WORKER_REGISTRY = CollectorRegistry()
 ProcessCollector(registry=WORKER_REGISTRY)
 PlatformCollector(registry=WORKER_REGISTRY)
 
+_WAIT_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400)
 _WALL_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
 _STAGE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 JOBS = Counter(
     "framefleet_jobs_total",
-    "Jobs that ended, by outcome (success|failure|retry|cancelled) and tenant.",
+    "Jobs that ended, by outcome (status: success|failure|cancelled), failure reason (an error"
+    " class of producer.errors; empty unless status is failure) and tenant.",
+    ["status", "reason", "tenant"],
+    registry=WORKER_REGISTRY,
+)
+RETRIES = Counter(
+    "framefleet_job_retries_total",
+    "Runs that sent their job back to the queue: kind retry (a retryable error, spends the"
+    " retry budget) or requeue (OOM fallback, spot preemption), by reason and tenant.",
+    ["kind", "reason", "tenant"],
+    registry=WORKER_REGISTRY,
+)
+QUEUE_WAIT = Histogram(
+    "framefleet_queue_wait_seconds",
+    "Seconds from submit (the client's enqueue stamp) to the start of a job's first delivery.",
+    ["tenant"],
+    buckets=_WAIT_BUCKETS,
+    registry=WORKER_REGISTRY,
+)
+HELD = Counter(
+    "framefleet_gpu_held_seconds_total",
+    "Seconds a run held its worker's device, by how the run ended"
+    " (success|failure|retry|requeue|cancelled) and tenant: failed runs were paid for too.",
     ["status", "tenant"],
     registry=WORKER_REGISTRY,
 )
@@ -187,15 +214,21 @@ def set_gpu_price(prices: Prices) -> None:
         GPU_PRICE.labels(*labels).set(prices.instance_usd_per_hour / prices.gpus_per_instance)
 
 
-def observe_job(status: str, tenant: str, result: JobResult | None) -> None:
-    """Count one ended job; with a result, record its timings, output and cost.
+def observe_job(status: str, tenant: str, result: JobResult | None, *, reason: str = "") -> None:
+    """Count one ended job (``tenant`` is the label: see ``worker.labels``); with a result,
+    record its timings, output and cost.
 
-    A result whose output was ``reused`` did no work now: it is counted, but its (near zero)
-    timings would skew the latency histograms, so they and its frames are left out.
+    ``reason`` (a value of :data:`REASONS`) is given for failures only. A result whose output
+    was ``reused`` did no work now: it is counted, but its (near zero) timings would skew the
+    latency histograms, so they and its frames are left out.
     """
-    if status not in STATUSES:
-        raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
-    JOBS.labels(status=status, tenant=tenant).inc()
+    if status not in OUTCOMES:
+        raise ValueError(
+            f"status must be one of {OUTCOMES}, got {status!r} (retries: observe_retry)"
+        )
+    if (status == "failure") != bool(reason) or (reason and reason not in REASONS):
+        raise ValueError(f"reason {reason!r}: a failure needs one of REASONS, others none")
+    JOBS.labels(status=status, reason=reason, tenant=tenant).inc()
     if result is None:
         return
     if not result.reused:
@@ -212,6 +245,26 @@ def observe_job(status: str, tenant: str, result: JobResult | None) -> None:
     if result.cost is not None:
         COST.labels(tenant=tenant).inc(result.cost.total_usd)
         set_gpu_price(result.cost.prices)
+
+
+def observe_retry(kind: str, tenant: str, reason: str) -> None:
+    """Count one run that sent its job back to the queue (``kind``: retry or requeue)."""
+    if kind not in RETRY_KINDS or reason not in REASONS:
+        raise ValueError(f"kind must be one of {RETRY_KINDS} and reason one of REASONS, "
+                         f"got {kind!r}, {reason!r}")
+    RETRIES.labels(kind=kind, reason=reason, tenant=tenant).inc()
+
+
+def observe_queue_wait(tenant: str, seconds: float) -> None:
+    """Record how long a job waited in the queue before its first delivery started."""
+    QUEUE_WAIT.labels(tenant=tenant).observe(max(0.0, seconds))
+
+
+def observe_held(status: str, tenant: str, seconds: float) -> None:
+    """Add the seconds one run held its device, whatever its end (``status``)."""
+    if status not in (*OUTCOMES, *RETRY_KINDS):
+        raise ValueError(f"status must be one of {(*OUTCOMES, *RETRY_KINDS)}, got {status!r}")
+    HELD.labels(status=status, tenant=tenant).inc(max(0.0, seconds))
 
 
 def _visible_devices() -> list[str] | None:

@@ -28,6 +28,7 @@ from producer.errors import InvalidJobError, JobConflictError
 from producer.settings import Settings, get_settings
 from producer.spec import JobSpec, parse_spec
 from worker.concerns import CONCERNS, TaskRun, run_concerns
+from worker.concerns.metrics import failed_before_run
 from worker.concerns.retries import requeue_now
 from worker.lease import LEASE_RETRY_S, JobLease
 from worker.runner import DecoderCache, default_decoders, run_job
@@ -67,9 +68,17 @@ def decode_video(self: Task, payload: Any, tiled: bool = False, error_retries: i
     """Run one job; ``tiled`` is set by the OOM fallback's requeue, the two counters by every
     send after the first (``worker.concerns.retries``)."""
     settings = get_settings()
-    spec = _parse(payload, settings)
+    try:
+        spec = _parse(payload, settings)
+    except InvalidJobError as e:  # it never runs, and still ends: count it
+        failed_before_run(e, None, settings)
+        raise
     flags = flags_for(self.app, settings)
-    _claim(self.app, flags, spec)
+    try:
+        _claim(self.app, flags, spec)
+    except JobConflictError as e:
+        failed_before_run(e, spec, settings)
+        raise
     lease = JobLease(getattr(self.app.backend, "client", None), spec.job_id,
                      str(self.request.hostname))
     if not lease.acquire():

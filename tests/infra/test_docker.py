@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
+from producer.cli_cost import PLOT_MISSING
+from producer.ports import DEFAULT_METRICS_PORT, metrics_port_for
 from tests.require import require_binary
 
 REPO = Path(__file__).resolve().parents[2]
@@ -145,6 +147,18 @@ def test_producer_image_is_slim_and_has_no_torch() -> None:
         assert not heavy, f"[{extra}] would bring {heavy} into the producer image"
 
 
+def test_producer_image_has_what_cost_report_plot_needs() -> None:
+    # The extra that --plot's error message names is installed in the producer image, and
+    # holds matplotlib; the worker image does without it.
+    (extra,) = re.findall(r"framefleet\[(\w+)\]", PLOT_MISSING)
+    assert extra in installed_extras(DOCKER / "Dockerfile.producer")
+    optional = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert any(d.startswith("matplotlib") for d in optional[extra])
+    assert extra not in installed_extras(DOCKER / "Dockerfile.worker")
+
+
 @pytest.mark.parametrize("name", ["Dockerfile.worker", "Dockerfile.producer"])
 def test_installed_extras_exist(name: str) -> None:
     # pip only warns about an unknown extra: the image would build and then fail at run time.
@@ -184,7 +198,7 @@ def test_every_gpu_worker_pins_exactly_one_distinct_device(services: dict[str, A
         assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
         assert device["device_ids"] == [name.removeprefix("worker-gpu")], name
         assert "count" not in device  # a count would let docker pick any free GPU
-        port = 9400 + int(device["device_ids"][0])
+        port = metrics_port_for(DEFAULT_METRICS_PORT, gpu=int(device["device_ids"][0]))
         assert service["environment"]["FRAMEFLEET_METRICS_PORT"] == str(port)
     ids = [i for s in gpu_workers.values() for i in gpu_ids(s)]
     assert len(ids) == len(set(ids))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import secrets
 import subprocess
@@ -14,14 +15,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import yaml
+from prometheus_client import start_http_server
 
+from producer.app import TASK_NAME, make_app
 from producer.cost import job_cost
 from producer.pricing import default_catalog, prices_for
 from producer.spec import JobResult, Manifest, SegmentInfo, StageTimings, WorkerInfo
 from tests.require import require_binary
 from tests.services import REPO_ROOT, _Process, free_ports
 from worker import metrics
+from worker.ops import exporter
 
 PROMETHEUS_DIR = REPO_ROOT / "infra" / "prometheus"
 DASHBOARD = REPO_ROOT / "infra" / "grafana" / "framefleet.json"
@@ -40,6 +45,15 @@ def promtool(*args: str | Path) -> subprocess.CompletedProcess[str]:
 def dashboard_exprs() -> list[str]:
     panels = json.loads(DASHBOARD.read_text())["panels"]
     return [target["expr"] for panel in panels for target in panel["targets"]]
+
+
+def as_grafana_sends(expr: str, **variables: str) -> str:
+    """``expr`` with the dashboard's variables replaced, as Grafana does before it queries
+    (a variable at "All" becomes its allValue, ``.*``)."""
+    values = {"__rate_interval": "1m", "tenant": ".*", "instance": ".*", **variables}
+    for name, text in values.items():
+        expr = expr.replace(f"${name}", text)
+    return expr
 
 
 def rule_exprs() -> tuple[list[str], set[str]]:
@@ -75,9 +89,21 @@ def test_alerts_fire_on_the_situations_they_describe(tmp_path: Path) -> None:
         # GPU 0 idle all along, GPU 1 busy
         {"series": 'framefleet_gpu_utilization_ratio{instance="w0",gpu="0"}', "values": "0x60"},
         {"series": 'framefleet_gpu_utilization_ratio{instance="w1",gpu="1"}', "values": "0.9x60"},
-        # 2 failures for every 10 successes: 1/6 of outcomes fail
-        {"series": 'framefleet_jobs_total{status="failure",tenant="t"}', "values": "0+2x60"},
-        {"series": 'framefleet_jobs_total{status="success",tenant="t"}', "values": "0+10x60"},
+        # 2 failures for every 10 successes: 1/6 of outcomes fail; cancelled jobs and retries
+        # are neither (they must not dilute the ratio)
+        {"series": 'framefleet_jobs_total{status="failure",reason="StorageError",tenant="t"}',
+         "values": "0+1x60"},
+        {"series": 'framefleet_jobs_total{status="failure",reason="InvalidJobError",'
+                   'tenant="unknown"}', "values": "0+1x60"},
+        {"series": 'framefleet_jobs_total{status="success",reason="",tenant="t"}',
+         "values": "0+10x60"},
+        {"series": 'framefleet_jobs_total{status="cancelled",reason="",tenant="t"}',
+         "values": "0+50x60"},
+        {"series": 'framefleet_job_retries_total{kind="retry",reason="StorageError",tenant="t"}',
+         "values": "0+50x60"},
+        # the oldest job waits longer and longer: 60 s older every minute, 900 s at 15m
+        {"series": 'framefleet_queue_oldest_age_seconds{queue="video"}', "values": "0+60x60"},
+        {"series": 'framefleet_queue_oldest_age_seconds{queue="other"}', "values": "0x60"},
         {"series": 'up{job="framefleet-worker",instance="worker-gpu0:9400"}', "values": "0x60"},
         {"series": 'up{job="framefleet-exporter",instance="exporter:9410"}', "values": "1x60"},
         # a worker saw a Redis without persistence
@@ -105,6 +131,10 @@ def test_alerts_fire_on_the_situations_they_describe(tmp_path: Path) -> None:
                     _alert("FramefleetQueueBacklogGrowing", "40m"),
                     _alert("FramefleetGpuIdleWhileBacklog", "40m", {"instance": "w0", "gpu": "0"}),
                     _alert("FramefleetJobFailureRatioHigh", "40m"),
+                    # over 900 s from 15m on, for 5 minutes: fires after 20m, only for "video"
+                    _alert("FramefleetOldestJobWaitingTooLong", "22m", {"queue": "video"}),
+                    {"eval_time": "19m", "alertname": "FramefleetOldestJobWaitingTooLong",
+                     "exp_alerts": []},
                     _alert("FramefleetWorkerDown", "10m", worker),
                     _alert("FramefleetCostBurnAboveBudget", "45m"),
                     _alert("FramefleetBrokerNotPersistent", "20m", {"instance": "w0"}),
@@ -117,6 +147,11 @@ def test_alerts_fire_on_the_situations_they_describe(tmp_path: Path) -> None:
     for case in tests["tests"][0]["alert_rule_test"]:  # type: ignore[index]
         for alert in case["exp_alerts"]:
             alert["exp_labels"].setdefault("severity", _severity(case["alertname"]))
+    # And the failure ratio is exactly 2 / 12: cancelled jobs and retries are left out.
+    tests["tests"][0]["promql_expr_test"] = [  # type: ignore[index]
+        {"expr": "abs(framefleet:job_failure_ratio:rate15m - 2 / 12) < bool 1e-9",
+         "eval_time": "30m", "exp_samples": [{"labels": "{}", "value": 1}]},
+    ]
     path = tmp_path / "alerts_test.yml"
     path.write_text(yaml.safe_dump(tests))
     tested = promtool("test", "rules", path)
@@ -145,8 +180,20 @@ def test_grafana_dashboard_structure() -> None:
     ids = [panel["id"] for panel in panels]
     assert len(ids) == len(set(ids)), "panel ids must be unique"
     titles = " ".join(panel["title"].lower() for panel in panels)
-    for topic in ("throughput", "stage latency", "gpu busy", "queue depth", "$ per video-minute"):
+    for topic in ("throughput", "stage latency", "gpu busy", "queue depth", "$ per video-minute",
+                  "failure ratio", "queue wait p50 / p99", "oldest waiting job"):
         assert topic in titles
+    # Worker and tenant variables, filled from the series, "All" by default.
+    for name, source in (("instance", "up{"), ("tenant", "framefleet_jobs_total")):
+        variable = variables[name]
+        assert variable["type"] == "query" and source in variable["query"]["query"]
+        assert variable["includeAll"] and variable["allValue"] == ".*"
+    # Every query of a tenant-labelled series follows the tenant variable.
+    labelled = ("framefleet_jobs_total", "framefleet_job_retries_total", "framefleet_queue_wait",
+                "framefleet_gpu_held_seconds_total", "framefleet_cost_usd_total{")
+    for expr in dashboard_exprs():
+        if any(name in expr for name in labelled) and "framefleet:" not in expr:
+            assert 'tenant=~"$tenant"' in expr, expr
     for panel in panels:
         assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
         grid = panel["gridPos"]
@@ -252,10 +299,13 @@ def _result(job_id: str, tenant: str) -> JobResult:
 
 @pytest.fixture
 def prometheus(tmp_path: Path) -> Iterator[tuple[PrometheusServer, int]]:
-    """A real Prometheus scraping a worker metrics server of this test process, every second."""
+    """A real Prometheus scraping, every second, a worker metrics server and a fleet exporter
+    server of this test process (the two registries, as the two jobs of prometheus.yml)."""
     binary = require_binary("prometheus", INSTALL)
-    prom_port, metrics_port = free_ports(2)
+    prom_port, metrics_port, exporter_port = free_ports(3)
     port = metrics.start_metrics_server(metrics_port, addr="127.0.0.1")
+    exporter_server, _thread = start_http_server(
+        exporter_port, addr="127.0.0.1", registry=exporter.EXPORTER_REGISTRY)
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(PROMETHEUS_DIR / "alerts.yml")],
@@ -263,7 +313,11 @@ def prometheus(tmp_path: Path) -> Iterator[tuple[PrometheusServer, int]]:
             {
                 "job_name": "framefleet-worker",
                 "static_configs": [{"targets": [f"127.0.0.1:{port}"]}],
-            }
+            },
+            {
+                "job_name": "framefleet-exporter",
+                "static_configs": [{"targets": [f"127.0.0.1:{exporter_port}"]}],
+            },
         ],
     }
     server = PrometheusServer(binary, tmp_path, prom_port, config)
@@ -273,28 +327,60 @@ def prometheus(tmp_path: Path) -> Iterator[tuple[PrometheusServer, int]]:
     finally:
         server.stop()
         metrics.stop_metrics_server()
+        exporter_server.shutdown()
+        exporter_server.server_close()
 
 
 def test_real_prometheus_scrapes_worker_metrics(
-    prometheus: tuple[PrometheusServer, int],
+    prometheus: tuple[PrometheusServer, int], redis_url: str,
 ) -> None:
     server, _ = prometheus
     tenant = f"t{secrets.token_hex(4)}"
-    # When a worker reports two successful jobs and a failure.
+    queue = f"video-{secrets.token_hex(4)}"
+    # When a worker reports two successful jobs, a failure and a retry, and three queue waits.
     metrics.observe_job("success", tenant, _result("j1", tenant))
     metrics.observe_job("success", tenant, _result("j2", tenant))
-    metrics.observe_job("failure", tenant, None)
+    metrics.observe_job("failure", tenant, None, reason="StorageError")
+    metrics.observe_retry("retry", tenant, "StorageError")
+    for seconds in (0.3, 0.4, 1500.0):
+        metrics.observe_queue_wait(tenant, seconds)
+    # And the exporter finds a job waiting for 20 minutes.
+    app = make_app(broker_url=redis_url, backend_url=redis_url)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        app.send_task(TASK_NAME, args=[{}], queue=queue,
+                      headers={exporter.ENQUEUED_AT_HEADER: time.time() - 1200})
+        exporter.export_once(client, [queue])
+    finally:
+        client.delete(*exporter.queue_names(queue))
+        client.close()
+        app.close()
 
-    def jobs() -> dict[str, float]:
-        query = f'framefleet_jobs_total{{tenant="{tenant}"}}'
-        data = server.get("/api/v1/query", query=query)["data"]["result"]
-        return {r["metric"]["status"]: float(r["value"][1]) for r in data}
+    def query(expr: str) -> list[dict[str, Any]]:
+        answer = server.get("/api/v1/query", query=expr)
+        assert answer["status"] == "success", expr
+        return list(answer["data"]["result"])
 
-    # Then Prometheus scraped them: the counters hold the values the worker counted.
+    def jobs() -> dict[tuple[str, str], float]:
+        data = query(f'framefleet_jobs_total{{tenant="{tenant}"}}')
+        return {(r["metric"]["status"], r["metric"].get("reason", "")): float(r["value"][1])
+                for r in data}
+
+    # Then Prometheus scraped them: the counters hold the values the worker counted, and
+    # the retry is not an outcome.
     counted = server.wait_for("the observed jobs in a scrape", lambda: len(jobs()) == 2 and jobs())
-    assert counted == {"success": 2.0, "failure": 1.0}
-    up = server.get("/api/v1/query", query='up{job="framefleet-worker"}')["data"]["result"]
+    assert counted == {("success", ""): 2.0, ("failure", "StorageError"): 1.0}
+    retries = query(f'framefleet_job_retries_total{{tenant="{tenant}"}}')
+    assert [(r["metric"]["kind"], float(r["value"][1])) for r in retries] == [("retry", 1.0)]
+    up = query('up{job="framefleet-worker"}')
     assert [float(r["value"][1]) for r in up] == [1.0]
+    # The queue wait histogram: 2 of 3 waits under 0.5 s, the third in (1200, 1800].
+    buckets = {r["metric"]["le"]: float(r["value"][1]) for r in query(
+        f'framefleet_queue_wait_seconds_bucket{{tenant="{tenant}"}}')}
+    assert (buckets["0.5"], buckets["1200.0"], buckets["1800.0"]) == (2.0, 2.0, 3.0)
+    age = server.wait_for("the oldest job's age in a scrape", lambda: query(
+        f'framefleet_queue_oldest_age_seconds{{queue="{queue}"}}'))
+    assert float(age[0]["value"][1]) == pytest.approx(1200, abs=5)
 
     # And the shipped rules load and evaluate without errors against real series.
     def rules_ok() -> list[dict[str, Any]] | None:
@@ -303,9 +389,33 @@ def test_real_prometheus_scrapes_worker_metrics(
         return rules if rules and all(r["health"] == "ok" for r in rules) else None
 
     rules = server.wait_for("every rule evaluated with health ok", rules_ok)
-    assert {"FramefleetWorkerDown", "FramefleetCostBurnAboveBudget"} <= {r["name"] for r in rules}
+    assert {"FramefleetWorkerDown", "FramefleetCostBurnAboveBudget",
+            "FramefleetOldestJobWaitingTooLong"} <= {r["name"] for r in rules}
+    # The oldest-job alert sees the 20-minute wait (pending: it needs 5 minutes to fire).
+    pending = server.wait_for("the oldest-job alert pending", lambda: [
+        a for a in server.get("/api/v1/alerts")["data"]["alerts"]
+        if a["labels"]["alertname"] == "FramefleetOldestJobWaitingTooLong"
+        and a["labels"].get("queue") == queue])
+    assert pending[0]["state"] == "pending"
 
-    # And every dashboard query is valid PromQL for this server.
+    # And every dashboard query is valid PromQL for this server, at "All" and for one tenant.
     for expr in dashboard_exprs():
-        answer = server.get("/api/v1/query", query=expr.replace("$__rate_interval", "1m"))
-        assert answer["status"] == "success", expr
+        query(as_grafana_sends(expr))
+        query(as_grafana_sends(expr, tenant=tenant))
+    # The dashboard's failure ratio, for this tenant, once more jobs end after the first
+    # scrape (a rate needs an increase of a series already scraped): 1 failure of 3 ended
+    # jobs; a cancel is neither.
+    metrics.observe_job("success", tenant, None)
+    metrics.observe_job("success", tenant, None)
+    metrics.observe_job("cancelled", tenant, None)
+    metrics.observe_job("failure", tenant, None, reason="StorageError")
+    ratio_expr = as_grafana_sends(next(
+        t["expr"] for p in json.loads(DASHBOARD.read_text())["panels"]
+        if p["title"] == "Failure ratio" for t in p["targets"]), tenant=tenant)
+
+    def ratio() -> float | None:
+        result = query(ratio_expr)
+        value = float(result[0]["value"][1]) if result else math.nan
+        return None if math.isnan(value) else value
+
+    assert server.wait_for("a failure ratio from two scrapes", ratio) == pytest.approx(1 / 3)

@@ -28,7 +28,7 @@ from worker import tasks
 from worker.concerns import CONCERNS, Concern, Outcome, TaskRun, run_concerns
 from worker.concerns.retries import backoff
 from worker.decoders.pattern import PatternDecoder
-from worker.metrics import JOBS
+from worker.metrics import JOBS, RETRIES
 from worker.runner import DecoderCache, JobContext, run_job
 
 Work = Callable[[TaskRun, JobContext, int], JobResult]
@@ -40,9 +40,12 @@ def app(redis_url: str) -> Celery:
 
 
 @pytest.fixture
-def tenant() -> str:
-    """A tenant of its own, so the counters a test reads are its own."""
-    return f"t-{secrets.token_hex(4)}"
+def tenant(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A tenant of its own, so the counters a test reads are its own (allowed in the metrics'
+    tenant label: the Settings a test builds read it)."""
+    name = f"t-{secrets.token_hex(4)}"
+    monkeypatch.setenv("FRAMEFLEET_METRICS_TENANTS", name)
+    return name
 
 
 def _spec(tmp: Path, tenant: str) -> JobSpec:
@@ -54,12 +57,13 @@ def _spec(tmp: Path, tenant: str) -> JobSpec:
 
 
 def _jobs(status: str, tenant: str) -> float:
-    for sample in next(iter(JOBS.collect())).samples:
-        if sample.name == "framefleet_jobs_total" and sample.labels == {
-            "status": status, "tenant": tenant,
-        }:
-            return sample.value
-    return 0.0
+    """Ends (success, failure, cancelled) of any reason; "retry": retries and requeues."""
+    counter, name = (RETRIES, "framefleet_job_retries_total") if status == "retry" else (
+        JOBS, "framefleet_jobs_total")
+    key = "kind" if status == "retry" else "status"
+    return sum(sample.value for sample in next(iter(counter.collect())).samples
+               if sample.name == name and sample.labels["tenant"] == tenant
+               and (status == "retry" or sample.labels[key] == status))
 
 
 def _counts(tenant: str) -> dict[str, float]:

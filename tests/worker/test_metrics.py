@@ -2,21 +2,51 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 import secrets
 import sys
 import time
 import types
 import urllib.request
+import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+import redis
+from celery.exceptions import SoftTimeLimitExceeded
+from pydantic import ValidationError
 
+from producer import errors
+from producer.app import QUEUE, TASK_NAME, make_app
+from producer.cli_cost import read_held
+from producer.client import Client, JobHandle
 from producer.cost import job_cost
+from producer.errors import JobFailed
+from producer.fleet import HELD_PREFIX
 from producer.pricing import default_catalog, prices_for
-from producer.spec import JobResult, Manifest, SegmentInfo, StageTimings, WorkerInfo
+from producer.settings import Settings
+from producer.spec import (
+    InputSpec,
+    JobResult,
+    JobSpec,
+    Manifest,
+    OutputSpec,
+    SegmentInfo,
+    StageTimings,
+    WorkerInfo,
+)
 from tests.services import free_port
-from worker import metrics
+from worker import labels, metrics
+from worker.concerns.base import Failed, TaskRun
+from worker.concerns.cancel import Revoked
+from worker.concerns.metrics import JobMetrics
+from worker.concerns.retries import Requeue, Retry
+from worker.metrics import WORKER_REGISTRY
+from worker.ops import exporter
+from worker.ops.exporter import ENQUEUED_AT_HEADER
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
@@ -112,14 +142,15 @@ def test_observe_job_is_scraped_with_its_values(metrics_port: int) -> None:
     result = make_result(tenant)
 
     metrics.observe_job("success", tenant, result)
-    metrics.observe_job("failure", tenant, None)
+    metrics.observe_job("failure", tenant, None, reason="StorageError")
     after = scrape(metrics_port)
 
     def delta(name: str, **labels: str) -> float:
         return value(after, name, **labels) - value(before, name, **labels)
 
-    assert value(after, "framefleet_jobs_total", status="success", tenant=tenant) == 1
-    assert value(after, "framefleet_jobs_total", status="failure", tenant=tenant) == 1
+    jobs = "framefleet_jobs_total"
+    assert value(after, jobs, status="success", reason="", tenant=tenant) == 1
+    assert value(after, jobs, status="failure", reason="StorageError", tenant=tenant) == 1
     assert result.cost is not None
     assert value(after, "framefleet_cost_usd_total", tenant=tenant) == pytest.approx(
         result.cost.total_usd, rel=1e-12
@@ -146,7 +177,7 @@ def test_reused_result_counts_the_job_but_not_its_timings(metrics_port: int) -> 
     before = scrape(metrics_port)
     metrics.observe_job("success", tenant, make_result(tenant, reused=True))
     after = scrape(metrics_port)
-    assert value(after, "framefleet_jobs_total", status="success", tenant=tenant) == 1
+    assert value(after, "framefleet_jobs_total", status="success", reason="", tenant=tenant) == 1
     assert value(after, "framefleet_job_wall_seconds_count") == value(
         before, "framefleet_job_wall_seconds_count"
     )
@@ -158,10 +189,78 @@ def test_unknown_status_is_refused() -> None:
         metrics.observe_job("done", "t", None)
 
 
+def test_a_retry_is_no_outcome_and_has_its_own_counter(metrics_port: int) -> None:
+    tenant = f"t{secrets.token_hex(4)}"
+    with pytest.raises(ValueError, match="observe_retry"):
+        metrics.observe_job("retry", tenant, None)
+    metrics.observe_retry("retry", tenant, "StorageError")
+    metrics.observe_retry("requeue", tenant, "DeviceOutOfMemory")
+    after = scrape(metrics_port)
+    retries = "framefleet_job_retries_total"
+    assert value(after, retries, kind="retry", reason="StorageError", tenant=tenant) == 1
+    assert value(after, retries, kind="requeue", reason="DeviceOutOfMemory", tenant=tenant) == 1
+    # Nothing ended: the outcome counter has no series of this tenant at all.
+    assert not [k for k in after if k[0] == "framefleet_jobs_total" and ("tenant", tenant) in k[1]]
+
+
+class _ClassOfOurOwn(errors.InvalidJobError):
+    """A subclass outside producer.errors: its reason is the nearest class of the tree."""
+
+
+@pytest.mark.parametrize(("error", "reason"), [
+    (errors.InvalidJobError("job_id: bad"), "InvalidJobError"),
+    (errors.UnknownInstanceTypeError("m9"), "UnknownInstanceTypeError"),
+    (_ClassOfOurOwn("x"), "InvalidJobError"),
+    (errors.StorageError("503 from s3://b/k"), "StorageError"),
+    (SoftTimeLimitExceeded(), "TimeLimitExceeded"),
+    (KeyError("surprise"), "UnexpectedError"),
+    (None, "UnexpectedError"),
+])  # fmt: skip
+def test_failure_reason_is_an_error_class_never_the_message(
+    error: BaseException | None, reason: str
+) -> None:
+    assert labels.failure_reason(error) == reason
+    assert reason in labels.REASONS
+
+
+def test_reason_is_bounded_and_only_for_failures() -> None:
+    with pytest.raises(ValueError, match="REASONS"):
+        metrics.observe_job("failure", "t", None, reason="could not reach s3://b/k")
+    with pytest.raises(ValueError, match="REASONS"):
+        metrics.observe_job("failure", "t", None)
+    with pytest.raises(ValueError, match="REASONS"):
+        metrics.observe_job("success", "t", None, reason="StorageError")
+    with pytest.raises(ValueError, match="REASONS"):
+        metrics.observe_retry("retry", "t", "free text")
+
+
+def test_tenant_label_keeps_only_allowed_names() -> None:
+    allowed = Settings(metrics_tenants="acme,beta").metrics_tenant_names
+    assert labels.tenant_label("acme", allowed) == "acme"
+    assert labels.tenant_label("zeta", allowed) == labels.OTHER_TENANT == "other"
+    # By default no name is kept: the label has one value, whatever the tenants.
+    assert labels.tenant_label("acme", Settings().metrics_tenant_names) == "other"
+    # "*" keeps every name, on purpose.
+    every = Settings(metrics_tenants="*").metrics_tenant_names
+    assert every is None and labels.tenant_label("zeta", every) == "zeta"
+    for bad in ("acme beta", "a,,b", ",".join(f"t{i}" for i in range(101)), "../x"):
+        with pytest.raises(ValidationError, match="metrics_tenants"):
+            Settings(metrics_tenants=bad)
+
+
+def test_metrics_tenants_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FRAMEFLEET_METRICS_TENANTS", "acme,beta")
+    assert Settings().metrics_tenant_names == frozenset({"acme", "beta"})
+
+
 def test_metric_names_cover_every_family() -> None:
     names = metrics.metric_names()
     for name in (
         "framefleet_jobs_total",
+        "framefleet_job_retries_total",
+        "framefleet_queue_wait_seconds_bucket",
+        "framefleet_gpu_held_seconds_total",
+        "framefleet_queue_oldest_age_seconds",
         "framefleet_job_wall_seconds_bucket",
         "framefleet_stage_seconds_sum",
         "framefleet_frames_total",
@@ -247,3 +346,160 @@ def test_sampler_reads_nvml_on_a_gpu_machine(metrics_port: int) -> None:
     util = [v for (n, _), v in samples.items() if n == "framefleet_gpu_utilization_ratio"]
     assert used and used[0] > 0
     assert util and 0.0 <= util[0] <= 1.0
+
+
+# --- a real worker ----------------------------------------------------------------------------
+
+
+def _undecodable(r: redis.Redis) -> str:
+    """Push an envelope whose body is not JSON, as a broken producer would; its task id."""
+    task_id = str(uuid.uuid4())
+    envelope = {
+        "body": base64.b64encode(b"{{not json").decode(), "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": {"lang": "py", "task": TASK_NAME, "id": task_id, "root_id": task_id,
+                    "parent_id": None, "group": None, "retries": 0},
+        "properties": {"correlation_id": task_id, "reply_to": "", "delivery_mode": 2,
+                       "delivery_info": {"exchange": "", "routing_key": QUEUE},
+                       "priority": 0, "body_encoding": "base64",
+                       "delivery_tag": str(uuid.uuid4())},
+    }  # fmt: skip
+    r.lpush(QUEUE, json.dumps(envelope))
+    return task_id
+
+
+@pytest.mark.e2e
+def test_a_real_worker_counts_every_end_its_reason_queue_wait_and_held_time(
+    redis_url: str, worker_factory: Any, s3: Any, s3_bucket: str
+) -> None:
+    from tests.e2e.helpers import pattern_spec, put_latents
+
+    r = redis.Redis.from_url(redis_url)
+    r.flushdb()
+    client = Client(broker_url=redis_url, backend_url=redis_url)
+    uri = put_latents(s3, s3_bucket, "in/m.npy", latent_frames=2, fmt="npy")
+    # Given jobs queued before any worker runs (so they wait), of every kind of end:
+    good = client.submit(pattern_spec("m-good", uri, s3_bucket, tenant="acme"))
+    zeta = client.submit(pattern_spec("m-zeta", uri, s3_bucket, tenant="zeta"))
+    nope = f"s3://{s3_bucket}/in/nope.npy"
+    missing = client.submit(pattern_spec("m-missing", nope, s3_bucket, tenant="acme"))
+    not_a_spec = str(uuid.uuid4())  # valid JSON, but no spec: fails before it runs
+    client.app.send_task(TASK_NAME, args=[{"hello": "world"}], task_id=not_a_spec)
+    reused = str(uuid.uuid4())  # the job_id of "m-good" with another spec: refused at claim
+    other = pattern_spec("m-good", uri, s3_bucket, tenant="acme", segment_frames=3)
+    client.app.send_task(TASK_NAME, args=[other.model_dump(mode="json")], task_id=reused)
+    undecodable = _undecodable(r)
+    time.sleep(1.0)
+    port = free_port()
+    # When a worker that keeps only the name "acme" in its tenant label takes them.
+    worker_factory(1, env={"FRAMEFLEET_METRICS_PORT": str(port),
+                           "FRAMEFLEET_METRICS_TENANTS": "acme"})
+    good.wait(timeout=120)
+    zeta.wait(timeout=120)
+    for handle in (missing, *(JobHandle(client.app, i) for i in (not_a_spec, reused,
+                                                                  undecodable))):
+        with pytest.raises(JobFailed):
+            handle.wait(timeout=60)
+    samples = scrape(port)
+    jobs = "framefleet_jobs_total"
+    # Then every end is counted once, with its reason; "zeta" is "other".
+    assert value(samples, jobs, status="success", reason="", tenant="acme") == 1
+    assert value(samples, jobs, status="success", reason="", tenant="other") == 1
+    assert value(samples, jobs, status="failure", reason="InputNotFoundError", tenant="acme") == 1
+    assert value(samples, jobs, status="failure", reason="InvalidJobError", tenant="unknown") == 1
+    assert value(samples, jobs, status="failure", reason="JobConflictError", tenant="acme") == 1
+    assert not [labels for name, labels in samples if ("tenant", "zeta") in labels]
+    # The queue wait of the stamped jobs: at least the second they waited for a worker.
+    wait = "framefleet_queue_wait_seconds"
+    assert value(samples, f"{wait}_count", tenant="acme") == 2
+    assert value(samples, f"{wait}_sum", tenant="acme") >= 2 * 1.0
+    assert value(samples, f"{wait}_bucket", tenant="acme", le="0.5") == 0
+    # Held time for every end, and a record of the failed run for the cost report.
+    held = "framefleet_gpu_held_seconds_total"
+    assert value(samples, held, status="success", tenant="acme") > 0
+    assert value(samples, held, status="failure", tenant="acme") > 0
+    (record,) = read_held(client.app)
+    assert (record.job_id, record.tenant, record.status) == ("m-missing", "acme", "failure")
+    assert record.reason == "InputNotFoundError" and record.device == "cpu"
+    assert record.prices is not None and 0 < record.gpu_seconds < 60
+    # And the message no worker could decode is counted by the fleet exporter.
+    exporter.export_once(r, [QUEUE])
+    undecoded = {"status": "failure", "reason": "InvalidJobError", "tenant": "unknown"}
+    assert exporter.EXPORTER_REGISTRY.get_sample_value(jobs, undecoded) == 1
+    client.app.close()
+    r.close()
+
+
+# --- the task layer's concern -----------------------------------------------------------------
+
+
+def _run(app: Any, tenant: str, **request: Any) -> TaskRun:
+    """A TaskRun of a task stand-in: Celery's request fields the concern reads, a real app."""
+    fields = {"retries": 0, "delivery_info": {}, "headers": None, "hostname": "gpu0@h",
+              **request}  # fmt: skip
+    task = types.SimpleNamespace(request=types.SimpleNamespace(**fields), app=app)
+    spec = JobSpec(job_id=f"j-{secrets.token_hex(4)}", tenant=tenant,
+                   input=InputSpec(uri="file:///in/z.npy"), output=OutputSpec(uri="file:///out"))
+    settings = Settings(metrics_tenants=tenant)
+    return TaskRun(task=task, spec=spec, settings=settings, flags=None)  # type: ignore[arg-type]
+
+
+def _waits(tenant: str) -> float:
+    count = WORKER_REGISTRY.get_sample_value("framefleet_queue_wait_seconds_count",
+                                             {"tenant": tenant})
+    return count or 0.0
+
+
+def test_queue_wait_is_observed_on_a_first_delivery_only() -> None:
+    tenant = f"t{secrets.token_hex(4)}"
+    stamp = {ENQUEUED_AT_HEADER: time.time() - 5}
+    JobMetrics(_run(None, tenant, headers=stamp))
+    assert _waits(tenant) == 1
+    sum_ = WORKER_REGISTRY.get_sample_value("framefleet_queue_wait_seconds_sum",
+                                            {"tenant": tenant})
+    assert sum_ is not None and 5 <= sum_ < 60
+    # A retry carries the first stamp: its wait would include the first run. Not observed,
+    # nor a redelivery, nor a message without a stamp (or with one that is not a number).
+    JobMetrics(_run(None, tenant, headers=stamp, retries=1))
+    JobMetrics(_run(None, tenant, headers=stamp, delivery_info={"redelivered": True}))
+    JobMetrics(_run(None, tenant))
+    JobMetrics(_run(None, tenant, headers={ENQUEUED_AT_HEADER: "yesterday"}))
+    assert _waits(tenant) == 1
+
+
+def test_retries_requeues_and_cancels_are_told_apart_and_leave_held_records(
+    redis_url: str,
+) -> None:
+    tenant = f"t{secrets.token_hex(4)}"
+    app = make_app(broker_url=redis_url, backend_url=redis_url)
+    try:
+        ends = [
+            (Retry(error=errors.StorageError("503")), "retry", "StorageError"),
+            (Requeue(error=errors.DeviceOutOfMemory("oom")), "requeue", "DeviceOutOfMemory"),
+            (Revoked(error=errors.JobCancelled("by the client")), "cancelled", ""),
+            (Failed(error=errors.InputNotFoundError("no such object")), "failure",
+             "InputNotFoundError"),
+        ]  # fmt: skip
+        runs = []
+        for outcome, _, _ in ends:
+            run = _run(app, tenant)
+            JobMetrics(run).on_outcome(outcome)
+            runs.append(run.spec.job_id)
+        sample = WORKER_REGISTRY.get_sample_value
+        retries = "framefleet_job_retries_total"
+        assert sample(retries, {"kind": "retry", "reason": "StorageError", "tenant": tenant}) == 1
+        assert sample(retries, {"kind": "requeue", "reason": "DeviceOutOfMemory",
+                                "tenant": tenant}) == 1
+        assert sample("framefleet_jobs_total", {"status": "cancelled", "reason": "",
+                                                "tenant": tenant}) == 1
+        for _, status, _ in ends:
+            held = sample("framefleet_gpu_held_seconds_total", {"status": status, "tenant": tenant})
+            assert held is not None and held >= 0
+        records = {h.job_id: h for h in read_held(app) if h.tenant == tenant}
+        assert [(records[j].status, records[j].reason) for j in runs] == [
+            (status, reason) for _, status, reason in ends]
+        ttl = app.backend.client.ttl(next(iter(app.backend.client.scan_iter(
+            match=f"{HELD_PREFIX}{runs[0]}:*"))))
+        assert 0 < ttl <= Settings().result_expires_s
+    finally:
+        app.close()

@@ -1,14 +1,130 @@
-"""Metrics: every run's end is counted (``framefleet_jobs_total{status,tenant}``), and a
-success's timings, output and cost are recorded (``worker.metrics.observe_job``)."""
+"""Metrics: every run's end is counted, with its reason, and the device time it held.
+
+- An ended job (success, failure, cancelled) → ``framefleet_jobs_total{status,reason,tenant}``;
+  a run that sends its job back (retry, requeue) → ``framefleet_job_retries_total``; a
+  success's timings, output and cost too (``worker.metrics.observe_job``).
+- Every run → ``framefleet_gpu_held_seconds_total{status}``; a run without a JobResult also
+  leaves a :class:`~producer.spec.HeldRun` record in Redis, so ``framefleet cost report`` can
+  show the GPU time that failed, retried and cancelled runs were paid for.
+- A job's first delivery → ``framefleet_queue_wait_seconds``: from the client's enqueue stamp
+  (the ``framefleet_enqueued_at`` message header, unix time) to the start of the run. Later
+  deliveries carry the same stamp; their wait would include earlier runs and back-offs.
+- A job that fails before it runs (its spec does not parse, its ``job_id`` was used by another
+  spec) is counted by :func:`failed_before_run`, which the task calls.
+
+The ``tenant`` label is capped by ``FRAMEFLEET_METRICS_TENANTS`` (others: ``other``).
+"""
 
 from __future__ import annotations
 
-from worker.concerns.base import Concern, Outcome
-from worker.metrics import observe_job
+import logging
+import secrets
+import time
+from typing import Any
+
+import redis
+
+from producer.cost import configured_prices
+from producer.errors import FramefleetError
+from producer.fleet import HELD_PREFIX
+from producer.settings import Settings
+from producer.spec import HeldRun, JobSpec
+from worker import labels, metrics
+from worker.concerns.base import Concern, Outcome, TaskRun
+from worker.concerns.retries import Requeue
+from worker.ops.exporter import ENQUEUED_AT_HEADER
+
+log = logging.getLogger(__name__)
+
+
+def enqueued_at(request: Any) -> float | None:
+    """The enqueue stamp of a task request (Celery puts custom headers on the request and
+    in ``request.headers``); None when the message has none or it is not a number."""
+    value = getattr(request, ENQUEUED_AT_HEADER, None)
+    if value is None:
+        value = (getattr(request, "headers", None) or {}).get(ENQUEUED_AT_HEADER)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def failed_before_run(error: BaseException, spec: JobSpec | None, settings: Settings) -> None:
+    """Count a job that failed before it ran (bad spec, reused ``job_id``): an end like any
+    other. Without a parsed spec its tenant is not known: ``unknown``."""
+    tenant = (labels.UNKNOWN_TENANT if spec is None
+              else labels.tenant_label(spec.tenant, settings.metrics_tenant_names))
+    try:
+        metrics.observe_job("failure", tenant, None, reason=labels.failure_reason(error))
+    except Exception:  # counting must never change how the task ends
+        log.exception("could not count the failed job")
 
 
 class JobMetrics(Concern):
-    """One ``observe_job`` per run, with the outcome's status (and result on success)."""
+    """Counts the run's end and its held time; observes the queue wait of a first delivery."""
+
+    def __init__(self, run: TaskRun) -> None:
+        super().__init__(run)
+        # Created with every concern, before any runs: the run's start, even if a concern
+        # ahead of this one ends it in before_run (a job cancelled while queued).
+        self.started_at = time.time()
+        self.started = time.monotonic()
+        self.tenant = labels.tenant_label(run.spec.tenant, run.settings.metrics_tenant_names)
+        request = run.task.request
+        stamp = enqueued_at(request)
+        if stamp is not None and not request.retries and not _redelivered(request):
+            metrics.observe_queue_wait(self.tenant, self.started_at - stamp)
 
     def on_outcome(self, outcome: Outcome) -> None:
-        observe_job(outcome.status, self.run.spec.tenant, outcome.result)
+        held = time.monotonic() - self.started
+        status: str = outcome.status
+        if status == "retry":
+            status = "requeue" if isinstance(outcome, Requeue) else "retry"
+            metrics.observe_retry(status, self.tenant, labels.failure_reason(outcome.error))
+        elif status == "failure":
+            reason = labels.failure_reason(outcome.error)
+            metrics.observe_job("failure", self.tenant, None, reason=reason)
+        else:
+            metrics.observe_job(status, self.tenant, outcome.result)
+        metrics.observe_held(status, self.tenant, held)
+        if outcome.result is None:
+            self._record(status, labels.failure_reason(outcome.error), held)
+
+    def _record(self, status: str, reason: str, held: float) -> None:
+        """Leave a HeldRun in Redis (the result backend's client), kept as long as results."""
+        client = getattr(self.run.task.app.backend, "client", None)
+        if not isinstance(client, redis.Redis):  # embedded mode: no fleet report to feed
+            return
+        spec = self.run.spec
+        record = HeldRun(
+            job_id=spec.job_id, tenant=spec.tenant, status=status,  # type: ignore[arg-type]
+            reason="" if status == "cancelled" else reason, node=self.run.node,
+            device=_device(self.run.settings), started_at=self.started_at,
+            finished_at=self.started_at + held, gpu_seconds=held, prices=_prices(),
+        )
+        key = f"{HELD_PREFIX}{spec.job_id}:{secrets.token_hex(6)}"
+        try:
+            client.set(key, record.model_dump_json(), ex=self.run.settings.result_expires_s)
+        except redis.RedisError as e:
+            log.warning("job %s: held time not recorded: %s", spec.job_id, e)
+
+
+def _redelivered(request: Any) -> bool:
+    info = getattr(request, "delivery_info", None) or {}
+    return bool(info.get("redelivered") or getattr(request, "redelivered", False))
+
+
+def _device(settings: Settings) -> str:
+    """``cpu`` or ``cuda:0``, as the runner's WorkerInfo says it."""
+    from worker.devices import resolve_device
+
+    try:
+        return str(resolve_device(settings.device))
+    except FramefleetError:
+        return settings.device
+
+
+def _prices() -> Any:
+    try:
+        return configured_prices()
+    except FramefleetError:  # a broken pricing file: the time still counts, unpriced
+        return None

@@ -15,7 +15,9 @@ import pytest
 import redis
 from botocore.stub import Stubber
 
-from producer.app import TASK_NAME, make_app
+from producer.app import QUEUE, TASK_NAME, make_app
+from producer.client import Client
+from producer.spec import InputSpec, JobSpec, OutputSpec
 from tests.services import REPO_ROOT, free_port
 from tests.worker.test_metrics import scrape, value
 from worker.ops import exporter
@@ -182,3 +184,95 @@ def test_exporter_imports_without_the_worker_extra() -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+def _other_db(redis_url: str, db: int) -> str:
+    """The same server, another database: a queue of its own for the client's "video"."""
+    return redis_url.rsplit("/", 1)[0] + f"/{db}"
+
+
+def test_the_client_stamps_what_the_exporter_reads(redis_url: str, tmp_path: Any) -> None:
+    url = _other_db(redis_url, 7)
+    r = redis.Redis.from_url(url)
+    r.flushdb()
+    client = Client(broker_url=url, backend_url=url)
+    spec = JobSpec(job_id=f"s-{secrets.token_hex(4)}",
+                   input=InputSpec(uri=f"file://{tmp_path}/z.npy"),
+                   output=OutputSpec(uri=f"file://{tmp_path}/out"), priority=7)
+    try:
+        # When the client sends a job (at a priority step of its own list).
+        before = time.time()
+        client.submit(spec)
+        after = time.time()
+        (name,) = [n for n in exporter.queue_names(QUEUE) if r.llen(n)]
+        assert name != QUEUE  # a priority list, not the plain one
+        # Then its message carries the enqueue stamp the exporter reads.
+        stamp = exporter.enqueued_at(r.lindex(name, -1))
+        assert stamp is not None and before <= stamp <= after
+        exporter.export_once(r, [QUEUE], now=stamp + 42.5)
+        age = exporter.EXPORTER_REGISTRY.get_sample_value(
+            "framefleet_queue_oldest_age_seconds", {"queue": QUEUE})
+        assert age == pytest.approx(42.5)
+    finally:
+        client.app.close()
+        r.flushdb()
+        r.close()
+
+
+def test_oldest_age_is_the_longest_wait_over_every_priority_list(redis_url: str) -> None:
+    queue = f"video-{secrets.token_hex(4)}"
+    app = make_app(broker_url=redis_url, backend_url=redis_url)
+    client = redis.Redis.from_url(redis_url)
+    sample = ("framefleet_queue_oldest_age_seconds", {"queue": queue})
+    try:
+        # An empty queue: nobody waits, the age is 0 (and the alert resolves).
+        exporter.export_once(client, [queue], now=1000.0)
+        assert exporter.EXPORTER_REGISTRY.get_sample_value(*sample) == 0
+        # Messages the way the client sends them, stamped, at three priority steps.
+        for priority, stamp in ((0, 900.0), (5, 400.0), (9, 700.0), (0, 950.0)):
+            app.send_task(TASK_NAME, args=[{}], queue=queue, priority=priority,
+                          headers={exporter.ENQUEUED_AT_HEADER: stamp})
+        exporter.export_once(client, [queue], now=1000.0)
+        assert exporter.EXPORTER_REGISTRY.get_sample_value(*sample) == 600.0
+        # A clock behind the client's never makes a negative age.
+        exporter.export_once(client, [queue], now=100.0)
+        assert exporter.EXPORTER_REGISTRY.get_sample_value(*sample) == 0
+    finally:
+        app.close()
+        client.close()
+
+
+def test_unstamped_messages_leave_the_age_unknown_not_zero(redis_url: str) -> None:
+    queue = f"video-{secrets.token_hex(4)}"
+    app = make_app(broker_url=redis_url, backend_url=redis_url)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        app.send_task(TASK_NAME, args=[{}], queue=queue)  # an older client: no stamp
+        client.lpush(queue, b"not even JSON")
+        exporter.export_once(client, [queue], now=1000.0)
+        age = exporter.EXPORTER_REGISTRY.get_sample_value(
+            "framefleet_queue_oldest_age_seconds", {"queue": queue})
+        assert age is None
+        assert exporter.EXPORTER_REGISTRY.get_sample_value(
+            "framefleet_queue_depth", {"queue": queue}) == 2
+    finally:
+        app.close()
+        client.close()
+
+
+def test_undecodable_messages_are_counted_on_the_broker_and_served(redis_url: str) -> None:
+    url = _other_db(redis_url, 8)
+    broker = redis.Redis.from_url(url)
+    broker.delete(exporter.UNDECODABLE_KEY)
+    labels = {"status": "failure", "reason": "InvalidJobError", "tenant": "unknown"}
+    try:
+        exporter.export_once(broker, [])
+        assert exporter.EXPORTER_REGISTRY.get_sample_value("framefleet_jobs_total", labels) == 0
+        for _ in range(3):
+            exporter.count_undecodable(url)
+        exporter.count_undecodable("filesystem://")  # embedded mode: no Redis, no error
+        exporter.export_once(broker, [])
+        assert exporter.EXPORTER_REGISTRY.get_sample_value("framefleet_jobs_total", labels) == 3
+    finally:
+        broker.delete(exporter.UNDECODABLE_KEY)
+        broker.close()
