@@ -26,6 +26,9 @@ RESULT_SCHEMA_VERSION: Literal[2] = 2
 #: Where a job's time goes, in pipeline order: ``StageTimings`` has one ``{stage}_s`` field per
 #: name, the worker pipeline measures every one but ``load``, and metrics label by them.
 STAGE_NAMES: tuple[str, ...] = ("load", "decode", "postprocess", "d2h", "encode", "upload")
+#: ``DecoderSpec.weights`` that asks for a seeded random init: the output is noise, and the
+#: manifest and the result say so (``random_weights``).
+RANDOM_WEIGHTS = "random"
 
 
 class Frozen(BaseModel):
@@ -48,7 +51,8 @@ def check_uri(value: str, *, field: str) -> str:
         if parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/"):
             raise ValueError(f"{field}: file URI must be absolute (file:///...): {value!r}")
     else:
-        raise ValueError(f"{field}: scheme must be s3:// or file://, got {value!r}")
+        hint = " (a local path is written file:///absolute/path)" if not parsed.scheme else ""
+        raise ValueError(f"{field}: scheme must be s3:// or file://, got {value!r}{hint}")
     if any(part in {"..", "."} for part in parsed.path.split("/")):
         raise ValueError(f"{field}: '.' and '..' path segments are not allowed: {value!r}")
     return value
@@ -90,7 +94,9 @@ class DecoderSpec(Frozen):
     name: Literal["wan2.1-vae", "pattern"] = "wan2.1-vae"
     weights: str | None = Field(
         default=None,
-        description="diffusers-layout folder (file://); seeded random init if None",
+        description="diffusers-layout folder (file://) of the decoder's model, or \"random\": "
+        "a seeded random init that decodes to noise (tests, demos); the Wan decoders need one "
+        "of the two, the pattern decoder neither",
     )
     preset: Literal["wan2.1", "tiny"] = Field(
         default="wan2.1", description="architecture config; 'tiny' is for tests and demos"
@@ -103,7 +109,7 @@ class DecoderSpec(Frozen):
     @field_validator("weights")
     @classmethod
     def _weights(cls, v: str | None) -> str | None:
-        return None if v is None else check_uri(v, field="decoder.weights")
+        return v if v is None or v == RANDOM_WEIGHTS else check_uri(v, field="decoder.weights")
 
 
 class VideoSpec(Frozen):
@@ -296,6 +302,9 @@ class Manifest(Frozen):
     video_seconds: float
     segments: tuple[SegmentInfo, ...]
     full_uri: str | None = None
+    random_weights: bool = Field(
+        default=False, description="decoded with random weights (decoder.weights \"random\"): noise"
+    )
 
 
 class JobResult(Frozen):
@@ -309,4 +318,7 @@ class JobResult(Frozen):
     worker: WorkerInfo
     cost: CostReport | None = None
     reused: bool = Field(default=False, description="an earlier run's complete output was reused")
+    random_weights: bool = Field(
+        default=False, description="decoded with random weights (decoder.weights \"random\"): noise"
+    )
     finished_at: float = Field(description="unix time the job finished")

@@ -19,7 +19,8 @@ from celery.signals import worker_process_init, worker_ready, worker_shutdown
 from producer.app import make_app
 from producer.cost import configured_prices
 from producer.settings import Settings, get_settings
-from producer.spec import DecoderSpec
+from producer.spec import RANDOM_WEIGHTS, DecoderSpec
+from producer.weights import needs_weights
 from worker import metrics, tasks
 from worker.concerns.cancel import preempt_node
 from worker.consumer import install_brpop_guard
@@ -55,7 +56,11 @@ def _init_process(**_: Any) -> None:
     if settings.warmup_decoder is not None:
         # Weights loaded and kernels warmed before the first job, not during it.
         h, w = (int(v) for v in settings.warmup_latent_size.split("x"))
-        decoder = decoders.get(DecoderSpec(name=settings.warmup_decoder))
+        # Random weights, by name: the warm-up compiles the architecture's kernels; a job
+        # brings its own weights.
+        decoder = decoders.get(DecoderSpec(
+            name=settings.warmup_decoder,
+            weights=RANDOM_WEIGHTS if needs_weights(settings.warmup_decoder) else None))
         t0 = time.perf_counter()
         decoder.warmup(h, w)
         log.info("warmed up %s at %dx%d latents in %.1f s", decoder.name, h, w,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from producer.errors import DeviceOutOfMemory, InvalidJobError, JobCancelled, JobConflictError
+from producer.errors import DeviceOutOfMemory, JobCancelled, JobConflictError
 from producer.settings import Settings, get_settings
 from producer.spec import (
     CostReport,
@@ -29,12 +29,14 @@ from producer.spec import (
     WorkerInfo,
     segment_name,
 )
+from producer.weights import uses_random_weights
 from worker.decoders.base import ChunkDecoder
 from worker.devices import resolve_device, worker_info
 from worker.encode import concat_segments
 from worker.inputs import load_latents
 from worker.pipeline import ClosedSegment, run_pipeline
 from worker.storage import JobOutput
+from worker.weights import resolve_weights
 
 MANIFEST = "manifest.json"
 CostFn = Callable[[JobSpec, float, int, int, float], CostReport]
@@ -62,6 +64,9 @@ class DecoderCache:
         return decoder
 
     def _build(self, spec: DecoderSpec) -> ChunkDecoder:
+        # The weights are resolved here, where the decoder is chosen: a job that names none,
+        # or a folder that is not there, fails before any model is built.
+        weights = resolve_weights(spec)
         if spec.name == "pattern":
             from worker.decoders.pattern import PatternDecoder
 
@@ -71,21 +76,8 @@ class DecoderCache:
         name = spec.dtype
         if name == "auto":
             name = "bfloat16" if self.device.type == "cuda" else "float32"
-        weights = None
-        if spec.weights is not None:
-            weights = fetch_weights(spec.weights)
         vae = build_vae(spec.preset, weights, spec.seed, DTYPES[name])
         return WanDecoder(vae, self.device, graphs=self.graphs)
-
-
-def fetch_weights(uri: str) -> str:
-    """A local folder for ``file://`` weights (s3:// weights are synced by deployment)."""
-    from urllib.parse import unquote, urlparse
-
-    parsed = urlparse(uri)
-    if parsed.scheme != "file":
-        raise InvalidJobError("decoder.weights: only file:// folders are loaded by workers")
-    return unquote(parsed.path)
 
 
 @dataclass
@@ -115,7 +107,7 @@ def _reuse(out: JobOutput, spec: JobSpec, info: WorkerInfo, t0: float) -> JobRes
     return JobResult(
         manifest=manifest, manifest_uri=out.uri(MANIFEST),
         timings=StageTimings(wall_s=time.perf_counter() - t0), worker=info, reused=True,
-        finished_at=time.time(),
+        finished_at=time.time(), random_weights=manifest.random_weights,
     )
 
 
@@ -172,6 +164,7 @@ def run_job(spec: JobSpec, decoders: DecoderCache, ctx: JobContext | None = None
         job_id=spec.job_id, tenant=spec.tenant, spec_digest=spec.digest(), frames=report.frames,
         width=report.width, height=report.height, fps=spec.video.fps,
         video_seconds=video_seconds, segments=tuple(segments), full_uri=full_uri,
+        random_weights=uses_random_weights(spec.decoder),
     )
     # The manifest goes LAST: its presence is the completion marker.
     manifest_uri = out.put_bytes(MANIFEST, manifest.model_dump_json(indent=2).encode())
@@ -185,7 +178,7 @@ def run_job(spec: JobSpec, decoders: DecoderCache, ctx: JobContext | None = None
     cost = ctx.cost(spec, wall, out.puts, stored, video_seconds) if ctx.cost else None
     return JobResult(
         manifest=manifest, manifest_uri=manifest_uri, timings=timings, worker=info, cost=cost,
-        finished_at=time.time(),
+        finished_at=time.time(), random_weights=manifest.random_weights,
     )
 
 
