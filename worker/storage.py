@@ -3,7 +3,8 @@
 Keys a job writes are confined under ``{prefix}/{tenant}/{job_id}/`` by :class:`JobOutput`,
 which accepts plain file names only. Errors map onto the error tree: missing object → fatal
 ``InputNotFoundError``; throttling, 5xx and connection loss → retryable ``StorageError``;
-access denied or a missing bucket → fatal.
+configuration errors (no credentials, wrong keys, access denied, no such bucket) → fatal
+``StorageConfigError`` at once: a retry would meet the same configuration.
 """
 
 from __future__ import annotations
@@ -16,12 +17,28 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
 
-from producer.errors import FatalJobError, InputNotFoundError, InvalidJobError, StorageError
+from producer.errors import (
+    FatalJobError,
+    InputNotFoundError,
+    InvalidJobError,
+    StorageConfigError,
+    StorageError,
+)
 from producer.settings import Settings, get_settings
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 RETRYABLE_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
                    "InternalError", "ServiceUnavailable", "RequestTimeTooSkewed"}
+#: S3 error codes that mean the fleet's configuration is wrong: keys, policy, bucket.
+CONFIG_CODES = {
+    "AccessDenied": "access denied", "403": "access denied",
+    "InvalidAccessKeyId": "the access key is not known to the store",
+    "SignatureDoesNotMatch": "the secret key does not match the access key",
+    "InvalidClientTokenId": "the access key is not known to the store",
+    "ExpiredToken": "the credentials have expired",
+    "AllAccessDisabled": "access to the bucket is disabled",
+    "NoSuchBucket": "no such bucket", "InvalidBucketName": "invalid bucket name",
+}
 
 
 class Store(Protocol):
@@ -98,16 +115,28 @@ def s3_client(settings: Settings) -> Any:
 
 def map_s3_error(e: Exception, what: str) -> Exception:
     """botocore exception → the error tree (retryable or fatal), naming the object."""
-    from botocore.exceptions import BotoCoreError, ClientError
+    from botocore.exceptions import (
+        BotoCoreError,
+        ClientError,
+        NoCredentialsError,
+        PartialCredentialsError,
+    )
 
     if isinstance(e, ClientError):
         code = str(e.response.get("Error", {}).get("Code", ""))
         status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
         if code in {"NoSuchKey", "404", "NotFound"}:
             return InputNotFoundError(f"no such object: {what}")
+        if code in CONFIG_CODES:
+            return StorageConfigError(f"S3 {code} on {what}: {CONFIG_CODES[code]}")
         if code in RETRYABLE_CODES or status >= 500 or status == 429:
             return StorageError(f"S3 {code or status} on {what}")
         return FatalJobError(f"S3 {code or status} on {what}: {e}")
+    if isinstance(e, (NoCredentialsError, PartialCredentialsError)):
+        return StorageConfigError(
+            f"S3 on {what}: {e} (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile, "
+            "or an instance role)"
+        )
     if isinstance(e, BotoCoreError):
         return StorageError(f"S3 unreachable for {what}: {e}")
     return e
