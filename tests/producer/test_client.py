@@ -14,6 +14,7 @@ from worker.ops.exporter import queue_depth
 
 def _spec(job_id: str) -> JobSpec:
     return JobSpec.model_validate({"job_id": job_id, "input": {"uri": "s3://b/z.npy"},
+                                   "decoder": {"weights": "random"},
                                    "output": {"uri": "s3://b/out"}})
 
 
