@@ -7,14 +7,38 @@ process (call ``get_settings.cache_clear()`` in tests that change it).
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from producer.errors import SettingsError
+
+ENV_PREFIX = "FRAMEFLEET_"
+
+
+def env_error_text(e: ValidationError) -> str:
+    """pydantic's errors, each naming the environment variable (``FRAMEFLEET_RETRY_MAX``)
+    and the value it had, not the field."""
+    lines = []
+    for err in e.errors():
+        if err["loc"]:
+            name = ENV_PREFIX + str(err["loc"][0]).upper()
+            lines.append(f"{name}={err['input']!r}: {err['msg']}")
+        else:
+            lines.append(str(err["msg"]).removeprefix("Value error, "))
+    return "invalid settings: " + "; ".join(lines)
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="FRAMEFLEET_", frozen=True, extra="ignore")
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="ignore")
+
+    def __init__(self, **values: Any) -> None:
+        """Read the environment (``values`` win); a bad value raises ``SettingsError``."""
+        try:
+            super().__init__(**values)
+        except ValidationError as e:
+            raise SettingsError(env_error_text(e)) from None
 
     broker_url: str = Field(
         default="redis://127.0.0.1:6379/0",
