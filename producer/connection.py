@@ -83,11 +83,15 @@ def classify(e: BaseException, broker_url: str, backend_url: str) -> BrokerError
             else:
                 cause = "the server requires a password and the URL has none"
             return BrokerAuthError(f"{where}: {cause}")
+    # The most precise cause first: the OS's words (connection refused, name unknown), then
+    # a timeout, then redis-py's own message.
+    for x in chain:
+        if isinstance(x, OSError) and not isinstance(x, TimeoutError) and x.strerror:
+            return BrokerUnavailable(f"{where}: {x.strerror.lower()}")
     for x in chain:
         if isinstance(x, (rx.TimeoutError, TimeoutError)):
-            return BrokerUnavailable(f"{where}: no answer within {CONNECT_TIMEOUT_S:g} s")
-        if isinstance(x, OSError) and x.strerror:
-            return BrokerUnavailable(f"{where}: {x.strerror.lower()}")
+            return BrokerUnavailable(f"{where}: no answer (timed out)")
+    for x in chain:
         if isinstance(x, rx.ConnectionError):
             return BrokerUnavailable(f"{where}: {x}")
     if broker:
