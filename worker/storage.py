@@ -120,6 +120,7 @@ def map_s3_error(e: Exception, what: str) -> Exception:
         ClientError,
         NoCredentialsError,
         PartialCredentialsError,
+        ProfileNotFound,
     )
 
     if isinstance(e, ClientError):
@@ -132,7 +133,7 @@ def map_s3_error(e: Exception, what: str) -> Exception:
         if code in RETRYABLE_CODES or status >= 500 or status == 429:
             return StorageError(f"S3 {code or status} on {what}")
         return FatalJobError(f"S3 {code or status} on {what}: {e}")
-    if isinstance(e, (NoCredentialsError, PartialCredentialsError)):
+    if isinstance(e, (NoCredentialsError, PartialCredentialsError, ProfileNotFound)):
         return StorageConfigError(
             f"S3 on {what}: {e} (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile, "
             "or an instance role)"
@@ -149,7 +150,13 @@ class S3Store:
 
     def __init__(self, bucket: str, settings: Settings | None = None) -> None:
         self.bucket = bucket
-        self.client = s3_client(settings or get_settings())
+        try:
+            self.client = s3_client(settings or get_settings())
+        except Exception as e:  # a profile that is not there, say: the store's configuration
+            err = map_s3_error(e, f"s3://{bucket}")
+            if err is e:
+                raise
+            raise err from e
 
     def uri(self, key: str) -> str:
         return f"s3://{self.bucket}/{key}"

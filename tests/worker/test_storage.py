@@ -13,7 +13,12 @@ from pathlib import Path
 
 import boto3
 import pytest
-from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
+from botocore.exceptions import (
+    ClientError,
+    EndpointConnectionError,
+    NoCredentialsError,
+    ProfileNotFound,
+)
 
 from producer.errors import (
     FatalJobError,
@@ -124,6 +129,8 @@ def test_missing_credentials_are_a_configuration_error_not_a_transient_one() -> 
     mapped = map_s3_error(NoCredentialsError(), "s3://b/k")
     assert isinstance(mapped, StorageConfigError) and not isinstance(mapped, RetryableError)
     assert "s3://b/k" in str(mapped) and "AWS_ACCESS_KEY_ID" in str(mapped)
+    assert isinstance(map_s3_error(ProfileNotFound(profile="gone"), "s3://b/k"),
+                      StorageConfigError)
 
 
 # --- s3:// against SeaweedFS -------------------------------------------------------------------
