@@ -6,6 +6,9 @@ and a retrying job that says why.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -19,7 +22,7 @@ from producer.client import Client, JobHandle
 from producer.errors import JobCancelled, JobFailed, UnknownJobError
 from producer.spec import JobSpec
 from tests.e2e.helpers import pattern_spec, put_latents, verify_output
-from tests.services import free_port
+from tests.services import REPO_ROOT, free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -138,3 +141,17 @@ def test_a_retrying_job_shows_retry_and_its_reason(
     assert js.describe().startswith("retrying: StorageError: S3 unreachable")
     assert "UNKNOWN" not in seen  # QUEUED (and maybe STARTED) before it, never unknown
     client.cancel("retrying")
+
+
+def test_the_demo_says_it_uses_random_weights(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FRAMEFLEET_")}
+    out = subprocess.run(
+        [sys.executable, "-m", "producer.cli", "demo", "--frames", "5", "--width", "32",
+         "--height", "32", "--out", str(tmp_path / "demo")],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+        env={**env, "PYTHONPATH": str(REPO_ROOT), "FRAMEFLEET_METRICS_PORT": "0"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.startswith('demo: random weights (decoder.weights "random")')
+    assert "random weights, 32x32" in out.stdout.splitlines()[-1]
+    (manifest,) = (tmp_path / "demo" / "videos" / "demo").glob("*/manifest.json")
+    assert '"random_weights": true' in manifest.read_text()

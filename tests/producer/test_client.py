@@ -230,3 +230,22 @@ def test_a_broker_down_behind_a_working_backend_names_the_broker(
 def test_the_typed_errors_sit_in_the_error_tree() -> None:
     assert issubclass(BrokerAuthError, BrokerError) and issubclass(BrokerError, ConnectionError)
     assert issubclass(BrokerUnavailable, FramefleetError)
+
+
+def test_the_progress_bar_names_the_state_before_any_frame(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from producer.client import _Bar
+    from producer.jobstate import JobState
+
+    for js, words in [
+        (JobState("bar-1", "QUEUED"), "queued"),
+        (JobState("bar-2", "STARTED", worker="gpu0@host"), "started on gpu0@host"),
+        (JobState("bar-3", "RETRY", reason="StorageError: S3 SlowDown on [s3://b/k]"),
+         "retrying: StorageError: S3 SlowDown on [s3://b/k]"),
+    ]:
+        bar = _Bar(js.job_id)
+        bar.show(js)
+        bar.close()
+        shown = capsys.readouterr().out
+        assert words in shown and "0/?" not in shown, shown
