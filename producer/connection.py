@@ -18,10 +18,10 @@ from urllib.parse import urlparse
 from celery import Celery
 from kombu.utils.url import maybe_sanitize_url
 
-from producer.errors import BrokerAuthError, BrokerError, BrokerUnavailable
+from producer.errors import BrokerAuthError, BrokerError, BrokerUnavailable, FramefleetError
 
 #: Seconds a client waits for a TCP connection to Redis, and for one reply.
-CONNECT_TIMEOUT_S = 3.0
+CONNECT_TIMEOUT_S = 2.0
 REPLY_TIMEOUT_S = 10.0
 
 
@@ -29,24 +29,31 @@ def bound_client_app(app: Celery) -> None:
     """Short timeouts and retries for a client's ``app``; call before its backend is used
     (Celery reads these when it creates the backend)."""
     conf = app.conf
-    transport = dict(conf.broker_transport_options or {})
-    if str(conf.broker_url or "").startswith(("redis://", "rediss://")):
+    redis_urls = ("redis://", "rediss://")
+    if str(conf.broker_url or "").startswith(redis_urls):
+        transport = dict(conf.broker_transport_options or {})
         transport.update(socket_connect_timeout=CONNECT_TIMEOUT_S,
                          socket_timeout=REPLY_TIMEOUT_S)
-    conf.update(
-        broker_transport_options=transport,
-        broker_connection_timeout=CONNECT_TIMEOUT_S,
-        broker_connection_max_retries=1,
-        task_publish_retry_policy={"max_retries": 2, "interval_start": 0,
-                                   "interval_step": 0.5, "interval_max": 1},
-        redis_socket_connect_timeout=CONNECT_TIMEOUT_S,
-        redis_socket_timeout=REPLY_TIMEOUT_S,
-        # Two quick retries ride out a blip; the worker's 20 would hold a terminal a minute.
-        result_backend_always_retry=True,
-        result_backend_max_retries=2,
-        result_backend_base_sleep_between_retries_ms=100,
-        result_backend_max_sleep_between_retries_ms=500,
-    )
+        conf.update(
+            broker_transport_options=transport,
+            broker_connection_timeout=CONNECT_TIMEOUT_S,
+            broker_connection_max_retries=1,
+            task_publish_retry_policy={"max_retries": 1, "interval_start": 0,
+                                       "interval_step": 0.5, "interval_max": 1},
+        )
+    # The embedded mode's sqlite backend keeps the factory's patient retries (a locked
+    # database is a blip there, not a misconfiguration).
+    if str(conf.result_backend or conf.broker_url or "").startswith(redis_urls):
+        conf.update(
+            redis_socket_connect_timeout=CONNECT_TIMEOUT_S,
+            redis_socket_timeout=REPLY_TIMEOUT_S,
+            # One quick retry rides out a blip; the worker's 20 would hold a terminal a
+            # minute.
+            result_backend_always_retry=True,
+            result_backend_max_retries=1,
+            result_backend_base_sleep_between_retries_ms=100,
+            result_backend_max_sleep_between_retries_ms=500,
+        )
 
 
 def mask(url: str) -> str:
@@ -104,7 +111,7 @@ def broker_errors(broker_url: str, backend_url: str) -> Iterator[None]:
     """Re-raise connection failures inside the block as ``BrokerError`` (from the original)."""
     try:
         yield
-    except BrokerError:
+    except FramefleetError:
         raise
     except Exception as e:
         err = classify(e, broker_url, backend_url)

@@ -4,6 +4,7 @@ requirepass, and a closed port)."""
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -249,3 +250,34 @@ def test_the_progress_bar_names_the_state_before_any_frame(
         bar.close()
         shown = capsys.readouterr().out
         assert words in shown and "0/?" not in shown, shown
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A loopback port whose accept queue is full: new connections get no answer at all, as
+    from a host behind a firewall that drops packets."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    port = int(server.getsockname()[1])
+    fillers = []
+    for _ in range(3):
+        s = socket.socket()
+        s.setblocking(False)
+        try:
+            s.connect(("127.0.0.1", port))
+        except BlockingIOError:
+            pass
+        fillers.append(s)
+    try:
+        yield port
+    finally:
+        for s in fillers:
+            s.close()
+        server.close()
+
+
+@pytest.mark.parametrize("call", ["submit", "state"])
+def test_a_broker_that_never_answers_fails_within_seconds(silent_port: int, call: str) -> None:
+    message = _fails(f"redis://127.0.0.1:{silent_port}/0", call, BrokerUnavailable)
+    assert "timed out" in message
