@@ -314,7 +314,11 @@ def flower(ctx: typer.Context) -> None:
 
 
 def main() -> None:
-    cli()
+    try:
+        cli()
+    except FramefleetError as e:  # from a command that does not catch its own (one line still)
+        err.print(Text.assemble(("error:", "red"), " ", " ".join(str(e).split())))
+        sys.exit(1)
 
 
 if __name__ == "__main__":
