@@ -26,7 +26,7 @@ from producer.errors import (
 from producer.jobstate import FINISHED, JobState, from_meta
 from producer.settings import Settings, get_settings
 from producer.spec import JobResult, JobSpec, Progress
-from producer.weights import check_weights
+from producer.weights import check_job_weights
 
 # Resubmitting a job that ended without an output runs it again: FAILURE, and REVOKED too.
 # A cancel stops a run; it does not retire the job_id, which names the job's output folder,
@@ -211,7 +211,7 @@ class Client:
 
     def _submit(self, spec: JobSpec) -> JobHandle:
         settings = self.settings
-        check_weights(spec.decoder)
+        check_job_weights(spec)
         if spec.time_limit_s > settings.max_time_limit_s:
             raise InvalidJobError(
                 f"time_limit_s: {spec.time_limit_s} exceeds the fleet's max_time_limit_s "

@@ -14,7 +14,7 @@ where it chooses the decoder (``worker.weights``).
 from __future__ import annotations
 
 from producer.errors import InvalidJobError
-from producer.spec import RANDOM_WEIGHTS, DecoderSpec
+from producer.spec import RANDOM_WEIGHTS, DecoderSpec, JobSpec
 
 #: Decoders that draw frames without a model.
 NO_WEIGHTS = frozenset({"pattern"})
@@ -41,6 +41,14 @@ def check_weights(decoder: DecoderSpec) -> None:
         return
     if decoder.weights is None:
         raise InvalidJobError(f"decoder.weights: the {decoder.name} decoder needs weights: {HINT}")
+
+
+def check_job_weights(spec: JobSpec) -> None:
+    """``check_weights`` of the job's decoder; a job that generates its latents (a
+    ``generate`` section, where the fleet has one) decodes with its model's own VAE, so its
+    ``decoder`` is not used and not checked."""
+    if getattr(spec, "generate", None) is None:
+        check_weights(spec.decoder)
 
 
 def uses_random_weights(decoder: DecoderSpec) -> bool:
