@@ -4,6 +4,8 @@ registry when the backend knows nothing.
 Celery says PENDING both for a job that waits in the queue and for an id nobody ever
 submitted. The registry (``producer.control``: every submit claims its job_id first) tells
 them apart: ``QUEUED`` or ``UNKNOWN``. RETRY and FAILURE carry the reason, STARTED the worker.
+The registry outlives results (30 days against ``FRAMEFLEET_RESULT_EXPIRES_S``), so a job
+finished longer ago than that reads QUEUED too.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ FINISHED = frozenset({"SUCCESS", "FAILURE", "REVOKED"})
 #: What each state means, for help texts and the README.
 MEANING = {
     "UNKNOWN": "never submitted (or its record expired)",
-    "QUEUED": "submitted, waiting for a worker",
+    "QUEUED": "submitted, waiting for a worker (or its result expired)",
     "STARTED": "a worker took it",
     "PROGRESS": "decoding: frames and segments done",
     "RETRY": "a transient error; runs again after a back-off (the reason is shown)",

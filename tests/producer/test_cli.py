@@ -132,8 +132,8 @@ def test_status_of_a_queued_job_and_wait_timing_out(env: str, tmp_path: Path) ->
 
 @pytest.mark.parametrize("args", [["status", "j1"], ["wait", "j1"], ["cancel", "j1"],
                                   ["submit", "--input", "/z.npy", "--output", "/o",
-                                   "--decoder", "pattern"]],
-                         ids=["status", "wait", "cancel", "submit"])
+                                   "--decoder", "pattern"], ["healthcheck"]],
+                         ids=["status", "wait", "cancel", "submit", "healthcheck"])
 def test_redis_down_is_one_line_naming_the_url_masked(args: list[str]) -> None:
     port = free_port()
     t0 = time.monotonic()
