@@ -126,8 +126,11 @@ def test_a_weights_folder_is_loaded_and_is_not_marked_random(tmp_path: Path) -> 
         (lambda d: (d.mkdir(parents=True), (d / "config.json").write_text("{}"),
                     (d / "diffusion_pytorch_model.bin").write_bytes(b"pickle")),
          "has no diffusion_pytorch_model.safetensors"),
+        (lambda d: (d.mkdir(parents=True), (d / "config.json").write_text("{not json"),
+                    (d / "diffusion_pytorch_model.safetensors").write_bytes(b"x")),
+         "config.json is not readable"),
     ],
-    ids=["missing", "a-file", "no-config", "pickle-only"],
+    ids=["missing", "a-file", "no-config", "pickle-only", "bad-config"],
 )
 def test_a_bad_weights_folder_is_named_plainly_without_hub_talk(
     tmp_path: Path, make: Callable[[Path], object], words: str
