@@ -6,9 +6,11 @@
 - ``errors``: the one error tree (``RetryableError`` / ``FatalJobError`` under
   ``FramefleetError``).
 - ``app``: the Celery app factory, where the fleet's delivery semantics are configured.
-- ``client``: submit, follow, cancel; ``control``: the job registry and cancel/preempt flags.
+- ``client``: submit, follow, cancel; ``control``: the job registry and cancel/preempt flags;
+  ``jobstate``: what a job is doing (UNKNOWN and QUEUED told apart); ``connection``: bounded
+  Redis waits and one-line broker errors; ``weights``: which decoders need weights.
 - ``cost``, ``fleet``: the price catalog, per-job and fleet cost-to-serve.
-- ``cli``, ``cli_cost``, ``demo``, ``dashboard``: the ``framefleet`` command line.
+- ``cli``, ``cli_cost``, ``cli_help``, ``demo``, ``dashboard``: the ``framefleet`` command line.
 
 Nothing here imports torch, av, boto3 or ``worker``: a producer installs the base package only.
 See ARCHITECTURE.md for how the parts fit together.

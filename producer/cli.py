@@ -1,38 +1,63 @@
-"""``framefleet``: submit, status, wait, cancel, worker, demo, doctor (typer + rich)."""
+"""``framefleet``: submit, status, wait, cancel, worker, demo, doctor (typer + rich).
+
+Errors are one line on stderr (``error: …``) and a non-zero exit status: 1 for an error,
+124 for ``wait`` running out of time; never a traceback for a condition the user can fix.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Optional
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from producer.cli_cost import cost_app
+from producer.cli_help import plain_typer
 from producer.errors import FramefleetError
+from producer.jobstate import FINISHED
 from producer.ports import CPU_PORT_OFFSET, DEFAULT_EXPORTER_PORT, DEFAULT_METRICS_PORT
-from producer.spec import (
-    DecoderSpec,
-    InputSpec,
-    JobResult,
-    JobSpec,
-    OutputSpec,
-    PipelineSpec,
-    VideoSpec,
-    parse_spec,
-)
+from producer.spec import JobResult, parse_spec
 
 if TYPE_CHECKING:
     from producer.client import Client
 
-cli = typer.Typer(help="framefleet: a GPU worker fleet for generative-video decoding.",
+cli = plain_typer(help="framefleet: a GPU worker fleet for generative-video decoding.",
+                  rich_markup_mode="markdown",
                   no_args_is_help=True, pretty_exceptions_enable=False)
 cli.add_typer(cost_app, name="cost")
 console = Console(soft_wrap=True)
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
+#: ``wait``'s default limit, in seconds (``--timeout 0``: none).
+WAIT_TIMEOUT_S = 3600.0
+#: The exit status of a ``wait`` that ran out of time (as timeout(1)'s).
+EXIT_TIMEOUT = 124
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            console.print(f"framefleet {version('framefleet')}")
+        except PackageNotFoundError:
+            console.print("framefleet (not installed)")
+        raise typer.Exit()
+
+
+@cli.callback()
+def _main(
+    version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True, help="Print the version and exit.",
+    )] = False,
+) -> None:
+    """framefleet: a GPU worker fleet for generative-video decoding."""
 
 
 def _client() -> Client:
@@ -42,9 +67,31 @@ def _client() -> Client:
     return Client()
 
 
-def _fail(e: Exception) -> None:
-    err.print(f"[red]error:[/red] {e}")
-    raise typer.Exit(1)
+def _fail(e: Exception | str, code: int = 1) -> NoReturn:
+    # One line, whatever the message holds: no markup, no wrapping.
+    message = " ".join(str(e).split())
+    err.print(Text.assemble(("error:", "red"), " ", message))
+    raise typer.Exit(code)
+
+
+@contextmanager
+def _errors() -> Iterator[None]:
+    """The command's expected failures become one ``error:`` line and exit status 1."""
+    try:
+        yield
+    except FramefleetError as e:
+        _fail(e)
+    except TimeoutError as e:
+        _fail(e, EXIT_TIMEOUT)
+    except ValueError as e:
+        _fail(e)
+
+
+def _uri(value: Optional[str]) -> Optional[str]:
+    """A URI as given, or a plain local path as its absolute ``file://`` URI."""
+    if value is None or "://" in value or value == "random":
+        return value
+    return Path(value).expanduser().absolute().as_uri()
 
 
 def print_result(result: JobResult) -> None:
@@ -52,68 +99,110 @@ def print_result(result: JobResult) -> None:
     console.print(f"[green]SUCCESS[/green] {m.job_id}: {m.frames} frames, "
                   f"{len(m.segments)} segments, {m.width}x{m.height}, "
                   f"wall {result.timings.wall_s:.2f} s")
-    console.print(f"manifest: {result.manifest_uri}")
+    console.print(f"manifest: {result.manifest_uri}", markup=False)
+    if result.random_weights:
+        console.print('[yellow]random weights[/yellow] (decoder.weights "random"): the '
+                      "frames are noise, not a model's video")
     if result.cost is not None:
         console.print(f"cost: ${result.cost.total_usd:.6f} "
                       f"(${result.cost.usd_per_video_minute:.5f} per video-minute)")
 
 
+JobIdArg = Annotated[str, typer.Argument(metavar="JOB_ID", help="the job's id")]
+TimeoutOpt = Annotated[float, typer.Option(
+    metavar="SECONDS", help="give up after this long (exit status 124); 0: no limit")]
+
+
+def _wait(handle: Any, timeout: float, progress: bool) -> JobResult:
+    result: JobResult = handle.wait(timeout=timeout or None, progress=progress)
+    return result
+
+
 @cli.command()
 def submit(
-    input: Annotated[Optional[str], typer.Option(help="latents URI (s3:// or file://)")] = None,
-    output: Annotated[Optional[str], typer.Option(help="output URI prefix")] = None,
-    job_id: Annotated[Optional[str], typer.Option(help="idempotency key")] = None,
-    tenant: str = "default",
-    decoder: str = "wan2.1-vae",
-    fps: float = 16.0,
-    crf: int = 20,
-    segment_frames: int = 48,
-    mode: str = "async",
-    priority: int = 5,
-    spec: Annotated[Optional[Path], typer.Option(help="a JobSpec JSON file instead")] = None,
-    wait: Annotated[bool, typer.Option(help="wait and show progress")] = False,
+    input: Annotated[Optional[str], typer.Option(
+        metavar="URI", help="latents (.safetensors or .npy): s3://bucket/key, file:///path, "
+        "or a local path (a path on the workers)")] = None,
+    output: Annotated[Optional[str], typer.Option(
+        metavar="URI", help="output prefix: s3://bucket/prefix, file:///path or a local "
+        "folder; the job writes under PREFIX/TENANT/JOB_ID/")] = None,
+    weights: Annotated[Optional[str], typer.Option(
+        metavar="DIR", help="the decoder's weights: a diffusers-layout folder on the workers "
+        "(config.json + diffusion_pytorch_model.safetensors; a path or file:// URI), or "
+        "'random' (seeded random weights: the video is noise). Required by the Wan "
+        "decoders")] = None,
+    job_id: Annotated[Optional[str], typer.Option(
+        metavar="ID", help="idempotency key (default: job-TIMESTAMP-N)")] = None,
+    tenant: Annotated[str, typer.Option(metavar="NAME", help="tenant (cost reports)")]
+    = "default",
+    decoder: Annotated[str, typer.Option(metavar="NAME", help="wan2.1-vae | pattern")]
+    = "wan2.1-vae",
+    fps: Annotated[float, typer.Option(metavar="FPS", help="frames per second")] = 16.0,
+    crf: Annotated[int, typer.Option(metavar="N", help="x264 quality, 0-51")] = 20,
+    segment_frames: Annotated[int, typer.Option(metavar="N", help="frames per MP4 segment")]
+    = 48,
+    mode: Annotated[str, typer.Option(metavar="MODE", help="async | sequential")] = "async",
+    priority: Annotated[int, typer.Option(metavar="N", help="0-9, 9 the most urgent")] = 5,
+    spec: Annotated[Optional[Path], typer.Option(
+        metavar="FILE", help="a JobSpec JSON file, instead of the options above")] = None,
+    wait: Annotated[bool, typer.Option(
+        "--wait", help="wait for the job with a progress bar, then print its result")] = False,
+    timeout: TimeoutOpt = WAIT_TIMEOUT_S,
 ) -> None:
-    """Submit one job; prints its job_id."""
-    try:
+    """Submit one job; print its job_id."""
+    with _errors():
         if spec is not None:
-            job = parse_spec(spec.read_text())
+            try:
+                text = spec.read_text()
+            except OSError as e:
+                _fail(f"--spec: cannot read {spec}: {e.strerror or e}")
+            job = parse_spec(text)
         else:
             if input is None or output is None:
-                raise typer.BadParameter("--input and --output are required without --spec")
-            job = parse_spec(JobSpec(
-                job_id=job_id or f"job-{time.strftime('%Y%m%d%H%M%S')}-{time.time_ns() % 10**6}",
-                tenant=tenant, input=InputSpec(uri=input),
-                decoder=DecoderSpec.model_validate({"name": decoder}),
-                video=VideoSpec(fps=fps, crf=crf, segment_frames=segment_frames),
-                output=OutputSpec(uri=output),
-                pipeline=PipelineSpec.model_validate({"mode": mode}), priority=priority,
-            ).model_dump(mode="json"))
+                _fail("--input and --output are required without --spec")
+            dec: dict[str, Any] = {"name": decoder}
+            if weights is not None:
+                dec["weights"] = _uri(weights)
+            job = parse_spec({
+                "job_id": job_id or f"job-{time.strftime('%Y%m%d%H%M%S')}-"
+                                    f"{time.time_ns() % 10**6}",
+                "tenant": tenant, "input": {"uri": _uri(input)}, "decoder": dec,
+                "video": {"fps": fps, "crf": crf, "segment_frames": segment_frames},
+                "output": {"uri": _uri(output)}, "pipeline": {"mode": mode},
+                "priority": priority,
+            })
         handle = _client().submit(job)
-        console.print(job.job_id)
+        console.print(job.job_id, markup=False)
         if wait:
-            print_result(handle.wait(progress=True))
-    except (FramefleetError, ValueError) as e:
-        _fail(e)
+            print_result(_wait(handle, timeout, progress=True))
 
 
 @cli.command()
-def status(job_id: str) -> None:
-    """State and progress of a job."""
-    handle = _client().get(job_id)
-    state = handle.status()
-    progress = handle.progress()
-    extra = f" {progress.text}" if progress else ""  # denoise 12/50, then 120/121 frames
-    console.print(f"{job_id}: {state}{extra}")
+def status(job_id: JobIdArg) -> None:
+    """Print a job's state: UNKNOWN (exit status 1), QUEUED, STARTED, PROGRESS, RETRY,
+    SUCCESS, FAILURE or REVOKED, with the frames done, the worker or the reason."""
+    with _errors():
+        js = _client().state(job_id)
+    detail = js.detail()
+    console.print(f"{job_id}: {js.state}" + (f" ({detail})" if detail else ""),
+                  markup=False, highlight=False)
+    if js.state == "UNKNOWN":
+        raise typer.Exit(1)
 
 
 @cli.command("wait")
-def wait_cmd(job_id: str, timeout: Optional[float] = None,
-             json_out: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """Wait for a job with a progress bar; print its result."""
-    try:
-        result = _client().get(job_id).wait(timeout=timeout, progress=not json_out)
-    except (FramefleetError, TimeoutError) as e:
-        _fail(e)
+def wait_cmd(
+    job_id: JobIdArg,
+    timeout: TimeoutOpt = WAIT_TIMEOUT_S,
+    json_out: Annotated[bool, typer.Option(
+        "--json", help="print the JobResult as JSON (no progress bar)")] = False,
+) -> None:
+    """Wait for a job, with a progress bar showing its state; print its result.
+
+    Exit status 0 when it succeeded, 1 when it failed, was cancelled or is unknown, 124 when
+    it is still running after the timeout."""
+    with _errors():
+        result = _wait(_client().get(job_id), timeout, progress=not json_out)
     if json_out:
         sys.stdout.write(result.model_dump_json(indent=2) + "\n")
     else:
@@ -121,10 +210,18 @@ def wait_cmd(job_id: str, timeout: Optional[float] = None,
 
 
 @cli.command()
-def cancel(job_id: str) -> None:
-    """Cancel a job: it stops between chunks and writes no manifest."""
-    _client().cancel(job_id)
-    console.print(f"cancel requested for {job_id}")
+def cancel(job_id: JobIdArg) -> None:
+    """Cancel a job: it stops between chunks, writes no manifest and ends REVOKED.
+
+    Refused for an id that was never submitted. Submitting the same spec again after a
+    cancel runs it again."""
+    with _errors():
+        state = _client().cancel(job_id)
+    if state in FINISHED:
+        console.print(f"{job_id}: already {state}; nothing to cancel", markup=False)
+    else:
+        console.print(f"cancel requested for {job_id} (was {state}): it stops between chunks "
+                      "and ends REVOKED", markup=False)
 
 
 @cli.command()
@@ -138,36 +235,49 @@ def worker(
 
     if gpus is None and cpu == 0:
         gpus = "all"
-    try:
-        raise typer.Exit(launch(gpus, cpu, get_settings()))
-    except ValueError as e:
-        _fail(e)
+    with _errors():
+        code = launch(gpus, cpu, get_settings())
+    raise typer.Exit(code)
 
 
 @cli.command()
 def demo(
-    decoder: Annotated[str, typer.Option(help="wan2.1-vae | pattern")] = "wan2.1-vae",
-    frames: int = 33,
-    width: int = 96,
-    height: int = 96,
-    out: Path = Path("demo-out"),
+    decoder: Annotated[str, typer.Option(
+        metavar="NAME", help="wan2.1-vae (random weights: noise) | pattern")] = "wan2.1-vae",
+    frames: Annotated[int, typer.Option(metavar="N", help="video frames")] = 33,
+    width: Annotated[int, typer.Option(metavar="PIXELS")] = 96,
+    height: Annotated[int, typer.Option(metavar="PIXELS")] = 96,
+    out: Annotated[Path, typer.Option(metavar="DIR", help="where the videos go")]
+    = Path("demo-out"),
 ) -> None:
-    """Run one job on the embedded default (no Redis, no S3) and show where the MP4s are."""
+    """Run one job on the embedded default (no Redis, no S3) and show where the MP4s are.
+
+    The Wan decoder runs with random weights: the demo shows the fleet, not a model, so its
+    frames are noise."""
     from producer.demo import run_demo
 
     if decoder not in ("wan2.1-vae", "pattern"):
-        _fail(ValueError(f"--decoder: unknown decoder {decoder!r}"))
-    result, wall = run_demo(decoder, frames, out, width, height)
+        _fail(f"--decoder: unknown decoder {decoder!r} (wan2.1-vae or pattern)")
+    if decoder != "pattern":
+        console.print('demo: random weights (decoder.weights "random"): the frames are noise; '
+                      "real videos need a weights folder (see the README)", markup=False)
+    with _errors():
+        result, wall = run_demo(decoder, frames, out, width, height)
     print_result(result)
     m = result.manifest
     for seg in m.segments:
-        console.print(f"  {seg.uri}  frames {seg.first_frame}-{seg.first_frame + seg.frames - 1}")
+        console.print(f"  {seg.uri}  frames {seg.first_frame}-{seg.first_frame + seg.frames - 1}",
+                      markup=False)
+    weights = ", random weights" if result.random_weights else ""
     console.print(f"demo: {m.frames} frames, {len(m.segments)} segments, "
-                  f"wall {wall:.1f} s ({decoder}, {m.width}x{m.height})")
+                  f"wall {wall:.1f} s ({decoder}{weights}, {m.width}x{m.height})")
 
 
 @cli.command()
-def healthcheck(timeout: float = 5.0) -> None:
+def healthcheck(
+    timeout: Annotated[float, typer.Option(metavar="SECONDS", help="how long to wait for "
+                                           "an answer")] = 5.0,
+) -> None:
     """Exit 0 when a worker on this host answers a Celery ping and every worker process on
     it has captured its warm-up sizes (``FRAMEFLEET_WARMUP_DECODER``)."""
     import socket
@@ -175,7 +285,8 @@ def healthcheck(timeout: float = 5.0) -> None:
     from producer.settings import get_settings
     from worker.warmup import not_ready
 
-    replies = _client().ping(timeout=timeout)
+    with _errors():
+        replies = _client().ping(timeout=timeout)
     host = socket.gethostname()
     names = [name for reply in replies for name in reply]
     if not any(name.endswith(f"@{host}") for name in names):
@@ -225,8 +336,8 @@ def doctor(
 
 @cli.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def flower(ctx: typer.Context) -> None:
-    """Flower dashboard on the fleet's broker (``celery -A producer.dashboard flower``; extra
-    arguments such as ``--port=5555`` are passed on)."""
+    """Flower dashboard on the fleet's broker: celery -A producer.dashboard flower, with any
+    extra arguments (such as --port=5555) passed on."""
     import os
 
     os.execvp(sys.executable, [sys.executable, "-m", "celery", "-A",
@@ -234,7 +345,11 @@ def flower(ctx: typer.Context) -> None:
 
 
 def main() -> None:
-    cli()
+    try:
+        cli()
+    except FramefleetError as e:  # from a command that does not catch its own (one line still)
+        err.print(Text.assemble(("error:", "red"), " ", " ".join(str(e).split())))
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,9 @@ class Flags(Protocol):
 
     def claim(self, job_id: str, digest: str, clear_cancel: bool = False) -> str | None: ...
     def release(self, job_id: str) -> None: ...
+    def registered(self, job_id: str) -> str | None:
+        """The digest ``job_id`` was claimed with, or None: never submitted (or expired)."""
+        ...
     def set_cancel(self, job_id: str) -> None: ...
     def cancelled(self, job_id: str) -> bool: ...
     def clear_cancel(self, job_id: str) -> None: ...
@@ -86,6 +89,12 @@ class RedisFlags:
 
     def release(self, job_id: str) -> None:
         self.r.delete(f"framefleet:spec:{job_id}")
+
+    def registered(self, job_id: str) -> str | None:
+        value = self.r.get(f"framefleet:spec:{job_id}")
+        if value is None:
+            return None
+        return value.decode() if isinstance(value, bytes) else str(value)
 
     def set_cancel(self, job_id: str) -> None:
         self.r.set(f"framefleet:cancel:{job_id}", "1", ex=CANCEL_TTL_S)
@@ -157,6 +166,12 @@ class FileFlags:
 
     def release(self, job_id: str) -> None:
         (self.root / "spec" / job_id).unlink(missing_ok=True)
+
+    def registered(self, job_id: str) -> str | None:
+        try:
+            return (self.root / "spec" / job_id).read_text()
+        except FileNotFoundError:
+            return None
 
     def set_cancel(self, job_id: str) -> None:
         (self.root / "cancel" / job_id).touch()

@@ -2,6 +2,9 @@
 
 Celery's ``filesystem://`` broker and a ``db+sqlite`` result backend live in a local folder,
 one real worker process runs the task, outputs go to ``file://``. Single host only.
+
+The Wan decoder runs with random weights (``decoder.weights: "random"``): the demo shows the
+fleet's machinery, not a model, so its frames are noise, and its output says so.
 """
 
 from __future__ import annotations
@@ -15,7 +18,15 @@ from pathlib import Path
 from producer.app import worker_command
 from producer.client import Client
 from producer.settings import Settings
-from producer.spec import DecoderSpec, InputSpec, JobResult, JobSpec, OutputSpec, VideoSpec
+from producer.spec import (
+    RANDOM_WEIGHTS,
+    DecoderSpec,
+    InputSpec,
+    JobResult,
+    JobSpec,
+    OutputSpec,
+    VideoSpec,
+)
 
 
 def write_latents(path: Path, frames: int, height: int, width: int, seed: int = 0) -> Path:
@@ -62,7 +73,8 @@ def run_demo(decoder: str, frames: int, out: Path, width: int, height: int,
         job_id=f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}",
         tenant="demo",
         input=InputSpec(uri=latents.as_uri()),
-        decoder=DecoderSpec(name="pattern" if decoder == "pattern" else "wan2.1-vae"),
+        decoder=DecoderSpec(name="pattern") if decoder == "pattern"
+        else DecoderSpec(name="wan2.1-vae", weights=RANDOM_WEIGHTS),
         video=VideoSpec(fps=16, segment_frames=16),
         output=OutputSpec(uri=(out / "videos").as_uri()),
     )

@@ -15,11 +15,17 @@ The tree::
     │   ├── InvalidJobError (ValueError)
     │   ├── InputNotFoundError (FileNotFoundError)
     │   ├── JobConflictError
+    │   ├── StorageConfigError    no credentials, access denied, no such bucket
     │   └── PricingError (ValueError)
     │       └── UnknownInstanceTypeError
     ├── JobCancelled              the client asked; neither retried nor a failure
     ├── UnsupportedBackendError   (ValueError) an operator command, not a job
-    └── JobFailed                 the client's view of a job that ended in FAILURE
+    ├── JobFailed                 the client's view of a job that ended in FAILURE
+    ├── UnknownJobError           (LookupError) a job_id that was never submitted
+    ├── SettingsError             (ValueError) a FRAMEFLEET_* value is invalid; names it
+    └── BrokerError               (ConnectionError) the client cannot use Redis
+        ├── BrokerUnavailable     nothing answers: refused, timed out, unknown host
+        └── BrokerAuthError       the server refused the password, or wants one
 
 This module lives in ``producer`` (not ``worker``) because Celery re-creates a task's exception
 on the client by importing its module: the client must be able to import it without torch.
@@ -94,3 +100,31 @@ class JobFailed(FramefleetError):
         self.job_id = job_id
         self.kind = kind
         self.message = message
+
+
+class StorageConfigError(FatalJobError):
+    """The object store refuses the job for a reason no retry can change: no credentials,
+    access denied (wrong keys or policy), no such bucket. Names the object."""
+
+
+class UnknownJobError(FramefleetError, LookupError):
+    """A ``job_id`` that was never submitted, or whose record has expired."""
+
+
+class SettingsError(FramefleetError, ValueError):
+    """A ``FRAMEFLEET_*`` environment value is invalid; the message names the variable."""
+
+
+class BrokerError(FramefleetError, ConnectionError):
+    """The client cannot use the broker or the result backend.
+
+    The message is one line: which one, its URL with the password masked, and the cause.
+    """
+
+
+class BrokerUnavailable(BrokerError):
+    """Nothing usable answers at the URL: connection refused, timed out, unknown host."""
+
+
+class BrokerAuthError(BrokerError):
+    """The server refused the credentials of the URL, or requires a password it lacks."""

@@ -10,16 +10,39 @@ import os
 from functools import lru_cache
 from ipaddress import IPv4Address
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, IPvAnyAddress, SecretStr, model_validator
+from pydantic import Field, IPvAnyAddress, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from producer.errors import SettingsError
 from producer.ports import DEFAULT_EXPORTER_PORT, DEFAULT_METRICS_PORT
+
+ENV_PREFIX = "FRAMEFLEET_"
+
+
+def env_error_text(e: ValidationError) -> str:
+    """pydantic's errors, each naming the environment variable (``FRAMEFLEET_RETRY_MAX``)
+    and the value it had, not the field."""
+    lines = []
+    for err in e.errors():
+        if err["loc"]:
+            name = ENV_PREFIX + str(err["loc"][0]).upper()
+            lines.append(f"{name}={err['input']!r}: {err['msg']}")
+        else:
+            lines.append(str(err["msg"]).removeprefix("Value error, "))
+    return "invalid settings: " + "; ".join(lines)
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="FRAMEFLEET_", frozen=True, extra="ignore")
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="ignore")
+
+    def __init__(self, **values: Any) -> None:
+        """Read the environment (``values`` win); a bad value raises ``SettingsError``."""
+        try:
+            super().__init__(**values)
+        except ValidationError as e:
+            raise SettingsError(env_error_text(e)) from None
 
     broker_url: str = Field(
         default="redis://127.0.0.1:6379/0",

@@ -36,6 +36,9 @@ RESULT_SCHEMA_VERSION: Literal[2] = 2
 STAGE_NAMES: tuple[str, ...] = (
     "load", "text_encode", "denoise", "decode", "postprocess", "d2h", "encode", "upload",
 )
+#: ``DecoderSpec.weights`` that asks for a seeded random init: the output is noise, and the
+#: manifest and the result say so (``random_weights``).
+RANDOM_WEIGHTS = "random"
 
 
 class Frozen(BaseModel):
@@ -58,7 +61,8 @@ def check_uri(value: str, *, field: str) -> str:
         if parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/"):
             raise ValueError(f"{field}: file URI must be absolute (file:///...): {value!r}")
     else:
-        raise ValueError(f"{field}: scheme must be s3:// or file://, got {value!r}")
+        hint = " (a local path is written file:///absolute/path)" if not parsed.scheme else ""
+        raise ValueError(f"{field}: scheme must be s3:// or file://, got {value!r}{hint}")
     if any(part in {"..", "."} for part in parsed.path.split("/")):
         raise ValueError(f"{field}: '.' and '..' path segments are not allowed: {value!r}")
     return value
@@ -100,7 +104,9 @@ class DecoderSpec(Frozen):
     name: Literal["wan2.1-vae", "wan2.2-vae", "pattern"] = "wan2.1-vae"
     weights: str | None = Field(
         default=None,
-        description="diffusers-layout folder (file://); seeded random init if None",
+        description="diffusers-layout folder (file://) of the decoder's model, or \"random\": "
+        "a seeded random init that decodes to noise (tests, demos); the Wan decoders need one "
+        "of the two, the pattern decoder neither",
     )
     preset: Literal["auto", "wan2.1", "tiny", "wan2.2", "tiny-wan2.2"] = Field(
         default="auto", validate_default=True,
@@ -115,7 +121,7 @@ class DecoderSpec(Frozen):
     @field_validator("weights")
     @classmethod
     def _weights(cls, v: str | None) -> str | None:
-        return None if v is None else check_uri(v, field="decoder.weights")
+        return v if v is None or v == RANDOM_WEIGHTS else check_uri(v, field="decoder.weights")
 
     @field_validator("preset")
     @classmethod
@@ -491,6 +497,9 @@ class Manifest(Frozen):
     full_uri: str | None = None
     playlist_uri: str | None = Field(default=None, description="the live HLS playlist")
     latents_uri: str | None = Field(default=None, description="generate.save_latents")
+    random_weights: bool = Field(
+        default=False, description="decoded with random weights (decoder.weights \"random\"): noise"
+    )
 
 
 class JobResult(Frozen):
@@ -505,3 +514,8 @@ class JobResult(Frozen):
     cost: CostReport | None = None
     reused: bool = Field(default=False, description="an earlier run's complete output was reused")
     finished_at: float = Field(description="unix time the job finished")
+
+    @property
+    def random_weights(self) -> bool:
+        """Decoded with random weights (``decoder.weights: "random"``): the video is noise."""
+        return self.manifest.random_weights

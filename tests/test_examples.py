@@ -33,5 +33,6 @@ def test_stream_decode_then_read_manifest(tmp_path: Path) -> None:
 def test_wan_tiny_example(tmp_path: Path) -> None:
     np.save(tmp_path / "w.npy", np.zeros((16, 2, 4, 4), np.float32))
     out = _run("examples/stream_decode.py", str(tmp_path / "w.npy"), str(tmp_path / "o"),
-               "--preset", "tiny")
+               "--preset", "tiny", "--weights", "random")
     assert "5 frames 32x32" in out
+    assert "random weights: the frames are noise" in out

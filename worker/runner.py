@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from producer.cost import with_stages
-from producer.errors import DeviceOutOfMemory, InvalidJobError, JobCancelled, JobConflictError
+from producer.errors import DeviceOutOfMemory, JobCancelled, JobConflictError
 from producer.settings import Settings, get_settings
 from producer.spec import (
     CostReport,
@@ -30,6 +30,7 @@ from producer.spec import (
     WorkerInfo,
     segment_name,
 )
+from producer.weights import uses_random_weights
 from worker.decoders.base import ChunkDecoder, frames_for_latents
 from worker.devices import resolve_device, worker_info
 from worker.encode import concat_segments
@@ -39,6 +40,7 @@ from worker.hls import LivePlaylist
 from worker.inputs import load_latents
 from worker.pipeline import ClosedSegment, run_pipeline
 from worker.storage import JobOutput
+from worker.weights import resolve_weights
 
 MANIFEST = "manifest.json"
 CostFn = Callable[[JobSpec, float, int, int, float], CostReport]
@@ -74,6 +76,9 @@ class DecoderCache:
         return decoder
 
     def _build(self, spec: DecoderSpec) -> ChunkDecoder:
+        # The weights are resolved here, where the decoder is chosen: a job that names none,
+        # or a folder that is not there, fails before any model is built.
+        weights = resolve_weights(spec, self.settings or get_settings())
         if spec.name == "pattern":
             from worker.decoders.pattern import PatternDecoder
 
@@ -83,25 +88,8 @@ class DecoderCache:
         name = spec.dtype
         if name == "auto":
             name = "bfloat16" if self.device.type == "cuda" else "float32"
-        weights = None
-        if spec.weights is not None:
-            weights = fetch_weights(spec.weights, self.settings)
         vae = build_vae(spec.preset, weights, spec.seed, DTYPES[name])
         return WanDecoder(vae, self.device, graphs=self.graphs)
-
-
-def fetch_weights(uri: str, settings: Settings | None = None) -> str:
-    """A local folder for ``file://`` weights (s3:// weights are synced by deployment),
-    confined to FRAMEFLEET_FILE_ROOTS like every local path a job names."""
-    from urllib.parse import unquote, urlparse
-
-    from worker.paths import local_folder
-
-    parsed = urlparse(uri)
-    if parsed.scheme != "file":
-        raise InvalidJobError("decoder.weights: only file:// folders are loaded by workers")
-    return str(local_folder(unquote(parsed.path), settings or get_settings(),
-                            field="decoder.weights", uri=uri))
 
 
 @dataclass
@@ -216,6 +204,7 @@ def run_job(spec: JobSpec, decoders: DecoderCache, ctx: JobContext | None = None
         video_seconds=video_seconds, segments=tuple(segments), full_uri=full_uri,
         playlist_uri=playlist_uri,
         latents_uri=latents_uri,
+        random_weights=uses_random_weights(spec.decoder),
     )
     # The manifest goes LAST: its presence is the completion marker.
     manifest_uri = out.put_bytes(MANIFEST, manifest.model_dump_json(indent=2).encode())

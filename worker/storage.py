@@ -3,8 +3,9 @@
 Keys a job writes are confined under ``{prefix}/{tenant}/{job_id}/`` by :class:`JobOutput`,
 which accepts plain file names only. Errors map onto the error tree: missing object → fatal
 ``InputNotFoundError``; throttling, 5xx and connection loss → retryable ``StorageError``;
-access denied or a missing bucket → fatal. ``file://`` paths are confined to
-FRAMEFLEET_FILE_ROOTS and read with a byte bound (``worker/paths.py``).
+configuration errors (no credentials, wrong keys, access denied, no such bucket) → fatal
+``StorageConfigError`` at once: a retry would meet the same configuration. ``file://`` paths are
+confined to FRAMEFLEET_FILE_ROOTS and read with a byte bound (``worker/paths.py``).
 """
 
 from __future__ import annotations
@@ -17,13 +18,29 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
 
-from producer.errors import FatalJobError, InputNotFoundError, InvalidJobError, StorageError
+from producer.errors import (
+    FatalJobError,
+    InputNotFoundError,
+    InvalidJobError,
+    StorageConfigError,
+    StorageError,
+)
 from producer.settings import Settings, get_settings
 from worker.paths import confine, os_error, read_local, writable_target
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 RETRYABLE_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
                    "InternalError", "ServiceUnavailable", "RequestTimeTooSkewed"}
+#: S3 error codes that mean the fleet's configuration is wrong: keys, policy, bucket.
+CONFIG_CODES = {
+    "AccessDenied": "access denied", "403": "access denied",
+    "InvalidAccessKeyId": "the access key is not known to the store",
+    "SignatureDoesNotMatch": "the secret key does not match the access key",
+    "InvalidClientTokenId": "the access key is not known to the store",
+    "ExpiredToken": "the credentials have expired",
+    "AllAccessDisabled": "access to the bucket is disabled",
+    "NoSuchBucket": "no such bucket", "InvalidBucketName": "invalid bucket name",
+}
 
 
 class Store(Protocol):
@@ -110,16 +127,29 @@ def s3_client(settings: Settings) -> Any:
 
 def map_s3_error(e: Exception, what: str) -> Exception:
     """botocore exception → the error tree (retryable or fatal), naming the object."""
-    from botocore.exceptions import BotoCoreError, ClientError
+    from botocore.exceptions import (
+        BotoCoreError,
+        ClientError,
+        NoCredentialsError,
+        PartialCredentialsError,
+        ProfileNotFound,
+    )
 
     if isinstance(e, ClientError):
         code = str(e.response.get("Error", {}).get("Code", ""))
         status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
         if code in {"NoSuchKey", "404", "NotFound"}:
             return InputNotFoundError(f"no such object: {what}")
+        if code in CONFIG_CODES:
+            return StorageConfigError(f"S3 {code} on {what}: {CONFIG_CODES[code]}")
         if code in RETRYABLE_CODES or status >= 500 or status == 429:
             return StorageError(f"S3 {code or status} on {what}")
         return FatalJobError(f"S3 {code or status} on {what}: {e}")
+    if isinstance(e, (NoCredentialsError, PartialCredentialsError, ProfileNotFound)):
+        return StorageConfigError(
+            f"S3 on {what}: {e} (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile, "
+            "or an instance role)"
+        )
     if isinstance(e, BotoCoreError):
         return StorageError(f"S3 unreachable for {what}: {e}")
     return e
@@ -132,7 +162,13 @@ class S3Store:
 
     def __init__(self, bucket: str, settings: Settings | None = None) -> None:
         self.bucket = bucket
-        self.client = s3_client(settings or get_settings())
+        try:
+            self.client = s3_client(settings or get_settings())
+        except Exception as e:  # a profile that is not there, say: the store's configuration
+            err = map_s3_error(e, f"s3://{bucket}")
+            if err is e:
+                raise
+            raise err from e
 
     def uri(self, key: str) -> str:
         return f"s3://{self.bucket}/{key}"

@@ -132,7 +132,8 @@ def warm_up(decoders: DecoderCache, settings: Settings) -> WarmupState:
     ready. Without a warm-up decoder the worker is ready at once. A size whose graph could not
     be captured (logged by the graph cache) stays eager: ready, its entry says ``graph: false``.
     """
-    from producer.spec import DecoderSpec
+    from producer.spec import RANDOM_WEIGHTS, DecoderSpec
+    from producer.weights import needs_weights
     from worker import metrics
 
     metrics.WORKER_READY.set(0)
@@ -145,8 +146,12 @@ def warm_up(decoders: DecoderCache, settings: Settings) -> WarmupState:
     if settings.warmup_decoder is not None:
         # The jobs' own weights: a job naming the same folder gets this very decoder (and its
         # captured graphs) from the cache instead of building a second one.
-        decoder = decoders.get(DecoderSpec(name=settings.warmup_decoder,
-                                           weights=settings.warmup_weights))
+        # Unset: random weights, by name (they compile the same kernels; a job naming other
+        # weights then builds its own decoder, whose graph builds in the background).
+        weights = settings.warmup_weights
+        if weights is None and needs_weights(settings.warmup_decoder):
+            weights = RANDOM_WEIGHTS
+        decoder = decoders.get(DecoderSpec(name=settings.warmup_decoder, weights=weights))
         for h, w in parse_sizes(settings.warmup_latent_size):
             t = time.perf_counter()
             decoder.warmup(h, w)

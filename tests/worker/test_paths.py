@@ -16,11 +16,11 @@ from pydantic import ValidationError
 
 from producer.errors import FatalJobError, InputNotFoundError, InvalidJobError, PathRefusedError
 from producer.settings import Settings
-from producer.spec import InputSpec
+from producer.spec import DecoderSpec, InputSpec
 from worker.inputs import load_latents
-from worker.paths import file_roots, os_error, read_bounded, read_local
-from worker.runner import fetch_weights
+from worker.paths import file_roots, local_folder, os_error, read_bounded, read_local
 from worker.storage import FileStore, JobOutput
+from worker.weights import resolve_weights
 
 MiB = 1024**2
 
@@ -223,10 +223,14 @@ def test_decoder_weights_folder_is_confined(tmp_path: Path) -> None:
     (root / "wan").mkdir(parents=True)
     (root / "file").write_bytes(b"x")
     settings = roots(root)
-    assert fetch_weights((root / "wan").as_uri(), settings) == str(root / "wan")
+    def weights(path: Path) -> str | None:
+        return resolve_weights(DecoderSpec(weights=path.as_uri()), settings)
+
+    # (the folder's layout is checked after the roots: tests/worker/test_runner.py)
+    assert local_folder(root / "wan", settings, field="decoder.weights") == root / "wan"
     with pytest.raises(PathRefusedError, match="decoder.weights"):
-        fetch_weights(tmp_path.as_uri(), settings)
+        weights(tmp_path)
     with pytest.raises(InvalidJobError, match="decoder.weights: .*file is not a directory"):
-        fetch_weights((root / "file").as_uri(), settings)
+        weights(root / "file")
     with pytest.raises(InvalidJobError, match="decoder.weights: no such folder"):
-        fetch_weights((root / "missing").as_uri(), settings)
+        weights(root / "missing")

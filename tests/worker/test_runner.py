@@ -1,19 +1,20 @@
-"""The runner without Celery: outputs, manifest last, reuse, conflicts, OOM fallback."""
+"""The runner without Celery: outputs, manifest last, reuse, conflicts, OOM fallback, weights."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from producer.errors import DeviceOutOfMemory, JobConflictError
+from producer.errors import DeviceOutOfMemory, InvalidJobError, JobConflictError
 from producer.settings import get_settings
 from producer.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec, VideoSpec, segment_name
 from worker.decoders.pattern import PatternDecoder
+from worker.decoders.wan import build_vae
 from worker.runner import DecoderCache, JobContext, run_job
 
 
@@ -82,3 +83,84 @@ def test_oom_is_retryable_and_tiled_attempt_succeeds(tmp_path: Path) -> None:
         run_job(_spec(tmp_path), cache)
     result = run_job(_spec(tmp_path), cache, JobContext(tiled=True))
     assert result.manifest.frames == 13
+
+
+# --- weights: random only when asked, a missing folder named plainly ------------------------
+
+
+def _wan_spec(tmp: Path, job_id: str, **decoder: str) -> JobSpec:
+    np.save(tmp / "w.npy", np.zeros((16, 2, 4, 4), np.float32))
+    return JobSpec.model_validate({
+        "job_id": job_id, "input": {"uri": (tmp / "w.npy").as_uri()},
+        "decoder": {"name": "wan2.1-vae", "preset": "tiny", **decoder},
+        "output": {"uri": (tmp / "out").as_uri()},
+    })
+
+
+def test_a_wan_job_without_weights_fails_at_once_naming_the_field(tmp_path: Path) -> None:
+    with pytest.raises(InvalidJobError, match=r"^decoder\.weights: .* needs weights") as info:
+        run_job(_wan_spec(tmp_path, "no-weights"), DecoderCache(torch.device("cpu")))
+    assert "diffusers" in str(info.value) and '"random"' in str(info.value)  # the hint
+    assert not (tmp_path / "out").exists()  # nothing was decoded or written
+
+
+def test_random_weights_are_marked_in_the_manifest_and_the_result(tmp_path: Path) -> None:
+    result = run_job(_wan_spec(tmp_path, "noise", weights="random"),
+                     DecoderCache(torch.device("cpu")))
+    assert result.random_weights and result.manifest.random_weights
+    on_disk = json.loads((tmp_path / "out" / "default" / "noise" / "manifest.json").read_text())
+    assert on_disk["random_weights"] is True
+    # and a reused output keeps the mark
+    again = run_job(_wan_spec(tmp_path, "noise", weights="random"),
+                    DecoderCache(torch.device("cpu")))
+    assert again.reused and again.random_weights
+
+
+def test_a_weights_folder_is_loaded_and_is_not_marked_random(tmp_path: Path) -> None:
+    # Given a diffusers-layout folder (save_pretrained of a tiny AutoencoderKLWan)
+    build_vae("tiny", seed=7).save_pretrained(tmp_path / "vae")
+    assert {p.name for p in (tmp_path / "vae").iterdir()} >= {
+        "config.json", "diffusion_pytorch_model.safetensors"}
+    spec = _wan_spec(tmp_path, "real", weights=(tmp_path / "vae").as_uri())
+    result = run_job(spec, DecoderCache(torch.device("cpu")))
+    assert result.manifest.frames == 5 and not result.random_weights
+    assert not result.manifest.random_weights
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        (lambda d: None, "no such folder"),
+        (lambda d: (d.parent.mkdir(exist_ok=True), d.write_text("x")), "not a folder"),
+        (lambda d: d.mkdir(parents=True), "has no config.json"),
+        (lambda d: (d.mkdir(parents=True), (d / "config.json").write_text("{}"),
+                    (d / "diffusion_pytorch_model.bin").write_bytes(b"pickle")),
+         "has no diffusion_pytorch_model.safetensors"),
+        (lambda d: (d.mkdir(parents=True), (d / "config.json").write_text("{not json"),
+                    (d / "diffusion_pytorch_model.safetensors").write_bytes(b"x")),
+         "config.json is not readable"),
+    ],
+    ids=["missing", "a-file", "no-config", "pickle-only", "bad-config"],
+)
+def test_a_bad_weights_folder_is_named_plainly_without_hub_talk(
+    tmp_path: Path, make: Callable[[Path], object], words: str
+) -> None:
+    folder = tmp_path / "models" / "wan2.1-vae"
+    make(folder)
+    spec = _wan_spec(tmp_path, "bad-folder", weights=folder.as_uri())
+    with pytest.raises(InvalidJobError) as info:
+        run_job(spec, DecoderCache(torch.device("cpu")))
+    message = str(info.value)
+    assert message.startswith("decoder.weights: ") and words in message and str(folder) in message
+    assert not any(w in message.lower() for w in ("hub", "huggingface", "repo id", "repo_id"))
+
+
+def test_weights_the_decoder_cannot_use_are_refused(tmp_path: Path) -> None:
+    cache = DecoderCache(torch.device("cpu"))
+    with pytest.raises(InvalidJobError, match="only file:// folders"):
+        run_job(_wan_spec(tmp_path, "s3w", weights="s3://models/vae"), cache)
+    pattern = JobSpec.model_validate({
+        **_spec(tmp_path).model_dump(mode="json"), "decoder": {"name": "pattern",
+                                                               "weights": "random"}})
+    with pytest.raises(InvalidJobError, match="the pattern decoder takes no weights"):
+        run_job(pattern, cache)

@@ -7,18 +7,25 @@ whether to retry (throttling, 5xx, no connection) or to fail at once (missing in
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import boto3
 import pytest
-from botocore.exceptions import ClientError, EndpointConnectionError
+from botocore.exceptions import (
+    ClientError,
+    EndpointConnectionError,
+    NoCredentialsError,
+    ProfileNotFound,
+)
 
 from producer.errors import (
     FatalJobError,
     InputNotFoundError,
     InvalidJobError,
     RetryableError,
+    StorageConfigError,
     StorageError,
 )
 from producer.settings import Settings
@@ -100,9 +107,11 @@ def _client_error(code: str, status: int) -> ClientError:
         ("RequestTimeout", 400, StorageError),
         ("", 500, StorageError),
         ("TooManyRequests", 429, StorageError),
-        ("AccessDenied", 403, FatalJobError),
-        ("NoSuchBucket", 404, FatalJobError),
-        ("InvalidAccessKeyId", 403, FatalJobError),
+        ("AccessDenied", 403, StorageConfigError),
+        ("NoSuchBucket", 404, StorageConfigError),
+        ("InvalidAccessKeyId", 403, StorageConfigError),
+        ("SignatureDoesNotMatch", 403, StorageConfigError),
+        ("MalformedXML", 400, FatalJobError),
     ],
 )
 def test_s3_errors_map_onto_the_tree(code: str, status: int, kind: type[Exception]) -> None:
@@ -119,6 +128,14 @@ def test_connection_errors_are_retryable_and_others_pass_through() -> None:
     assert map_s3_error(bug, "s3://b/k") is bug
 
 
+def test_missing_credentials_are_a_configuration_error_not_a_transient_one() -> None:
+    mapped = map_s3_error(NoCredentialsError(), "s3://b/k")
+    assert isinstance(mapped, StorageConfigError) and not isinstance(mapped, RetryableError)
+    assert "s3://b/k" in str(mapped) and "AWS_ACCESS_KEY_ID" in str(mapped)
+    assert isinstance(map_s3_error(ProfileNotFound(profile="gone"), "s3://b/k"),
+                      StorageConfigError)
+
+
 # --- s3:// against SeaweedFS -------------------------------------------------------------------
 
 StoreFactory = Callable[..., S3Store]
@@ -132,16 +149,19 @@ def s3_store(
     worker builds it (settings and the AWS_* environment), with a fresh client cache."""
     monkeypatch.setattr(storage, "_clients", {})
 
-    def make(secret_key: str | None = None, endpoint: str | None = None) -> S3Store:
+    def make(secret_key: str | None = None, endpoint: str | None = None,
+             access_key: str | None = None, bucket: str | None = None,
+             attempts: int = 1) -> S3Store:
         storage._clients.clear()
         # boto3's default session keeps the credentials it resolved first: start a new one.
         monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
-        monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3.access_key)
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", access_key or s3.access_key)
         monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret_key or s3.secret_key)
         settings = Settings(
-            s3_endpoint_url=endpoint or s3.endpoint_url, s3_region=s3.region, s3_max_attempts=1
+            s3_endpoint_url=endpoint or s3.endpoint_url, s3_region=s3.region,
+            s3_max_attempts=attempts,
         )
-        return S3Store(s3_bucket, settings)
+        return S3Store(bucket or s3_bucket, settings)
 
     yield make
 
@@ -185,8 +205,57 @@ def test_s3_403_on_head_means_absent(s3_store: StoreFactory, s3: S3Server) -> No
     with pytest.raises(FatalJobError, match="S3 403") as read:
         refused.get_bytes("kept.mp4", max_bytes=10)
     assert not isinstance(read.value, RetryableError)
-    with pytest.raises(FatalJobError, match="SignatureDoesNotMatch"):
+    with pytest.raises(StorageConfigError, match="SignatureDoesNotMatch"):
         refused.put_bytes("new.json", b"{}", "application/json")
+
+
+def _fails_at_once(call: Callable[[], object]) -> StorageConfigError:
+    """``call`` raises StorageConfigError (fatal, not retryable) within two seconds, even
+    with botocore allowed five attempts."""
+    t0 = time.monotonic()
+    with pytest.raises(StorageConfigError) as info:
+        call()
+    assert time.monotonic() - t0 < 2.0
+    assert not isinstance(info.value, RetryableError)
+    return info.value
+
+
+def test_s3_configuration_errors_are_fatal_at_once(
+    s3_store: StoreFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A key the store does not know
+    unknown = s3_store(access_key="AKIANOTAKEY000000000", attempts=5)
+    err = _fails_at_once(lambda: unknown.put_bytes("k.json", b"{}", "application/json"))
+    assert "InvalidAccessKeyId" in str(err) or "access denied" in str(err)
+    # A bucket that does not exist, as SeaweedFS answers a GET there (an admin's PUT would
+    # create the bucket on SeaweedFS; AWS answers it NoSuchBucket, as the table above maps)
+    missing = s3_store(bucket="ff-no-such-bucket", attempts=5)
+
+    def get_from_missing_bucket() -> None:
+        try:
+            missing.client.get_object(Bucket=missing.bucket, Key="k.npy")
+        except ClientError as e:
+            raise map_s3_error(e, missing.uri("k.npy")) from e
+
+    err = _fails_at_once(get_from_missing_bucket)
+    assert "NoSuchBucket" in str(err) and "s3://ff-no-such-bucket/k.npy" in str(err)
+    assert "no such bucket" in str(err)
+    # No credentials at all (and no metadata service to ask: nothing leaves loopback)
+    s3_store()
+    storage._clients.clear()
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                 "AWS_PROFILE", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                 "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_WEB_IDENTITY_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/credentials")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/config")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
+    anonymous = S3Store(unknown.bucket, Settings(
+        s3_endpoint_url=unknown.client.meta.endpoint_url, s3_region="us-east-1",
+        s3_max_attempts=5))
+    err = _fails_at_once(lambda: anonymous.put_bytes("k.json", b"{}", "application/json"))
+    assert "Unable to locate credentials" in str(err)
 
 
 def test_s3_put_file_counts_multipart_requests(
