@@ -45,9 +45,9 @@ def check_weights(decoder: DecoderSpec) -> None:
 
 def check_job_weights(spec: JobSpec) -> None:
     """``check_weights`` of the job's decoder; a job that generates its latents (a
-    ``generate`` section, where the fleet has one) decodes with its model's own VAE, so its
-    ``decoder`` is not used and not checked."""
-    if getattr(spec, "generate", None) is None:
+    ``generate`` section) decodes with its model's own VAE, so its ``decoder`` is not used and
+    not checked."""
+    if spec.generate is None:
         check_weights(spec.decoder)
 
 
