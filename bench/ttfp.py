@@ -29,6 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from producer.settings import Settings
 from producer.spec import (
     DecoderSpec,
     InputSpec,
@@ -57,7 +58,8 @@ def one_job(cache: DecoderCache, decoder: DecoderSpec, latents: Path, out: Path,
             listed.append((time.perf_counter(), seg))
 
     t0 = time.perf_counter()
-    result = run_job(spec, cache, JobContext(segment_landed=segment_landed))
+    result = run_job(spec, cache, JobContext(segment_landed=segment_landed,
+                                             settings=Settings(file_roots=str(latents.parent))))
     wall = time.perf_counter() - t0
     # Correctness first: the playlist listed every segment once, in order, and ended
     assert [s.index for _, s in listed] == list(range(len(result.manifest.segments))), listed
@@ -92,7 +94,9 @@ def main() -> None:
 
     device = torch.device(args.device)
     cache = DecoderCache(device, graphs=args.graphs if device.type == "cuda" else 0)
-    decoder = DecoderSpec(name=args.decoder, preset=args.preset)
+    # random weights, by name: the timing depends on the architecture, not on the weights
+    decoder = DecoderSpec(name=args.decoder, preset=args.preset,
+                          weights="random" if args.decoder != "pattern" else None)
     firsts = [int(v) or None for v in args.first.split(",")]
     report: dict[str, Any] = {
         "command": "python " + " ".join(sys.argv),

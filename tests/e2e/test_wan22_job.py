@@ -30,7 +30,7 @@ def _put(s3: Any, bucket: str, key: str, channels: int, frames: int) -> str:
 
 def _spec(job_id: str, uri: str, bucket: str) -> JobSpec:
     return JobSpec(job_id=job_id, tenant="e2e", input=InputSpec(uri=uri),
-                   decoder=DecoderSpec(name="wan2.2-vae", preset="tiny-wan2.2"),
+                   decoder=DecoderSpec(name="wan2.2-vae", preset="tiny-wan2.2", weights="random"),
                    video=VideoSpec(segment_frames=8), output=OutputSpec(uri=f"s3://{bucket}/out"))
 
 
