@@ -12,7 +12,7 @@ import socket
 
 import torch
 
-from producer.errors import FatalJobError
+from producer.errors import DeviceOutOfMemory, FatalJobError
 from producer.spec import WorkerInfo
 
 
@@ -24,6 +24,14 @@ def resolve_device(requested: str) -> torch.device:
     if requested == "cuda":
         raise FatalJobError("FRAMEFLEET_DEVICE=cuda but no CUDA device is visible")
     return torch.device("cpu")
+
+
+def out_of_memory(e: torch.OutOfMemoryError, what: str) -> DeviceOutOfMemory:
+    """The retryable error for a CUDA out-of-memory while doing ``what``, after handing the
+    failed attempt's cached blocks back to the driver (the retry needs them)."""
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+    return DeviceOutOfMemory(f"CUDA out of memory {what}: {e}")
 
 
 def worker_info(device: torch.device, node: str | None = None) -> WorkerInfo:

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from producer.cost import with_stages
-from producer.errors import DeviceOutOfMemory, JobCancelled, JobConflictError
+from producer.errors import JobCancelled, JobConflictError
 from producer.settings import Settings, get_settings
 from producer.spec import (
     CostReport,
@@ -32,7 +32,7 @@ from producer.spec import (
 )
 from producer.weights import uses_random_weights
 from worker.decoders.base import ChunkDecoder, frames_for_latents
-from worker.devices import resolve_device, worker_info
+from worker.devices import out_of_memory, resolve_device, worker_info
 from worker.encode import concat_segments
 from worker.generate import ModelCache, generate_latents
 from worker.generate.handoff import LATENTS_FILE, latents_file
@@ -178,11 +178,7 @@ def run_job(spec: JobSpec, decoders: DecoderCache, ctx: JobContext | None = None
                 sink=sink, cancelled=ctx.cancelled, progress=progress,
             )
         except torch.OutOfMemoryError as e:
-            if torch.cuda.is_initialized():
-                torch.cuda.empty_cache()  # hand the failed attempt's blocks back first
-            raise DeviceOutOfMemory(
-                f"CUDA out of memory decoding {spec.job_id} (tiled={ctx.tiled}): {e}"
-            ) from e
+            raise out_of_memory(e, f"decoding {spec.job_id} (tiled={ctx.tiled})") from e
         if report.cancelled:
             raise JobCancelled(f"job {spec.job_id} cancelled after {report.stats.frames} frames")
         segments.sort(key=lambda s: s.index)

@@ -19,9 +19,10 @@ from typing import Any
 
 import torch
 
-from producer.errors import DeviceOutOfMemory, JobCancelled
+from producer.errors import JobCancelled
 from producer.settings import Settings
 from producer.spec import GenerateSpec, Progress
+from worker.devices import out_of_memory
 from worker.generate.cache import ModelCache, Resident, module_bytes
 from worker.generate.denoise import denoise
 from worker.generate.folder import check_request, model_folder, read_model
@@ -88,11 +89,7 @@ def generate_latents(
         _sync(device)
         t3 = time.perf_counter()
     except torch.OutOfMemoryError as e:
-        if torch.cuda.is_initialized():
-            torch.cuda.empty_cache()  # hand the failed attempt's blocks back first
-        raise DeviceOutOfMemory(
-            f"CUDA out of memory denoising {job_id} (lean={lean}): {e}"
-        ) from e
+        raise out_of_memory(e, f"denoising {job_id} (lean={lean})") from e
     return Generated(z, models.decoder(entry, tiled=lean), load_s, t2 - t1, t3 - t2)
 
 
