@@ -159,7 +159,7 @@ class _Bar:
                                                                markup=False),
             TimeElapsedColumn(),
         )
-        self.task = self.progress.add_task(job_id, total=None, what="submitted")
+        self.task = self.progress.add_task(job_id, total=None, what="submitted", unit="")
         self.progress.start()
 
     def show(self, js: JobState) -> None:
@@ -172,11 +172,12 @@ class _Bar:
     def update(self, p: Progress) -> None:
         if p.stage == "denoise":  # generate jobs: denoise 12/50, then frames
             self.progress.update(self.task, completed=p.steps_done, total=p.steps_total,
-                                 segments=0, unit="denoise steps")
+                                 what=p.text, unit="denoise steps")
             return
         self.progress.update(
             self.task, completed=p.frames_done, total=p.frames_total,
             what=f"{p.frames_done}/{p.frames_total} frames, {p.segments_done} segments",
+            unit="frames",
         )
 
     def close(self) -> None:

@@ -17,7 +17,8 @@ from producer.spec import Progress
 
 #: Every state ``JobState.state`` takes, in a job's order (RETRY goes back to QUEUED).
 STATES: tuple[str, ...] = (
-    "UNKNOWN", "QUEUED", "STARTED", "PROGRESS", "RETRY", "SUCCESS", "FAILURE", "REVOKED",
+    "UNKNOWN", "QUEUED", "STARTED", "PROGRESS", "RETRY", "REQUEUED", "SUCCESS", "FAILURE",
+    "REVOKED",
 )
 FINISHED = frozenset({"SUCCESS", "FAILURE", "REVOKED"})
 #: What each state means, for help texts and the README.
@@ -27,6 +28,7 @@ MEANING = {
     "STARTED": "a worker took it",
     "PROGRESS": "decoding: frames and segments done",
     "RETRY": "a transient error; runs again after a back-off (the reason is shown)",
+    "REQUEUED": "its worker's host was lost; back in the queue for another (reason shown)",
     "SUCCESS": "finished: the manifest is written",
     "FAILURE": "failed (the reason is shown); resubmitting runs it again",
     "REVOKED": "cancelled; resubmitting runs it again",
@@ -67,6 +69,8 @@ class JobState:
             return f"started on {self.worker}" if self.worker else "started"
         if self.state == "RETRY":
             return f"retrying: {self.reason}" if self.reason else "retrying"
+        if self.state == "REQUEUED":
+            return f"requeued: {self.reason}" if self.reason else "requeued"
         text = {"UNKNOWN": "unknown job", "QUEUED": "queued", "SUCCESS": "done",
                 "FAILURE": "failed", "REVOKED": "cancelled"}.get(self.state, self.state.lower())
         return f"{text}: {self.reason}" if self.reason and self.state == "FAILURE" else text
@@ -77,6 +81,8 @@ def _reason(result: Any) -> str | None:
         return f"{type(result).__name__}: {result}"
     if isinstance(result, dict) and "exc_type" in result:
         return f"{result['exc_type']}: {result.get('exc_message')}"
+    if isinstance(result, dict) and "reason" in result:  # REQUEUED by the host-loss sweeper
+        return str(result["reason"])
     return None
 
 
@@ -89,6 +95,6 @@ def from_meta(job_id: str, status: str, result: Any, registered: bool) -> JobSta
     if status == "STARTED":
         worker = result.get("hostname") if isinstance(result, dict) else None
         return JobState(job_id, status, worker=worker)
-    if status in ("RETRY", "FAILURE", "REVOKED"):
+    if status in ("RETRY", "REQUEUED", "FAILURE", "REVOKED"):
         return JobState(job_id, status, reason=_reason(result))
     return JobState(job_id, status)

@@ -137,7 +137,7 @@ def local_folder(path: str | os.PathLike[str], settings: Settings, *, field: str
     except OSError as e:
         raise os_error(e, field, shown) from None
     if not stat.S_ISDIR(info.st_mode):
-        raise InvalidJobError(f"{field}: {shown} is not a directory")
+        raise InvalidJobError(f"{field}: not a folder: {shown}")
     return real
 
 

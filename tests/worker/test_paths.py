@@ -12,9 +12,14 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-from pydantic import ValidationError
 
-from producer.errors import FatalJobError, InputNotFoundError, InvalidJobError, PathRefusedError
+from producer.errors import (
+    FatalJobError,
+    InputNotFoundError,
+    InvalidJobError,
+    PathRefusedError,
+    SettingsError,
+)
 from producer.settings import Settings
 from producer.spec import DecoderSpec, InputSpec
 from worker.inputs import load_latents
@@ -54,7 +59,7 @@ def test_default_roots_embedded_folder_only_and_none_on_a_real_broker(tmp_path: 
 
 @pytest.mark.parametrize("value", ["data/in", "/data/../etc", "/ok:relative"])
 def test_roots_must_be_absolute(value: str) -> None:
-    with pytest.raises(ValidationError, match="FRAMEFLEET_FILE_ROOTS"):
+    with pytest.raises(SettingsError, match="FRAMEFLEET_FILE_ROOTS"):
         Settings(file_roots=value)
 
 
@@ -230,7 +235,7 @@ def test_decoder_weights_folder_is_confined(tmp_path: Path) -> None:
     assert local_folder(root / "wan", settings, field="decoder.weights") == root / "wan"
     with pytest.raises(PathRefusedError, match="decoder.weights"):
         weights(tmp_path)
-    with pytest.raises(InvalidJobError, match="decoder.weights: .*file is not a directory"):
+    with pytest.raises(InvalidJobError, match="decoder.weights: not a folder: .*file"):
         weights(root / "file")
     with pytest.raises(InvalidJobError, match="decoder.weights: no such folder"):
         weights(root / "missing")
