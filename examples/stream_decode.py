@@ -31,7 +31,9 @@ def main() -> None:
     # Local paths are confined to FRAMEFLEET_FILE_ROOTS: this tool may use the folders named
     # on its command line.
     args.out.mkdir(parents=True, exist_ok=True)
-    named = [args.latents, args.out] + ([args.weights] if args.weights is not None else [])
+    named = [args.latents, args.out]
+    if args.weights not in (None, "random"):
+        named.append(Path(args.weights))
     os.environ.setdefault("FRAMEFLEET_FILE_ROOTS",
                           ":".join(str(p.absolute().parent if p.is_file() else p.absolute())
                                    for p in named))

@@ -49,7 +49,7 @@ def _failure(handle: JobHandle, timeout: float = 30) -> JobFailed:
 def test_no_weights_and_a_missing_folder_fail_at_once_naming_the_field(
     client: Client, worker_factory: Any, s3: Any, s3_bucket: str, tmp_path: Path
 ) -> None:
-    (worker,) = worker_factory(1)
+    (worker,) = worker_factory(1, env={"FRAMEFLEET_FILE_ROOTS": str(tmp_path)})
     uri = put_latents(s3, s3_bucket, "in/w.npy", latent_frames=2, fmt="npy")
     # A producer that bypasses the client still cannot get noise without asking for it
     raw = _wan("no-weights", uri, s3_bucket).model_dump(mode="json")
@@ -60,7 +60,7 @@ def test_no_weights_and_a_missing_folder_fail_at_once_naming_the_field(
     # A folder that is not on the worker: a plain "no such folder", no model-hub talk
     folder = tmp_path / "models" / "wan2.1" / "vae"
     err = _failure(client.submit(_wan("no-folder", uri, s3_bucket, weights=folder.as_uri())))
-    assert f"decoder.weights: no such folder: {folder}" in err.message
+    assert f"decoder.weights: no such folder: {folder.as_uri()}" in err.message
     assert "hub" not in err.message.lower() and "huggingface" not in err.message.lower()
     # Random weights, asked for by name, run and say so
     noise = client.submit(_wan("noise", uri, s3_bucket, weights="random")).wait(timeout=120)

@@ -15,7 +15,7 @@ import redis
 from producer.app import QUEUE
 from producer.client import Client
 from producer.control import flags_for
-from producer.spec import InputSpec, JobSpec, OutputSpec
+from producer.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec
 
 
 def _queued(r: redis.Redis, job_id: str) -> int:
@@ -27,6 +27,7 @@ def _queued(r: redis.Redis, job_id: str) -> int:
 
 def _spec(tmp_path: Path) -> JobSpec:
     return JobSpec(job_id=f"re-{secrets.token_hex(6)}", input=InputSpec(uri="s3://b/in.npy"),
+                   decoder=DecoderSpec(weights="random"),
                    output=OutputSpec(uri=(tmp_path / "out").as_uri()))
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from pydantic import ValidationError
 
+from producer.errors import SettingsError
 from producer.settings import Settings
 
 
@@ -19,7 +19,7 @@ def test_defaults() -> None:
     ("output_prefix", "s3:///videos"), ("output_prefix", "file://relative/path"),
 ])
 def test_out_of_range_values_are_refused_naming_the_field(field: str, value: object) -> None:
-    with pytest.raises(ValidationError, match=field):
+    with pytest.raises(SettingsError, match="FRAMEFLEET_" + field.upper()):
         Settings(**{field: value})
 
 

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
-from pydantic import ValidationError
 
+from producer.errors import SettingsError
 from producer.settings import Settings, get_settings
 from tests.services import free_port
 from worker import metrics
@@ -45,7 +45,7 @@ def addr_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
 def test_default_is_loopback_and_the_setting_is_checked() -> None:
     assert str(Settings().metrics_addr) == "127.0.0.1"
     assert str(Settings(metrics_addr="0.0.0.0").metrics_addr) == "0.0.0.0"  # type: ignore[arg-type]
-    with pytest.raises(ValidationError):
+    with pytest.raises(SettingsError, match="FRAMEFLEET_METRICS_ADDR"):
         Settings(metrics_addr="everywhere")  # type: ignore[arg-type]
 
 

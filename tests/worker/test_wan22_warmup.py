@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from pydantic import ValidationError
 
+from producer.errors import SettingsError
 from producer.settings import Settings
 from worker import metrics, warmup
 from worker.runner import DecoderCache
@@ -83,5 +83,5 @@ def test_warm_up_settings() -> None:
     assert Settings(warmup_decoder="wan2.2-vae", warmup_latent_size="44x80,60x104")
     assert warmup.parse_sizes("44x80,60x104") == [(44, 80), (60, 104)]
     for bad in ("44x80,", "44*80", "1,2"):
-        with pytest.raises(ValidationError, match="warmup_latent_size"):
+        with pytest.raises(SettingsError, match="FRAMEFLEET_WARMUP_LATENT_SIZE"):
             Settings(warmup_latent_size=bad)

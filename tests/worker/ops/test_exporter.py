@@ -17,7 +17,7 @@ from botocore.stub import Stubber
 
 from producer.app import QUEUE, TASK_NAME, make_app
 from producer.client import Client
-from producer.spec import InputSpec, JobSpec, OutputSpec
+from producer.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec
 from tests.services import REPO_ROOT, free_port
 from tests.worker.test_metrics import scrape, value
 from worker.ops import exporter
@@ -198,6 +198,7 @@ def test_the_client_stamps_what_the_exporter_reads(redis_url: str, tmp_path: Any
     client = Client(broker_url=url, backend_url=url)
     spec = JobSpec(job_id=f"s-{secrets.token_hex(4)}",
                    input=InputSpec(uri=f"file://{tmp_path}/z.npy"),
+                   decoder=DecoderSpec(name="pattern"),
                    output=OutputSpec(uri=f"file://{tmp_path}/out"), priority=7)
     try:
         # When the client sends a job (at a priority step of its own list).
