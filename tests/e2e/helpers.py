@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
+import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +14,7 @@ import numpy as np
 import torch
 from safetensors.torch import save
 
+from producer.app import QUEUE, TASK_NAME
 from producer.spec import (
     DecoderSpec,
     InputSpec,
@@ -80,3 +84,21 @@ def verify_output(s3: Any, bucket: str, result: JobResult, tmp: Path) -> list[in
         indices += got
     assert indices == list(range(manifest.frames))
     return indices
+
+
+def push_undecodable(r: Any) -> str:
+    """Push a well-formed kombu envelope whose body is not JSON onto the queue, as a broken
+    producer would; returns its task id."""
+    task_id = str(uuid.uuid4())
+    envelope = {
+        "body": base64.b64encode(b"{{not json").decode(), "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": {"lang": "py", "task": TASK_NAME, "id": task_id, "root_id": task_id,
+                    "parent_id": None, "group": None, "retries": 0},
+        "properties": {"correlation_id": task_id, "reply_to": "", "delivery_mode": 2,
+                       "delivery_info": {"exchange": "", "routing_key": QUEUE},
+                       "priority": 0, "body_encoding": "base64",
+                       "delivery_tag": str(uuid.uuid4())},
+    }  # fmt: skip
+    r.lpush(QUEUE, json.dumps(envelope))
+    return task_id

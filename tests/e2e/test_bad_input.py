@@ -3,9 +3,7 @@ nothing written, and the worker completes the next good job."""
 
 from __future__ import annotations
 
-import base64
 import io
-import json
 import os
 import pickle
 import uuid
@@ -19,7 +17,7 @@ import redis
 from producer.app import QUEUE, TASK_NAME
 from producer.client import Client, JobHandle
 from producer.errors import JobConflictError, JobFailed
-from tests.e2e.helpers import pattern_spec, put_latents, verify_output
+from tests.e2e.helpers import pattern_spec, push_undecodable, put_latents, verify_output
 
 pytestmark = pytest.mark.e2e
 
@@ -119,19 +117,8 @@ def test_bad_inputs_fail_clearly_and_the_worker_stays_healthy(
     for name, (payload, words) in raw_cases.items():
         expected[name] = (_raw(client, payload), words)
     # A hand-made envelope whose body is not JSON, and raw garbage on the queue
-    task_id = str(uuid.uuid4())
-    envelope = {
-        "body": base64.b64encode(b"{{not json").decode(), "content-encoding": "utf-8",
-        "content-type": "application/json",
-        "headers": {"lang": "py", "task": TASK_NAME, "id": task_id, "root_id": task_id,
-                    "parent_id": None, "group": None, "retries": 0},
-        "properties": {"correlation_id": task_id, "reply_to": "", "delivery_mode": 2,
-                       "delivery_info": {"exchange": "", "routing_key": QUEUE},
-                       "priority": 0, "body_encoding": "base64",
-                       "delivery_tag": str(uuid.uuid4())},
-    }
     r.lpush(QUEUE, b"this is not a message at all")
-    r.lpush(QUEUE, json.dumps(envelope))
+    task_id = push_undecodable(r)
     expected["non-json-body"] = (JobHandle(client.app, task_id), "JSON only")
     # When they have all been delivered, and a good job comes after them
     done = client.submit(pattern_spec("good", good_uri, s3_bucket)).wait(timeout=120)

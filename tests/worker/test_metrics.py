@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import json
 import re
 import secrets
 import sys
@@ -37,6 +35,7 @@ from producer.spec import (
     StageTimings,
     WorkerInfo,
 )
+from tests.e2e.helpers import push_undecodable
 from tests.services import free_port
 from worker import labels, metrics
 from worker.concerns.base import Failed, TaskRun
@@ -350,23 +349,6 @@ def test_sampler_reads_nvml_on_a_gpu_machine(metrics_port: int) -> None:
 # --- a real worker ----------------------------------------------------------------------------
 
 
-def _undecodable(r: redis.Redis) -> str:
-    """Push an envelope whose body is not JSON, as a broken producer would; its task id."""
-    task_id = str(uuid.uuid4())
-    envelope = {
-        "body": base64.b64encode(b"{{not json").decode(), "content-encoding": "utf-8",
-        "content-type": "application/json",
-        "headers": {"lang": "py", "task": TASK_NAME, "id": task_id, "root_id": task_id,
-                    "parent_id": None, "group": None, "retries": 0},
-        "properties": {"correlation_id": task_id, "reply_to": "", "delivery_mode": 2,
-                       "delivery_info": {"exchange": "", "routing_key": QUEUE},
-                       "priority": 0, "body_encoding": "base64",
-                       "delivery_tag": str(uuid.uuid4())},
-    }  # fmt: skip
-    r.lpush(QUEUE, json.dumps(envelope))
-    return task_id
-
-
 @pytest.mark.e2e
 def test_a_real_worker_counts_every_end_its_reason_queue_wait_and_held_time(
     redis_url: str, worker_factory: Any, s3: Any, s3_bucket: str
@@ -387,7 +369,7 @@ def test_a_real_worker_counts_every_end_its_reason_queue_wait_and_held_time(
     reused = str(uuid.uuid4())  # the job_id of "m-good" with another spec: refused at claim
     other = pattern_spec("m-good", uri, s3_bucket, tenant="acme", segment_frames=3)
     client.app.send_task(TASK_NAME, args=[other.model_dump(mode="json")], task_id=reused)
-    undecodable = _undecodable(r)
+    undecodable = push_undecodable(r)
     time.sleep(1.0)
     port = free_port()
     # When a worker that keeps only the name "acme" in its tenant label takes them.
