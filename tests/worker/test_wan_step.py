@@ -7,7 +7,7 @@ import torch
 
 from worker.decoders.wan import WanDecoder, build_vae
 from worker.decoders.wan_graph import ChunkGraph, ChunkGraphs, _advance, _DecoderWeights
-from worker.decoders.wan_step import CACHE_T, WanStep, supports
+from worker.decoders.wan_step import CACHE_T, WanStep, subpixel_conv, subpixel_kernel, supports
 
 
 def _decode(step: WanStep, z: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -41,6 +41,47 @@ def test_stacked_time_conv_equals_conv3d() -> None:
     plain, _ = _decode(WanStep(vae), z)
     stacked, _ = _decode(WanStep(vae, stack_time=True), z)
     torch.testing.assert_close(stacked, plain, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(("h", "w"), [(1, 1), (3, 5), (6, 4)])
+def test_subpixel_conv_equals_nearest_upsample_then_conv(h: int, w: int) -> None:
+    # Given a 3×3 conv (padding 1) after a nearest 2× upsample, as in Wan's resample blocks
+    conv = torch.nn.Conv2d(6, 5, 3, padding=1)
+    x = torch.randn(2, 6, h, w, generator=torch.Generator().manual_seed(h * 10 + w))
+    reference = conv(torch.nn.functional.interpolate(x, scale_factor=2.0, mode="nearest-exact"))
+    # When run as one 2×2 conv with four channel blocks on the low-resolution input
+    out = subpixel_conv(x, *subpixel_kernel(conv))
+    # Then every output pixel is the same, borders included
+    assert out.shape == reference.shape
+    torch.testing.assert_close(out, reference, rtol=0, atol=1e-5)
+
+
+def test_subpixel_kernel_refuses_another_conv() -> None:
+    with pytest.raises(ValueError, match="3×3 conv with padding 1"):
+        subpixel_kernel(torch.nn.Conv2d(4, 4, 3, padding=0))
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-wan2.2"])
+def test_subpixel_step_equals_vae_decode(preset: str) -> None:
+    # Given both Wan layouts (Wan2.2: upsamplers inside residual up blocks)
+    vae = build_vae(preset, seed=4)
+    c = vae.config.z_dim
+    z = torch.randn(1, c, 3, 4, 6, generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        reference = vae.decode(z).sample
+    # When stepped with the sub-pixel upsample convs, also from the channels-last copy
+    out, _ = _decode(WanStep(vae, subpixel=True), z)
+    copied, _ = _decode(WanStep(_DecoderWeights(vae), subpixel=True),
+                        z.contiguous(memory_format=torch.channels_last_3d))
+    # Then the frames equal diffusers' (fp32: only the summation order differs)
+    assert float((out - reference).norm() / reference.norm()) < 1e-5
+    assert float((copied - reference).norm() / reference.norm()) < 1e-5
+    # And the graphs' step takes the sub-pixel form from the tuning
+    graphs = ChunkGraphs.for_vae(vae, torch.device("cpu"), capacity=0, compile=False,
+                                 subpixel=True)
+    assert len(graphs.step._subpixel) == sum(
+        1 for up in vae.decoder.up_blocks
+        if (up.upsampler if vae.config.get("is_residual") else up.upsamplers) is not None)
 
 
 def test_steady_chunk_compiles_as_one_graph_and_matches() -> None:

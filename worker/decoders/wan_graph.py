@@ -110,9 +110,11 @@ class ChunkGraphs:
                 **kwargs: Any) -> ChunkGraphs:
         """Graphs over a channels-last copy of ``vae``'s decoder (post_quant_conv + decoder:
         about 150 MB in bf16 for Wan2.1; the encoder is not copied). ``kwargs``: as
-        ``__init__``, defaulting to ``TUNING``."""
-        return cls(WanStep(_DecoderWeights(vae)), device, capacity=capacity,
-                   memory_format=torch.channels_last_3d, **{**TUNING, **kwargs})
+        ``__init__`` plus ``subpixel`` (``WanStep``'s), defaulting to ``TUNING``."""
+        opts = {**TUNING, **kwargs}
+        step = WanStep(_DecoderWeights(vae), subpixel=bool(opts.pop("subpixel", False)))
+        return cls(step, device, capacity=capacity, memory_format=torch.channels_last_3d,
+                   **opts)
 
     def get(self, key: Key) -> ChunkGraph | None:
         with self._lock:

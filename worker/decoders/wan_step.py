@@ -9,10 +9,14 @@ resolution has the same shapes — the steady state that ``wan_graph`` compiles 
 
 Equal to diffusers' ``vae.decode`` chunk by chunk (up to float rounding of the convolution
 algorithms chosen): the first chunk's history is the zeros diffusers pads with, written out.
-Two changes make it cheaper, both exact in real arithmetic: the spatial zero padding of each
+Changes that make it cheaper, all exact in real arithmetic: the spatial zero padding of each
 causal convolution is done by the convolution itself (diffusers copies the whole activation
-through ``F.pad`` first), and the optional ``stack_time`` form runs a 3×k×k convolution as a 2-D
-convolution over three frames stacked on the channel axis.
+through ``F.pad`` first); the optional ``subpixel`` form runs each nearest 2× upsample + 3×3
+convolution as one 2×2 convolution with four times the output channels on the low-resolution
+input, one output channel block per output pixel phase (16 instead of 36 multiply-adds per
+output pixel and channel pair, and the 4× larger upsampled activation is never written); and the
+optional ``stack_time`` form runs a 3×k×k convolution as a 2-D convolution over three frames
+stacked on the channel axis.
 
 Both layouts of ``AutoencoderKLWan`` are covered: Wan2.1's (plain up blocks) and Wan2.2's
 (TI2V-5B: residual up blocks whose shortcut is the block input duplicated up to the output
@@ -49,7 +53,9 @@ class WanStep:
     for the first chunk and 4 after it. Nothing is kept between calls.
     """
 
-    def __init__(self, vae: Any, *, stack_time: bool = False) -> None:
+    def __init__(self, vae: Any, *, stack_time: bool = False, subpixel: bool = False) -> None:
+        """``subpixel``: the upsample convolutions in their sub-pixel form (kernels derived from
+        the model's weights here, once: a later change of those weights is not seen)."""
         if not supports(vae):
             raise ValueError("WanStep: patching without residual up blocks is no Wan decoder")
         self.post_quant_conv = vae.post_quant_conv
@@ -57,6 +63,14 @@ class WanStep:
         self.residual = bool(vae.config.get("is_residual", False))
         self.patch_size: int | None = vae.config.get("patch_size")
         self.stack_time = stack_time
+        # resample module id → (2×2 kernel of 4·C_out channels, bias repeated 4×)
+        self._subpixel: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        if subpixel:
+            for up in self.decoder.up_blocks:
+                rs = up.upsampler if self.residual else \
+                    (up.upsamplers[0] if up.upsamplers is not None else None)
+                if rs is not None:
+                    self._subpixel[id(rs)] = subpixel_kernel(rs.resample[1])
 
     def __call__(
         self, z: torch.Tensor, caches: Sequence[torch.Tensor] | None = None
@@ -128,8 +142,51 @@ class WanStep:
         elif rs.mode != "upsample2d":
             raise ValueError(f"WanStep: unexpected resample mode {rs.mode!r} in a decoder")
         t = x.shape[2]
-        y = rs.resample(x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w))
+        x2 = x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w)
+        sub = self._subpixel.get(id(rs))
+        y = rs.resample(x2) if sub is None else subpixel_conv(x2, *sub)
         return y.view(b, t, *y.shape[1:]).permute(0, 2, 1, 3, 4)
+
+
+#: Per output phase (0: even, 1: odd output row/column), the 2 input taps a 3-tap kernel
+#: after a nearest 2× upsample reduces to: phase 0 reads input rows (y-1, y) with weights
+#: (k₀, k₁ + k₂), phase 1 rows (y, y+1) with (k₀ + k₁, k₂).
+_PHASE_TAPS = ((((0,), (1, 2))), (((0, 1), (2,))))
+
+
+def subpixel_kernel(conv: torch.nn.Conv2d) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The sub-pixel form of ``conv`` (3×3, padding 1) applied after a nearest 2× upsample:
+    a 2×2 kernel of shape (4·O, I, 2, 2), blocks in phase order (row phase, column phase),
+    summed in fp32 and stored in the weight's dtype and memory format."""
+    w = conv.weight.detach().float()
+    if tuple(w.shape[2:]) != (3, 3) or conv.padding != (1, 1) or conv.stride != (1, 1):
+        raise ValueError(f"subpixel_kernel: needs a 3×3 conv with padding 1, got {conv}")
+    blocks = []
+    for rows in _PHASE_TAPS:
+        for cols in _PHASE_TAPS:
+            k = torch.stack([torch.stack([w[:, :, list(r)][:, :, :, list(c)].sum((2, 3))
+                                          for c in cols], -1) for r in rows], -2)
+            blocks.append(k)
+    kernel = torch.cat(blocks, 0).to(conv.weight.dtype)
+    if conv.weight.is_contiguous(memory_format=torch.channels_last) \
+            and not conv.weight.is_contiguous():
+        kernel = kernel.contiguous(memory_format=torch.channels_last)
+    bias = None if conv.bias is None else conv.bias.detach().repeat(4)
+    return kernel, bias
+
+
+def subpixel_conv(x: torch.Tensor, kernel: torch.Tensor, bias: torch.Tensor | None
+                  ) -> torch.Tensor:
+    """(N, I, h, w) → (N, O, 2h, 2w): equal to ``conv(upsample_nearest_2x(x))``. One conv over
+    the input padded by 1 gives (h+1)×(w+1) positions per phase; phase (a, b) of output pixel
+    (y, x) sits at position (y+a, x+b) of its channel block."""
+    n, _, h, w = x.shape
+    y = F.conv2d(x, kernel, bias, padding=1)
+    o = kernel.shape[0] // 4
+    y = y.view(n, 2, 2, o, h + 1, w + 1)
+    rows = [torch.stack([y[:, a, b, :, a : a + h, b : b + w] for b in (0, 1)], -1)
+            for a in (0, 1)]
+    return torch.stack(rows, 3).reshape(n, o, 2 * h, 2 * w)
 
 
 def _unpatchify(x: torch.Tensor, p: int) -> torch.Tensor:
