@@ -42,6 +42,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "fused": {"options": {}, "fused_history": True},
     "cdt": {"options": {"coordinate_descent_tuning": True}, "fused_history": False},
     "fused+cdt": {"options": {"coordinate_descent_tuning": True}, "fused_history": True},
+    "sub": {"options": {}, "fused_history": False, "subpixel": True},
+    "sub+fused": {"options": {}, "fused_history": True, "subpixel": True},
 }
 
 
@@ -89,7 +91,7 @@ def bench_model(args: argparse.Namespace, preset: str, size: str, variants: list
     after each row, so a run stopped at its time limit keeps what it measured."""
     w, h, frames = (int(v) for v in size.split("x"))
     t0 = time.perf_counter()
-    vae = build_vae(preset, seed=0, dtype=torch.bfloat16).to("cuda")
+    vae = build_vae(preset, seed=0, dtype=torch.bfloat16, device="cuda")
     build_s = time.perf_counter() - t0
     c = int(vae.config.z_dim)
     scale = 8 * (vae.config.get("patch_size") or 1)
@@ -141,7 +143,7 @@ def bench_model(args: argparse.Namespace, preset: str, size: str, variants: list
         try:
             dec = WanDecoder(vae, "cuda", graphs=0)
             dec.graphs = ChunkGraphs.for_vae(vae, torch.device("cuda"), capacity=1,
-                                             **VARIANTS[name])
+                                             **{"subpixel": False, **VARIANTS[name]})
             t = time.perf_counter()
             dec.warmup(lh, lw)
             sync()
@@ -163,7 +165,8 @@ def bench_model(args: argparse.Namespace, preset: str, size: str, variants: list
         res["rows"].append(row)
         print(json.dumps(row), flush=True)
         save()
-        if name == variants[0] and args.mem4x:
+        measured = name == (args.job_variant or variants[0])
+        if measured and args.mem4x:
             z4 = torch.randn(c, 4 * (lt - 1) + 1, lh, lw).to(torch.bfloat16)
             torch.cuda.reset_peak_memory_stats()
             stream_into(dec, z4, None)  # warm allocator: what a worker's next job sees
@@ -172,7 +175,7 @@ def bench_model(args: argparse.Namespace, preset: str, size: str, variants: list
                               "peak_1x_gpu_mib": row["peak_gpu_mib"],
                               "ratio_4x_to_1x": r4["peak_gpu_mib"] / row["peak_gpu_mib"]}
             print(json.dumps(res["fast_4x"]), flush=True)
-        if name == variants[0] and args.job:
+        if measured and args.job:
             res["job"] = bench_job(args, dec, z)
         del dec
         torch.cuda.empty_cache()
@@ -233,6 +236,8 @@ def main() -> None:
     ap.add_argument("--mem4x", action="store_true")
     ap.add_argument("--diffusers-4x", action="store_true")
     ap.add_argument("--job", action="store_true")
+    ap.add_argument("--job-variant", default=None,
+                    help="the variant --mem4x and --job measure (default: the first)")
     ap.add_argument("--out", default="bench/results/decode-fast.json")
     args = ap.parse_args()
     torch._dynamo.config.recompile_limit = 64

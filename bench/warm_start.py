@@ -8,6 +8,10 @@ the first left (warm: a restarted worker). The clock starts before the process i
 
   python bench/warm_start.py --decoder wan2.2-vae --sizes 44x80 --runs 2 --cache DIR \
       --out warm_start.json
+
+``--load-probe`` instead times the ways of building the decoder itself, each in a fresh process
+(random init on the CPU or on the GPU; ``from_pretrained`` of a saved folder with diffusers'
+loading options), and checks that every folder load gives the same weights.
 """
 
 from __future__ import annotations
@@ -41,12 +45,16 @@ def child() -> None:
     state = warmup.warm_up(decoders, settings)
     torch.cuda.synchronize()
     t_ready = time.time()
-    from torch._dynamo.utils import counters
+    from torch._dynamo.utils import compile_times, counters
 
     spawn = float(os.environ["BENCH_SPAWN_T"])
     print(json.dumps({
         "start_to_first_replay_s": t_ready - spawn, "interpreter_s": t_imp - spawn,
-        "imports_s": t_imported - t_imp, "warm_up_s": state.seconds, "sizes": state.sizes,
+        "imports_s": t_imported - t_imp, "warm_up_s": state.seconds,
+        "decoder_build_s": state.build_s, "sizes": state.sizes,
+        "compile_times_s": {k: round(float(v), 3) for k, v in
+                            zip(*compile_times(repr="csv", aggregate=True), strict=True)
+                            if float(v) >= 0.05},
         "inductor_counters": {k: v for k, v in counters["inductor"].items()
                               if "cache" in k},
         "aot_autograd_counters": {k: v for k, v in counters["aot_autograd"].items()
@@ -73,9 +81,63 @@ def _save_weights(decoder: str, work: str) -> str:
     return folder
 
 
+#: name → how the probe builds the decoder (``build_vae`` with these, or from_pretrained options)
+PROBES: dict[str, dict[str, Any]] = {
+    "random-cpu": {"random": "cpu"},
+    "random-cuda": {"random": "cuda"},
+    "folder": {},
+    "folder-device_map": {"device_map": "cuda"},
+    "folder-disable_mmap": {"disable_mmap": True},
+    "folder-disable_mmap-device_map": {"disable_mmap": True, "device_map": "cuda"},
+}
+
+
+def probe_child(name: str, preset: str, folder: str) -> None:
+    """One way of building the decoder on the GPU, timed; prints one JSON line."""
+    sys.path.insert(0, str(ROOT))
+    import torch
+    from diffusers import AutoencoderKLWan
+
+    from worker.decoders.wan import build_vae
+
+    torch.zeros(1, device="cuda")  # CUDA context outside the clock
+    how = PROBES[name]
+    t = time.perf_counter()
+    if "random" in how:
+        vae = build_vae(preset, seed=0, dtype=torch.bfloat16, device=how["random"]).to("cuda")
+    else:
+        vae = AutoencoderKLWan.from_pretrained(folder, torch_dtype=torch.bfloat16, **how)
+        vae = vae.to("cuda")
+    torch.cuda.synchronize()
+    build = time.perf_counter() - t
+    checksum = sum(float(p.float().sum()) for p in vae.parameters())
+    print(json.dumps({"probe": name, "build_s": build, "checksum": checksum,
+                      "device": str(next(vae.parameters()).device)}), flush=True)
+
+
+def load_probe(args: argparse.Namespace, work: str) -> dict[str, Any]:
+    sys.path.insert(0, str(ROOT))
+    from producer.spec import DecoderSpec
+
+    folder = _save_weights(args.decoder, work)
+    preset = DecoderSpec(name=args.decoder).preset
+    rows = []
+    for name in PROBES:
+        done = subprocess.run([sys.executable, __file__, "--probe-child", name, preset, folder],
+                              text=True, capture_output=True, timeout=300, check=False)
+        row = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 \
+            else {"probe": name, "error": done.stderr[-2000:]}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    sums = {r["checksum"] for r in rows if r["probe"].startswith("folder") and "checksum" in r}
+    return {"probes": rows, "folder_loads_agree": len(sums) == 1}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--child", action="store_true")
+    ap.add_argument("--probe-child", nargs=3, metavar=("NAME", "PRESET", "FOLDER"))
+    ap.add_argument("--load-probe", action="store_true")
     ap.add_argument("--decoder", default="wan2.2-vae")
     ap.add_argument("--sizes", default="44x80")
     ap.add_argument("--runs", type=int, default=2)
@@ -88,8 +150,21 @@ def main() -> None:
     if args.child:
         child()
         return
+    if args.probe_child:
+        probe_child(*args.probe_child)
+        return
     cache = args.cache or tempfile.mkdtemp(prefix="compile-cache-")
     work = tempfile.mkdtemp(prefix="work-")
+    if args.load_probe:
+        import torch
+
+        probe = {"command": "python " + " ".join(sys.argv),
+                 "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                 "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                 "decoder": args.decoder, **load_probe(args, work)}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(probe, indent=2))
+        return
     runs: list[dict[str, Any]] = []
     extra: dict[str, str] = {}
     if args.weights:
@@ -123,7 +198,8 @@ def main() -> None:
         if "error" not in r:
             print(f"{r['run']}: process start → first graph replay "
                   f"{r['start_to_first_replay_s']:.1f} s (imports {r['imports_s']:.1f} s, "
-                  f"warm-up {r['warm_up_s']:.1f} s)")
+                  f"decoder build {r['decoder_build_s']:.1f} s, warm-up {r['warm_up_s']:.1f} s: "
+                  f"{r['sizes']})")
 
 
 if __name__ == "__main__":

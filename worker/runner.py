@@ -88,7 +88,7 @@ class DecoderCache:
         name = spec.dtype
         if name == "auto":
             name = "bfloat16" if self.device.type == "cuda" else "float32"
-        vae = build_vae(spec.preset, weights, spec.seed, DTYPES[name])
+        vae = build_vae(spec.preset, weights, spec.seed, DTYPES[name], device=self.device)
         return WanDecoder(vae, self.device, graphs=self.graphs)
 
 

@@ -44,6 +44,7 @@ class WarmupState:
     decoder: str | None = None
     sizes: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = 0.0
+    build_s: float = 0.0  # of ``seconds``: building (or loading) the warm-up decoder
     cache_dir: str | None = None
 
 
@@ -152,14 +153,18 @@ def warm_up(decoders: DecoderCache, settings: Settings) -> WarmupState:
         if weights is None and needs_weights(settings.warmup_decoder):
             weights = RANDOM_WEIGHTS
         decoder = decoders.get(DecoderSpec(name=settings.warmup_decoder, weights=weights))
+        state.build_s = round(time.perf_counter() - t0, 3)
         for h, w in parse_sizes(settings.warmup_latent_size):
             t = time.perf_counter()
             decoder.warmup(h, w)
             graphs = getattr(decoder, "graphs", None)
             key = getattr(decoder, "graph_key", None)
-            captured = graphs is not None and key is not None and graphs.get(key(h, w)) is not None
+            graph = graphs.get(key(h, w)) if graphs is not None and key is not None else None
+            captured = graph is not None
             state.sizes.append({"size": f"{h}x{w}", "graph": captured,
-                                "seconds": round(time.perf_counter() - t, 3)})
+                                "seconds": round(time.perf_counter() - t, 3),
+                                "phases": {k: round(v, 3) for k, v in
+                                           getattr(graph, "phases", {}).items()}})
             log.info("warmed up %s at %dx%d latents in %.1f s (graph: %s)", decoder.name, h, w,
                      time.perf_counter() - t, captured)
     state.seconds = round(time.perf_counter() - t0, 3)

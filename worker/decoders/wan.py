@@ -60,16 +60,30 @@ FAMILY = {"wan2.1": "wan2.1-vae", "tiny": "wan2.1-vae", "wan2.2": "wan2.2-vae",
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+#: ``from_pretrained`` options for a weights folder (measured: bench/results/warm-start-h200.md),
+#: and whether its tensors are loaded straight onto the build device (``device_map``).
+LOAD_OPTIONS: dict[str, Any] = {}
+LOAD_ON_DEVICE = False
+
+
 def build_vae(
     preset: str = "wan2.1", weights_dir: str | None = None, seed: int = 0,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
 ) -> Any:
-    """``from_pretrained`` of a local diffusers-layout folder, else a seeded random init."""
+    """``from_pretrained`` of a local diffusers-layout folder, else a seeded random init.
+
+    ``device``: where the model is built. A random init runs there (on a GPU in a fraction of
+    a second; the same seed gives other weights on a GPU than on the CPU, each reproducible);
+    None builds on the CPU."""
     from diffusers import AutoencoderKLWan
 
+    where = torch.device(device) if device is not None else torch.device("cpu")
     if weights_dir is not None:
+        options = dict(LOAD_OPTIONS)
+        if LOAD_ON_DEVICE and where.type != "cpu":
+            options["device_map"] = str(where)
         try:
-            vae = AutoencoderKLWan.from_pretrained(weights_dir, torch_dtype=dtype)
+            vae = AutoencoderKLWan.from_pretrained(weights_dir, torch_dtype=dtype, **options)
         except (OSError, ValueError) as e:
             raise InvalidJobError(f"decoder.weights: cannot load {weights_dir}: {e}") from e
         expected = FAMILY.get(preset)
@@ -77,15 +91,14 @@ def build_vae(
             raise InvalidJobError(
                 f"decoder.weights: {weights_dir} holds a {decoder_name(vae)} model, "
                 f"the job asks for {expected}")
+        vae = vae.to(where)
     else:
         if preset not in PRESETS:
             raise InvalidJobError(f"decoder.preset: unknown preset {preset!r}")
-        gen_state = torch.random.get_rng_state()
-        torch.manual_seed(seed)
-        try:
+        # The caller's random streams are left as they were.
+        with torch.random.fork_rng(devices=[where] if where.type == "cuda" else []), where:
+            torch.manual_seed(seed)
             model: Any = AutoencoderKLWan(**PRESETS[preset])
-        finally:
-            torch.random.set_rng_state(gen_state)
         vae = model if dtype == torch.float32 else model.to(dtype)
     return vae.eval().requires_grad_(False)
 

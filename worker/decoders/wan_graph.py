@@ -24,7 +24,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -46,6 +46,10 @@ class ChunkGraph:
     caches: Caches
     out: torch.Tensor
     build_s: float
+    #: seconds of the build's parts: ``history`` (the eager first chunk giving the history's
+    #: shapes), ``compile`` (first compiled call: tracing, compiling or loading from the
+    #: compile cache, cuDNN's algorithm search), ``warm`` (two more calls), ``capture``
+    phases: dict[str, float] = field(default_factory=dict)
 
     def load(self, caches: Caches) -> None:
         """Start from the history the (eager) first chunk left."""
@@ -187,16 +191,24 @@ class ChunkGraphs:
         side = self._side
         side.wait_stream(torch.cuda.current_stream(self.device))
         b, c, h, w, dtype = key
+        phases: dict[str, float] = {}
+        t = time.perf_counter()
         with torch.cuda.stream(side):
             caches = steady_caches(self.step, key, self.device, self.memory_format)
             z = torch.zeros((b, c, 1, h, w), device=self.device, dtype=dtype) \
                 .contiguous(memory_format=self.memory_format)
+        side.synchronize()
+        phases["history"], t = time.perf_counter() - t, time.perf_counter()
         with torch.inference_mode(), torch.cuda.stream(side):
             # Compilation, autotuning and cuDNN's algorithm search happen here, outside
             # the capture (none of them may run while capturing).
-            for _ in range(3):
+            for i in range(3):
                 self._run(z, caches)
+                if i == 0:
+                    side.synchronize()
+                    phases["compile"], t = time.perf_counter() - t, time.perf_counter()
         side.synchronize()
+        phases["warm"], t = time.perf_counter() - t, time.perf_counter()
         graph = torch.cuda.CUDAGraph()
         # thread_local: the job decoding eagerly on another thread meanwhile may allocate
         # (cudaMalloc) without invalidating this capture; the allocator sends only this
@@ -205,11 +217,12 @@ class ChunkGraphs:
                                                       capture_error_mode="thread_local"):
             out = self._run(z, caches)
         side.synchronize()
+        phases["capture"] = time.perf_counter() - t
         # The warm-up runs' working set (about one eager chunk) sits cached on the build
         # stream, where the job's compute stream can never reuse it: give it back. The
         # graph's own pool is held by the graph and stays.
         torch.cuda.empty_cache()
-        return ChunkGraph(graph, z, caches, out, 0.0)
+        return ChunkGraph(graph, z, caches, out, 0.0, phases)
 
     def _run(self, z: torch.Tensor, caches: Caches) -> torch.Tensor:
         """One steady chunk that leaves the next history in ``caches``."""
