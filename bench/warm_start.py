@@ -4,7 +4,8 @@ Starts fresh Python processes that do what a worker's pool process does at start
 (``default_decoders`` + ``worker.warmup.warm_up``: import, build the warm-up decoder, compile
 and capture every warm-up size, one short decode replaying the graph) with one
 ``FRAMEFLEET_COMPILE_CACHE_DIR``: the first run finds it empty (cold), the next ones find what
-the first left (warm: a restarted worker). The clock starts before the process is spawned.
+the first left (warm: a restarted worker; a run is "cold" when the cache folder is empty at its
+start). The clock starts before the process is spawned.
 
   python bench/warm_start.py --decoder wan2.2-vae --sizes 44x80 --runs 2 --cache DIR \
       --out warm_start.json
@@ -42,7 +43,17 @@ def child() -> None:
     t_imported = time.time()
     settings = get_settings()
     decoders = default_decoders(settings)
-    state = warmup.warm_up(decoders, settings)
+    profile_to = os.environ.get("BENCH_PROFILE")
+    if profile_to:  # an extra, untimed run: cProfile slows tracing down
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        state = prof.runcall(warmup.warm_up, decoders, settings)
+        with open(profile_to, "w") as f:
+            pstats.Stats(prof, stream=f).sort_stats("cumulative").print_stats(60)
+    else:
+        state = warmup.warm_up(decoders, settings)
     torch.cuda.synchronize()
     t_ready = time.time()
     from torch._dynamo.utils import compile_times, counters
@@ -138,6 +149,8 @@ def main() -> None:
     ap.add_argument("--child", action="store_true")
     ap.add_argument("--probe-child", nargs=3, metavar=("NAME", "PRESET", "FOLDER"))
     ap.add_argument("--load-probe", action="store_true")
+    ap.add_argument("--profile", action="store_true",
+                    help="one more run under cProfile (not timed), top entries to OUT.profile.txt")
     ap.add_argument("--decoder", default="wan2.2-vae")
     ap.add_argument("--sizes", default="44x80")
     ap.add_argument("--runs", type=int, default=2)
@@ -171,11 +184,15 @@ def main() -> None:
         folder = _save_weights(args.decoder, work)
         extra = {"FRAMEFLEET_WARMUP_WEIGHTS": Path(folder).as_uri(),
                  "FRAMEFLEET_FILE_ROOTS": work}
-    for i in range(args.runs):
+    profile = Path(args.out).with_suffix(".profile.txt") if args.profile else None
+    for i in range(args.runs + (1 if profile else 0)):
+        cold = not any(p.is_file() for p in Path(cache).rglob("*"))
         env = {**os.environ, **extra, "FRAMEFLEET_WARMUP_DECODER": args.decoder,
                "FRAMEFLEET_WARMUP_LATENT_SIZE": args.sizes, "FRAMEFLEET_COMPILE_CACHE_DIR": cache,
                "FRAMEFLEET_WORK_DIR": work, "FRAMEFLEET_DEVICE": "cuda",
                "FRAMEFLEET_DECODE_GRAPHS": "2", "BENCH_SPAWN_T": repr(time.time())}
+        if profile is not None and i == args.runs:
+            env["BENCH_PROFILE"] = str(profile)
         done = subprocess.run([sys.executable, __file__, "--child"], env=env, text=True,
                               capture_output=True, timeout=600, check=False)
         if done.returncode != 0:
@@ -183,7 +200,7 @@ def main() -> None:
             print(done.stderr[-3000:], flush=True)
             break
         row = json.loads(done.stdout.strip().splitlines()[-1])
-        row["run"] = "cold" if i == 0 else f"warm{i}"
+        row["run"] = "profiled" if "BENCH_PROFILE" in env else ("cold" if cold else f"warm{i}")
         runs.append(row)
         print(json.dumps(row), flush=True)
     import torch

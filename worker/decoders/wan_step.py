@@ -63,14 +63,12 @@ class WanStep:
         self.residual = bool(vae.config.get("is_residual", False))
         self.patch_size: int | None = vae.config.get("patch_size")
         self.stack_time = stack_time
-        # resample module id → (2×2 kernel of 4·C_out channels, bias repeated 4×)
-        self._subpixel: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
-        if subpixel:
-            for up in self.decoder.up_blocks:
-                rs = up.upsampler if self.residual else \
-                    (up.upsamplers[0] if up.upsamplers is not None else None)
-                if rs is not None:
-                    self._subpixel[id(rs)] = subpixel_kernel(rs.resample[1])
+        # Per up block: (2×2 kernel of 4·C_out channels, bias repeated 4×), or None. Indexed
+        # by position, not by module id: what the compiled graph reads must be named the same
+        # in every process, or the AOTAutograd cache misses on every worker start.
+        self._subpixel: list[tuple[torch.Tensor, torch.Tensor | None] | None] = [
+            subpixel_kernel(rs.resample[1]) if subpixel and rs is not None else None
+            for rs in map(self._upsampler, self.decoder.up_blocks)]
 
     def __call__(
         self, z: torch.Tensor, caches: Sequence[torch.Tensor] | None = None
@@ -85,14 +83,13 @@ class WanStep:
         x = self._residual(mid.resnets[0], x, history, new)
         for attn, res in zip(mid.attentions, mid.resnets[1:], strict=True):
             x = self._residual(res, attn(x), history, new)
-        for up in dec.up_blocks:
+        for up, sub in zip(dec.up_blocks, self._subpixel, strict=True):
             shortcut = x
             for res in up.resnets:
                 x = self._residual(res, x, history, new)
-            upsampler = up.upsampler if self.residual else \
-                (up.upsamplers[0] if up.upsamplers is not None else None)
+            upsampler = self._upsampler(up)
             if upsampler is not None:
-                x = self._resample(upsampler, x, history, new, first)
+                x = self._resample(upsampler, x, history, new, first, sub)
             if self.residual and up.avg_shortcut is not None:
                 # Wan2.2: the block input, channels repeated and spread over the upsampled
                 # pixels (and frames); pure, so diffusers' defensive clone is not needed.
@@ -101,6 +98,11 @@ class WanStep:
         if self.patch_size is not None:
             x = _unpatchify(x, self.patch_size)
         return x.clamp(-1.0, 1.0), new
+
+    def _upsampler(self, up: Any) -> Any:
+        if self.residual:
+            return up.upsampler
+        return up.upsamplers[0] if up.upsamplers is not None else None
 
     def _residual(
         self, res: Any, x: torch.Tensor, history: Iterator[torch.Tensor | None], new: Caches
@@ -124,7 +126,7 @@ class WanStep:
 
     def _resample(
         self, rs: Any, x: torch.Tensor, history: Iterator[torch.Tensor | None], new: Caches,
-        first: bool,
+        first: bool, sub: tuple[torch.Tensor, torch.Tensor | None] | None,
     ) -> torch.Tensor:
         b, c, t, h, w = x.shape
         if rs.mode == "upsample3d":
@@ -143,7 +145,6 @@ class WanStep:
             raise ValueError(f"WanStep: unexpected resample mode {rs.mode!r} in a decoder")
         t = x.shape[2]
         x2 = x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w)
-        sub = self._subpixel.get(id(rs))
         y = rs.resample(x2) if sub is None else subpixel_conv(x2, *sub)
         return y.view(b, t, *y.shape[1:]).permute(0, 2, 1, 3, 4)
 
