@@ -152,7 +152,7 @@ class WanStep:
 #: Per output phase (0: even, 1: odd output row/column), the 2 input taps a 3-tap kernel
 #: after a nearest 2× upsample reduces to: phase 0 reads input rows (y-1, y) with weights
 #: (k₀, k₁ + k₂), phase 1 rows (y, y+1) with (k₀ + k₁, k₂).
-_PHASE_TAPS = ((((0,), (1, 2))), (((0, 1), (2,))))
+_PHASE_TAPS = (((0,), (1, 2)), ((0, 1), (2,)))
 
 
 def subpixel_kernel(conv: torch.nn.Conv2d) -> tuple[torch.Tensor, torch.Tensor | None]:
