@@ -135,9 +135,11 @@ def submit(
         metavar="ID", help="idempotency key (default: job-TIMESTAMP-N)")] = None,
     tenant: Annotated[str, typer.Option(metavar="NAME", help="tenant (cost reports)")]
     = "default",
-    decoder: Annotated[str, typer.Option(metavar="NAME", help="wan2.1-vae | pattern")]
-    = "wan2.1-vae",
-    fps: Annotated[float, typer.Option(metavar="FPS", help="frames per second")] = 16.0,
+    decoder: Annotated[str, typer.Option(
+        metavar="NAME", help="wan2.1-vae | wan2.2-vae | pattern")] = "wan2.1-vae",
+    fps: Annotated[Optional[float], typer.Option(
+        metavar="FPS", help="frames per second (default: the decoder's model's: 24 for "
+        "wan2.2-vae, else 16)")] = None,
     crf: Annotated[int, typer.Option(metavar="N", help="x264 quality, 0-51")] = 20,
     segment_frames: Annotated[int, typer.Option(metavar="N", help="frames per MP4 segment")]
     = 48,
@@ -167,7 +169,8 @@ def submit(
                 "job_id": job_id or f"job-{time.strftime('%Y%m%d%H%M%S')}-"
                                     f"{time.time_ns() % 10**6}",
                 "tenant": tenant, "input": {"uri": _uri(input)}, "decoder": dec,
-                "video": {"fps": fps, "crf": crf, "segment_frames": segment_frames},
+                "video": {"crf": crf, "segment_frames": segment_frames,
+                          **({"fps": fps} if fps is not None else {})},
                 "output": {"uri": _uri(output)}, "pipeline": {"mode": mode},
                 "priority": priority,
             })

@@ -6,6 +6,8 @@ environment or the exit status is the point (Redis down, a bad FRAMEFLEET_* valu
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import subprocess
 import sys
@@ -20,6 +22,7 @@ import redis
 from typer.main import get_command
 from typer.testing import CliRunner
 
+from producer.app import QUEUE
 from producer.cli import EXIT_TIMEOUT, _uri, cli
 from producer.settings import get_settings
 from tests.services import REPO_ROOT, free_port
@@ -102,6 +105,28 @@ def test_plain_paths_become_file_uris(env: str, tmp_path: Path,
     assert result.exit_code == 0, result.output
     digest = redis.Redis.from_url(env).get("framefleet:spec:plain-1")
     assert digest is not None  # submitted: the spec took the paths as file:// URIs
+
+
+def _queued_spec(broker: str) -> dict[str, Any]:
+    """The JobSpec of the one message waiting in the broker's queue lists."""
+    r = redis.Redis.from_url(broker)
+    lists = [k for k in r.keys(f"{QUEUE}*") if r.type(k) == b"list"]
+    assert len(lists) == 1 and r.llen(lists[0]) == 1
+    body = json.loads(base64.b64decode(json.loads(r.lindex(lists[0], 0))["body"]))
+    spec: dict[str, Any] = body[0][0]
+    return spec
+
+
+@pytest.mark.parametrize(("decoder", "given", "fps"),
+                         [("wan2.2-vae", None, 24.0), ("wan2.1-vae", None, 16.0),
+                          ("wan2.2-vae", "30", 30.0)])
+def test_submit_frame_rate_defaults_to_the_decoders_model(
+        env: str, decoder: str, given: str | None, fps: float) -> None:
+    args = ["submit", "--input", "/z.npy", "--output", "/o", "--decoder", decoder,
+            "--weights", "random", "--job-id", "fps-cli"]
+    result = runner.invoke(cli, args + (["--fps", given] if given else []))
+    assert result.exit_code == 0, result.output
+    assert _queued_spec(env)["video"]["fps"] == fps
 
 
 def test_status_cancel_wait_of_an_unknown_id(env: str) -> None:
