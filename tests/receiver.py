@@ -32,11 +32,13 @@ class Received:
 class Receiver:
     """``statuses``: answers to the first requests, in order (then 200); ``delay_s``: how long
     each answer takes; ``location``: the Location header of 3xx answers; ``tls``: serve HTTPS
-    with this server context."""
+    with this server context; ``retry_after``: the Retry-After header of 429 and 503 answers."""
 
     def __init__(self, statuses: tuple[int, ...] = (), delay_s: float = 0.0,
-                 location: str = "/elsewhere", tls: ssl.SSLContext | None = None) -> None:
+                 location: str = "/elsewhere", tls: ssl.SSLContext | None = None,
+                 retry_after: str | None = None) -> None:
         self.statuses = list(statuses)
+        self.retry_after = retry_after
         self.delay_s = delay_s
         self.location = location
         self.received: list[Received] = []
@@ -92,6 +94,8 @@ class Receiver:
                 self.send_response(status)
                 if 300 <= status < 400:
                     self.send_header("Location", receiver.location)
+                if status in (429, 503) and receiver.retry_after is not None:
+                    self.send_header("Retry-After", receiver.retry_after)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 

@@ -9,6 +9,9 @@ Deliveries to one URL of one job go out in the order they were emitted: an event
 holds the later ones back until it is delivered or given up. A failure (connection error,
 timeout, HTTP 408/429/5xx) is retried with exponential back-off, at most
 ``FRAMEFLEET_WEBHOOK_MAX_ATTEMPTS`` times and for at most ``FRAMEFLEET_WEBHOOK_MAX_AGE_S``;
+an answer's ``Retry-After`` (seconds or an HTTP date) delays the next attempt at least that
+long, and an event it would push past the age limit is given up at once instead of being
+hammered early;
 any other answer ends the event (2xx: delivered; 3xx: redirects are never followed; 4xx:
 refused by the receiver). One slow receiver delays the deliveries behind it by at most its
 timeout per attempt, never a job.
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import http.client
 import ipaddress
+import email.utils
 import json
 import logging
 import os
@@ -100,6 +104,24 @@ class Delivery:
     created: float  # monotonic
     attempts: int = 0
     due: float = 0.0  # monotonic time of the next attempt
+    retry_after: float | None = None  # seconds the last answer's Retry-After asked for
+
+
+def retry_after_s(value: str | None, now: float | None = None) -> float | None:
+    """Seconds a ``Retry-After`` header value asks for: delta-seconds or an HTTP date
+    (RFC 9110 10.2.3); None when absent or unreadable (the back-off applies alone)."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:  # not an HTTP date (those are GMT)
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
 class Outcome:
@@ -199,8 +221,9 @@ class Notifier:
             while channel and channel[0].due <= time.monotonic() and not self.stop.is_set():
                 delivery = channel[0]
                 outcome = self._attempt(delivery)
-                if outcome == Outcome.RETRY and self._may_retry(delivery):
-                    delivery.due = time.monotonic() + self._backoff(delivery.attempts)
+                delay = max(self._backoff(delivery.attempts), delivery.retry_after or 0.0)
+                if outcome == Outcome.RETRY and self._may_retry(delivery, delay):
+                    delivery.due = time.monotonic() + delay
                     break
                 channel.popleft()
                 if outcome == Outcome.DELIVERED:
@@ -213,9 +236,13 @@ class Notifier:
             if not channel:
                 del self._channels[key]
 
-    def _may_retry(self, delivery: Delivery) -> bool:
+    def _may_retry(self, delivery: Delivery, delay: float) -> bool:
         s = self.settings
-        age = time.monotonic() - delivery.created + self._backoff(delivery.attempts)
+        age = time.monotonic() - delivery.created + delay
+        if delivery.attempts < s.webhook_max_attempts and age > s.webhook_max_age_s:
+            log.warning("webhook to %s: next attempt in %.0f s would pass "
+                        "FRAMEFLEET_WEBHOOK_MAX_AGE_S=%.0f", delivery.target.url, delay,
+                        s.webhook_max_age_s)
         return delivery.attempts < s.webhook_max_attempts and age <= s.webhook_max_age_s
 
     def _backoff(self, attempts: int) -> float:
@@ -225,6 +252,7 @@ class Notifier:
     def _attempt(self, delivery: Delivery) -> str:
         """One POST; never raises."""
         delivery.attempts += 1
+        delivery.retry_after = None
         target = delivery.target
         try:
             addresses = self.resolver(target.host, target.port)
@@ -256,6 +284,7 @@ class Notifier:
                 response = conn.getresponse()
                 response.read(64 * 1024)  # bounded: the answer's body is not ours to keep
                 status = response.status
+                delivery.retry_after = retry_after_s(response.getheader("Retry-After"))
             except (OSError, http.client.HTTPException) as e:
                 last = e
                 continue

@@ -34,7 +34,7 @@ from producer.webhooks import (
 )
 from tests.receiver import Receiver
 from tests.require import require_binary
-from worker.notify import Address, Notifier
+from worker.notify import Address, Notifier, retry_after_s
 
 SECRET = "s3cr3t-for-tests"
 
@@ -160,6 +160,45 @@ def test_signed_events_arrive_in_order_through_retries(notifiers: list[Notifier]
     assert segment["progress"]["frames_done"] == 4
     assert segment["playlist_uri"] == "s3://b/out/default/n1/index.m3u8"
     assert n.sent == 3 and n.given_up == 0
+
+
+@pytest.mark.parametrize(("value", "seconds"), [
+    ("7", 7.0), (" 0 ", 0.0), ("Tue, 01 Dec 2026 14:00:30 GMT", 30.0),
+    ("Tue, 01 Dec 2026 13:00:00 GMT", 0.0), ("soon", None), ("-5", None), ("", None),
+    ("1.5", None), (None, None),
+])
+def test_retry_after_reads_seconds_and_http_dates(value: str | None, seconds: float | None) -> None:
+    now = 1796133600.0  # Tue, 01 Dec 2026 14:00:00 GMT
+    assert retry_after_s(value, now) == seconds
+
+
+def test_retry_after_delays_the_retry_beyond_the_back_off(notifiers: list[Notifier]) -> None:
+    # Given a receiver that is rate-limiting (429, Retry-After: 2) and a back-off of 0.2 s
+    with Receiver(statuses=(429,), retry_after="2") as rx:
+        n = _notifier(notifiers)
+        n.for_job(_spec(rx.url(), events=("started",))).started("node-a")
+        got = rx.wait(2, timeout=15)
+    # Then the second attempt came after the 2 s it asked for, not after 0.2 s
+    assert got[1].at - got[0].at >= 1.95, [r.at for r in got]
+    assert got[1].headers[DELIVERY_HEADER] == got[0].headers[DELIVERY_HEADER]
+    assert n.sent == 1
+
+
+def test_a_retry_after_beyond_the_age_limit_gives_up_without_hammering(
+    notifiers: list[Notifier],
+) -> None:
+    # Given a receiver that asks for an hour, and events that may live 30 s
+    with Receiver(statuses=(503, 503, 503), retry_after="3600") as rx:
+        n = _notifier(notifiers, webhook_max_age_s=30.0)
+        n.for_job(_spec(rx.url(), events=("started",))).started("node-a")
+        rx.wait(1, timeout=10)
+        deadline = time.monotonic() + 10
+        while n.given_up == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.5)  # a back-off retry would have come by now (0.2 s)
+    # Then it was given up after the one attempt
+    assert len(rx.received) == 1
+    assert n.given_up == 1 and n.sent == 0
 
 
 def test_redirects_are_not_followed(notifiers: list[Notifier]) -> None:
