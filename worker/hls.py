@@ -9,7 +9,12 @@ its own encoder, so one shared init section would be a promise the encoders neve
 Rules the playlist keeps:
 
 - ``EXT-X-PLAYLIST-TYPE:EVENT``: segments are only ever appended; ``EXT-X-ENDLIST`` is added
-  once every segment landed, before ``manifest.json`` (still the completion marker).
+  once every segment landed, before ``manifest.json`` (still the completion marker). A job
+  that ends without its video (cancelled, or failed for good) ends its playlist too, at the
+  segments it listed (:meth:`LivePlaylist.end_early`): players stop polling a stream that
+  will never grow, and the missing ``manifest.json`` still says the output is incomplete.
+- Every version is uploaded with ``Cache-Control: no-cache``: a CDN or browser in front of
+  the bucket revalidates it on each poll instead of serving a stale live edge.
 - Only a contiguous prefix 0..k is listed: encoders finish out of order (segment k+1 may land
   before k), and a player must never see a gap it would have to skip.
 - ``EXT-X-TARGETDURATION`` is fixed from the spec (the longest segment it allows, rounded
@@ -31,6 +36,7 @@ from worker.storage import JobOutput
 
 PLAYLIST = "index.m3u8"
 CONTENT_TYPE = "application/vnd.apple.mpegurl"
+CACHE_CONTROL = "no-cache"
 #: EXT-X-MAP in a media playlist without I-frames needs 6; 7 is the fMP4 baseline players
 #: expect (hls.js, AVPlayer).
 VERSION = 7
@@ -98,8 +104,18 @@ class LivePlaylist:
             self._upload()
         return self.uri
 
+    def end_early(self) -> str | None:
+        """End the playlist at the segments listed so far (the job ends without the rest);
+        returns its URI, or None when it was never uploaded or is already ended."""
+        with self._lock:
+            if self._ended or self._listed == 0:
+                return None
+            self._ended = True
+            self._upload()
+        return self.uri
+
     def _upload(self) -> None:
-        self.out.put_bytes(PLAYLIST, self.render().encode(), CONTENT_TYPE)
+        self.out.put_bytes(PLAYLIST, self.render().encode(), CONTENT_TYPE, CACHE_CONTROL)
 
     def render(self) -> str:
         """The playlist text for the segments listed so far."""

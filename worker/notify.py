@@ -24,9 +24,9 @@ between the check and the connection. No proxy environment variables are honoure
 
 from __future__ import annotations
 
+import email.utils
 import http.client
 import ipaddress
-import email.utils
 import json
 import logging
 import os

@@ -100,6 +100,8 @@ class JobContext:
     cancelled: Callable[[], bool] = lambda: False
     #: Each segment once it is listed in the live playlist, in index order (webhooks).
     segment_landed: Callable[[SegmentInfo, Progress], None] = lambda seg, p: None
+    #: Called with the job's live playlist once the run creates it (to end it early).
+    playlist_opened: Callable[[LivePlaylist], None] = lambda playlist: None
     cost: CostFn | None = None
     node: str | None = None
     tiled: bool = False  # decode in spatial tiles: the smaller working set after a CUDA OOM
@@ -157,6 +159,7 @@ def run_job(spec: JobSpec, decoders: DecoderCache, ctx: JobContext | None = None
     total = frames_for_latents(latents.shape[1])
     playlist = LivePlaylist(out, spec.video, on_listed=lambda s: ctx.segment_landed(s, Progress(
         frames_done=s.first_frame + s.frames, frames_total=total, segments_done=s.index + 1)))
+    ctx.playlist_opened(playlist)
 
     def sink(seg: ClosedSegment) -> None:
         name = segment_name(seg.index)

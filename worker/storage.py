@@ -50,7 +50,10 @@ class Store(Protocol):
     def put_file(self, key: str, path: Path, content_type: str) -> int:
         """Upload; returns the number of PUT requests it took."""
         ...
-    def put_bytes(self, key: str, data: bytes, content_type: str) -> int: ...
+    def put_bytes(self, key: str, data: bytes, content_type: str,
+                  cache_control: str | None = None) -> int:
+        """Upload ``data``; ``cache_control`` is the object's Cache-Control (HTTP readers)."""
+        ...
     def get_bytes(self, key: str, max_bytes: int) -> bytes: ...
     def exists(self, key: str) -> bool: ...
 
@@ -80,7 +83,9 @@ class FileStore:
     def put_file(self, key: str, path: Path, content_type: str) -> int:
         return self.put_bytes(key, path.read_bytes(), content_type)
 
-    def put_bytes(self, key: str, data: bytes, content_type: str) -> int:
+    def put_bytes(self, key: str, data: bytes, content_type: str,
+                  cache_control: str | None = None) -> int:
+        # A folder has no headers: cache_control is for stores that serve HTTP.
         uri = self.uri(key)
         target = writable_target(self._path(key), self.settings, field=self.field, uri=uri)
         try:
@@ -188,10 +193,12 @@ class S3Store:
             return 1
         return -(-size // self.MULTIPART_THRESHOLD) + 2  # parts + create + complete
 
-    def put_bytes(self, key: str, data: bytes, content_type: str) -> int:
+    def put_bytes(self, key: str, data: bytes, content_type: str,
+                  cache_control: str | None = None) -> int:
+        extra = {"CacheControl": cache_control} if cache_control else {}
         try:
             self.client.put_object(Bucket=self.bucket, Key=key, Body=data,
-                                   ContentType=content_type)
+                                   ContentType=content_type, **extra)
         except Exception as e:
             raise map_s3_error(e, self.uri(key)) from e
         return 1
@@ -271,8 +278,9 @@ class JobOutput:
             self.puts += puts
         return self.uri(name)
 
-    def put_bytes(self, name: str, data: bytes, content_type: str = "application/json") -> str:
-        puts = self.store.put_bytes(self.key(name), data, content_type)
+    def put_bytes(self, name: str, data: bytes, content_type: str = "application/json",
+                  cache_control: str | None = None) -> str:
+        puts = self.store.put_bytes(self.key(name), data, content_type, cache_control)
         with self._lock:
             self.puts += puts
         return self.uri(name)

@@ -8,8 +8,10 @@ concerns recorded on the way: the backend's PROGRESS/REVOKED states, the cancel 
 
 from __future__ import annotations
 
+import re
 import secrets
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +25,20 @@ from producer.app import make_app
 from producer.control import flags_for
 from producer.errors import DeviceOutOfMemory, FatalJobError, JobCancelled, StorageError
 from producer.settings import Settings, get_settings
-from producer.spec import DecoderSpec, InputSpec, JobResult, JobSpec, OutputSpec, Progress
+from producer.spec import (
+    DecoderSpec,
+    InputSpec,
+    JobResult,
+    JobSpec,
+    OutputSpec,
+    Progress,
+    VideoSpec,
+)
 from worker import tasks
 from worker.concerns import CONCERNS, Concern, Outcome, TaskRun, run_concerns
 from worker.concerns.retries import backoff
 from worker.decoders.pattern import PatternDecoder
+from worker.hls import PLAYLIST
 from worker.metrics import JOBS, RETRIES
 from worker.runner import DecoderCache, JobContext, run_job
 
@@ -239,6 +250,72 @@ def test_cancel_mid_run_is_polled_and_revoked(app: Celery, tmp_path: Path, tenan
     assert scripted.attempts == 1
     assert app.backend.get_task_meta(spec.job_id)["status"] == "REVOKED"
     assert _counts(tenant)["cancelled"] == 1
+
+
+@pytest.mark.parametrize("end", ["cancelled", "failed", "retried"])
+def test_a_job_that_ends_without_its_video_ends_its_live_playlist(
+    app: Celery, tmp_path: Path, tenant: str, end: str
+) -> None:
+    # Given a job of five segments whose first run stops after two were listed: cancelled,
+    # failed for good (no retry budget), or retried (a budget of one)
+    spec = _spec(tmp_path, tenant).model_copy(update={"video": VideoSpec(segment_frames=8)})
+    np.save(tmp_path / "z.npy", np.zeros((16, 10, 4, 6), np.float32))
+    playlist = tmp_path / "out" / tenant / spec.job_id / PLAYLIST
+    cache = DecoderCache(torch.device("cpu"))
+    seen: list[str] = []
+
+    def work(run: TaskRun, ctx: JobContext, attempt: int) -> JobResult:
+        if attempt > 1:
+            seen.append(playlist.read_text())  # what the retry finds
+            return run_job(run.spec, cache, ctx)
+        listed: list[int] = []
+        stopping = replace(ctx, cancelled=lambda: len(listed) >= 2,
+                           segment_landed=lambda seg, p: listed.append(seg.index))
+        try:
+            return run_job(run.spec, cache, stopping)
+        except JobCancelled:
+            if end == "cancelled":
+                raise
+            raise StorageError("S3 went away") from None
+
+    retry_max = 1 if end == "retried" else 0
+    scripted = Scripted(app, spec, Settings(file_roots=str(tmp_path), retry_max=retry_max), work)
+    result = _apply(scripted, spec.job_id)
+    text = playlist.read_text()
+    names = re.findall(r"^segment-\d+\.mp4$", text, re.M)
+    if end == "retried":
+        # Then the retry found the playlist open, and it ended once, complete
+        assert scripted.attempts == 2 and "#EXT-X-ENDLIST" not in seen[0]
+        assert len(names) == 5 and text.count("#EXT-X-ENDLIST") == 1
+        assert result.state == "SUCCESS"
+    else:
+        # Then the playlist keeps the segments it listed and tells players it ended
+        assert scripted.attempts == 1
+        assert 2 <= len(names) < 5 and text.endswith("#EXT-X-ENDLIST\n"), text
+        assert not (playlist.parent / "manifest.json").exists()
+        if end == "cancelled":
+            assert app.backend.get_task_meta(spec.job_id)["status"] == "REVOKED"
+        else:
+            assert result.state == "FAILURE" and "S3 went away" in str(result.result)
+
+
+def test_a_run_that_never_decoded_leaves_the_playlist_alone(
+    app: Celery, tmp_path: Path, tenant: str
+) -> None:
+    # Given an open playlist another run of the job is writing, and a run that fails before
+    # it decodes anything (its lease is held elsewhere, say)
+    spec = _spec(tmp_path, tenant)
+    playlist = tmp_path / "out" / tenant / spec.job_id / PLAYLIST
+    playlist.parent.mkdir(parents=True)
+    playlist.write_text("#EXTM3U\n")
+
+    def work(run: TaskRun, ctx: JobContext, attempt: int) -> JobResult:
+        raise FatalJobError("refused before the decode")
+
+    result = _apply(Scripted(app, spec, Settings(file_roots=str(tmp_path)), work), spec.job_id)
+    # Then the playlist is not ended by it
+    assert playlist.read_text() == "#EXTM3U\n"
+    assert result.state == "FAILURE"
 
 
 def test_preemption_requeues_outside_the_budget(

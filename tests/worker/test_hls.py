@@ -136,14 +136,34 @@ def test_playlist_lists_only_the_contiguous_prefix(tmp_path: Path) -> None:
     assert path.read_text().endswith("#EXT-X-ENDLIST\n")
 
 
+def test_a_playlist_ended_early_keeps_what_it_listed_and_takes_nothing_more(
+    tmp_path: Path,
+) -> None:
+    out = JobOutput((tmp_path / "o").as_uri())
+    playlist = LivePlaylist(out, VideoSpec(segment_frames=4))
+    path = tmp_path / "o" / PLAYLIST
+    # A playlist never uploaded is not created by ending it
+    assert playlist.end_early() is None and not path.exists()
+    for index in (0, 1, 3):
+        playlist.landed(_segment(index), 100)
+    # Ended early: segments 0 and 1 stay listed (3 was never listed: 2 is missing)
+    assert playlist.end_early() == path.as_uri()
+    text = path.read_text()
+    assert [e[0] for e in _playlist_entries(text)] == ["segment-00000.mp4", "segment-00001.mp4"]
+    assert text.endswith("#EXT-X-ENDLIST\n") and text.count("#EXT-X-ENDLIST") == 1
+    with pytest.raises(RuntimeError, match="already ended"):
+        playlist.landed(_segment(2), 100)
+    assert playlist.end_early() is None and path.read_text() == text
+
+
 def test_concurrent_landings_never_upload_an_older_playlist(tmp_path: Path) -> None:
     out = JobOutput((tmp_path / "o").as_uri())
     uploads: list[int] = []
     put = out.put_bytes
 
-    def recording_put(name: str, data: bytes, content_type: str = "") -> str:
+    def recording_put(name: str, data: bytes, *args: str) -> str:
         uploads.append(data.decode().count("#EXTINF"))
-        return put(name, data, content_type)
+        return put(name, data, *args)
 
     out.put_bytes = recording_put  # type: ignore[method-assign]
     listed: list[int] = []

@@ -31,6 +31,7 @@ from producer.errors import (
 from producer.settings import Settings
 from tests.services import S3Server, free_port
 from worker import storage
+from worker.hls import CACHE_CONTROL, CONTENT_TYPE
 from worker.storage import FileStore, JobOutput, S3Store, map_s3_error, open_uri, read_uri
 
 # file:// paths are confined to FRAMEFLEET_FILE_ROOTS: the test's own folder is one.
@@ -173,7 +174,12 @@ def test_s3_round_trip_through_settings(s3_store: StoreFactory, s3: S3Server) ->
     assert store.get_bytes("out/acme/j1/manifest.json", max_bytes=8) == b'{"a": 1}'
     head = s3.client().head_object(Bucket=store.bucket, Key="out/acme/j1/manifest.json")
     assert head["ContentType"] == "application/json"
+    assert "CacheControl" not in head
     assert store.uri("k") == f"s3://{store.bucket}/k"
+    # The live playlist's header (a CDN in front of the bucket must revalidate it)
+    store.put_bytes("out/acme/j1/index.m3u8", b"#EXTM3U\n", CONTENT_TYPE, CACHE_CONTROL)
+    head = s3.client().head_object(Bucket=store.bucket, Key="out/acme/j1/index.m3u8")
+    assert (head["ContentType"], head["CacheControl"]) == (CONTENT_TYPE, "no-cache")
 
 
 def test_s3_missing_key_is_absent_and_a_missing_input(s3_store: StoreFactory) -> None:

@@ -2,7 +2,7 @@
 
 The task body (``worker.tasks``) only parses, claims, leases and runs; everything a run needs
 around it (progress, cancel and preemption, the worker-loss cap, the OOM fallback, retries,
-metrics, webhooks) is a concern, in the manner of Dramatiq's middleware.
+metrics, ending the live playlist, webhooks) is a concern, in the manner of Dramatiq's middleware.
 
 The interface (``worker.concerns.base``):
 
@@ -43,6 +43,7 @@ from worker.concerns.losses import WorkerLosses
 from worker.concerns.metrics import JobMetrics
 from worker.concerns.notify import Notifications
 from worker.concerns.oom import OomFallback
+from worker.concerns.playlist import EndPlaylist
 from worker.concerns.progress import ProgressReport
 from worker.concerns.retries import Retries
 
@@ -54,6 +55,7 @@ CONCERNS: tuple[type[Concern], ...] = (
     OomFallback,
     Retries,
     JobMetrics,
+    EndPlaylist,  # before Notifications: a `failed` webhook finds the playlist ended
     Notifications,
 )
 

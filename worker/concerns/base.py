@@ -16,6 +16,7 @@ from celery import Task
 from producer.control import Flags
 from producer.settings import Settings
 from producer.spec import JobResult, JobSpec, Progress, SegmentInfo
+from worker.hls import LivePlaylist
 from worker.runner import CostFn, JobContext
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,8 @@ class TaskRun:
     cancel_checks: list[Callable[[], bool]] = field(default_factory=list)
     #: Called with each segment once the live playlist lists it, in index order.
     segment_hooks: list[Callable[[SegmentInfo, Progress], None]] = field(default_factory=list)
+    #: The job's live playlist, once this run's runner created it.
+    playlist: LivePlaylist | None = None
 
     @property
     def node(self) -> str:
@@ -62,9 +65,13 @@ class TaskRun:
             for hook in self.segment_hooks:
                 hook(seg, p)
 
+        def playlist_opened(playlist: LivePlaylist) -> None:
+            self.playlist = playlist
+
         return JobContext(progress=progress, cancelled=cancelled, cost=self.cost,
                           node=self.task.request.hostname, tiled=self.tiled,
-                          settings=self.settings, segment_landed=segment_landed)
+                          settings=self.settings, segment_landed=segment_landed,
+                          playlist_opened=playlist_opened)
 
 
 @dataclass(frozen=True)
