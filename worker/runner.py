@@ -6,6 +6,8 @@ runner is what tests, benchmarks and the embedded demo call directly.
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import tempfile
 import time
 from collections import OrderedDict
@@ -41,6 +43,8 @@ from worker.inputs import load_latents
 from worker.pipeline import ClosedSegment, run_pipeline
 from worker.storage import JobOutput
 from worker.weights import resolve_weights
+
+log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 CostFn = Callable[[JobSpec, float, int, int, float], CostReport]
@@ -158,18 +162,31 @@ def run_job(spec: JobSpec, decoders: DecoderCache, ctx: JobContext | None = None
     segments: list[SegmentInfo] = []
     total = frames_for_latents(latents.shape[1])
     playlist = LivePlaylist(out, spec.video, on_listed=lambda s: ctx.segment_landed(s, Progress(
-        frames_done=s.first_frame + s.frames, frames_total=total, segments_done=s.index + 1)))
+        frames_done=s.first_frame + s.frames, frames_total=total, segments_done=s.index + 1)),
+        digest=spec.digest())
     ctx.playlist_opened(playlist)
+    kept = playlist.resume()
+    if kept:
+        log.info("job %s: the live playlist lists %d segments already: they are kept",
+                 spec.job_id, kept)
 
     def sink(seg: ClosedSegment) -> None:
         name = segment_name(seg.index)
-        uri = out.put_file(name, seg.file.path)
+        init, size, sha256 = seg.file.init_bytes, seg.file.bytes, seg.file.sha256
+        # A segment a player may have seen (listed by an earlier run) is kept as stored.
+        stored = playlist.reuse(seg.index, max_bytes=4 * size + 2**20)
+        if stored is None:
+            uri = out.put_file(name, seg.file.path)
+        else:
+            data, init = stored
+            seg.file.path.write_bytes(data)  # what full.mp4 is stitched from
+            uri, size, sha256 = out.uri(name), len(data), hashlib.sha256(data).hexdigest()
         info = SegmentInfo(
             index=seg.index, uri=uri, first_frame=seg.first_frame, frames=seg.file.frames,
-            bytes=seg.file.bytes, sha256=seg.file.sha256, seconds=seg.file.frames / spec.video.fps,
+            bytes=size, sha256=sha256, seconds=seg.file.frames / spec.video.fps,
         )
         segments.append(info)
-        playlist.landed(info, seg.file.init_bytes)
+        playlist.landed(info, init)
 
     def progress(done: int, total: int, segs: int) -> None:
         ctx.progress(Progress(frames_done=done, frames_total=total, segments_done=segs))

@@ -8,6 +8,8 @@ concerns recorded on the way: the backend's PROGRESS/REVOKED states, the cancel 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import secrets
 from collections.abc import Callable, Iterator
@@ -264,10 +266,18 @@ def test_a_job_that_ends_without_its_video_ends_its_live_playlist(
     cache = DecoderCache(torch.device("cpu"))
     seen: list[str] = []
 
+    inodes: dict[str, int] = {}
+    listing: list[int] = []  # entries of the playlist as each of the retry's segments lands
+
+    def entries() -> list[str]:
+        return re.findall(r"^segment-\d+\.mp4$", playlist.read_text(), re.M)
+
     def work(run: TaskRun, ctx: JobContext, attempt: int) -> JobResult:
         if attempt > 1:
             seen.append(playlist.read_text())  # what the retry finds
-            return run_job(run.spec, cache, ctx)
+            inodes.update({n: (playlist.parent / n).stat().st_ino for n in entries()})
+            watched = replace(ctx, segment_landed=lambda seg, p: listing.append(len(entries())))
+            return run_job(run.spec, cache, watched)
         listed: list[int] = []
         stopping = replace(ctx, cancelled=lambda: len(listed) >= 2,
                            segment_landed=lambda seg, p: listed.append(seg.index))
@@ -284,9 +294,19 @@ def test_a_job_that_ends_without_its_video_ends_its_live_playlist(
     text = playlist.read_text()
     names = re.findall(r"^segment-\d+\.mp4$", text, re.M)
     if end == "retried":
-        # Then the retry found the playlist open, and it ended once, complete
+        # Then the retry found the playlist open, never listed less than it did, kept the
+        # segments it listed (not uploaded again), and ended it once, complete
         assert scripted.attempts == 2 and "#EXT-X-ENDLIST" not in seen[0]
+        kept = re.findall(r"^segment-\d+\.mp4$", seen[0], re.M)
+        assert len(kept) >= 2 and min(listing) >= len(kept), (kept, listing)
+        assert {n: (playlist.parent / n).stat().st_ino for n in kept} == inodes
+        assert text.startswith(seen[0].split("#EXT-X-MAP", 1)[0])
+        assert seen[0].split("#EXT-X-MAP", 1)[1] in text  # the same byte ranges
         assert len(names) == 5 and text.count("#EXT-X-ENDLIST") == 1
+        manifest = json.loads((playlist.parent / "manifest.json").read_text())
+        for seg in manifest["segments"]:
+            data = (playlist.parent / f"segment-{seg['index']:05d}.mp4").read_bytes()
+            assert hashlib.sha256(data).hexdigest() == seg["sha256"]
         assert result.state == "SUCCESS"
     else:
         # Then the playlist keeps the segments it listed and tells players it ended

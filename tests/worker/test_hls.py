@@ -156,6 +156,40 @@ def test_a_playlist_ended_early_keeps_what_it_listed_and_takes_nothing_more(
     assert playlist.end_early() is None and path.read_text() == text
 
 
+def test_a_retry_keeps_only_an_open_listing_of_its_own_spec(tmp_path: Path) -> None:
+    out = JobOutput((tmp_path / "o").as_uri())
+    folder = tmp_path / "o"
+    first = LivePlaylist(out, VideoSpec(segment_frames=4), digest="d1")
+    for index in (0, 1):
+        first.landed(_segment(index), 100)
+        (folder / f"segment-{index:05d}.mp4").write_bytes(bytes([index]) * 1000)
+    text = (folder / PLAYLIST).read_text()
+    # The same spec finds both entries; another spec, none
+    assert LivePlaylist(out, VideoSpec(segment_frames=4), digest="d1").resume() == 2
+    assert LivePlaylist(out, VideoSpec(segment_frames=4), digest="d2").resume() == 0
+    # A kept segment is read back as stored; one whose file changed size is not kept
+    again = LivePlaylist(out, VideoSpec(segment_frames=4), digest="d1")
+    again.resume()
+    assert again.reuse(0, max_bytes=10_000) == (b"\0" * 1000, 100)
+    (folder / "segment-00001.mp4").write_bytes(b"x" * 1001)
+    assert again.reuse(1, max_bytes=10_000) is None
+    assert again.reuse(0, max_bytes=999) is None  # over the caller's bound: not read
+    assert again.reuse(2, max_bytes=10_000) is None  # never listed
+    # An ended playlist, or a listing that names files this module never writes, is not kept
+    (folder / PLAYLIST).write_text(text + "#EXT-X-ENDLIST\n")
+    assert LivePlaylist(out, VideoSpec(segment_frames=4), digest="d1").resume() == 0
+    (folder / PLAYLIST).write_text(text.replace("segment-00000.mp4", "../../etc/passwd"))
+    assert LivePlaylist(out, VideoSpec(segment_frames=4), digest="d1").resume() == 0
+    # Until segment 0 lands again, every upload still lists what was kept
+    (folder / PLAYLIST).write_text(text)
+    third = LivePlaylist(out, VideoSpec(segment_frames=4), digest="d1")
+    assert third.resume() == 2
+    third.landed(_segment(2), 100)  # not contiguous: nothing uploaded
+    assert (folder / PLAYLIST).read_text() == text
+    assert third.end_early() == out.uri(PLAYLIST)
+    assert len(_playlist_entries((folder / PLAYLIST).read_text())) == 2
+
+
 def test_concurrent_landings_never_upload_an_older_playlist(tmp_path: Path) -> None:
     out = JobOutput((tmp_path / "o").as_uri())
     uploads: list[int] = []
