@@ -39,7 +39,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from producer.errors import InputNotFoundError, InvalidJobError
+from producer.errors import InputNotFoundError, InvalidJobError, StorageConfigError
 from producer.spec import SegmentInfo, VideoSpec, segment_name
 from worker.encode import frame_rate
 from worker.storage import JobOutput
@@ -140,7 +140,9 @@ class LivePlaylist:
             return None
         try:
             data = self.out.get_bytes(entry.name, entry.bytes)
-        except (InputNotFoundError, InvalidJobError):  # missing, or larger than listed
+        except (InputNotFoundError, InvalidJobError, StorageConfigError):
+            # Missing (S3 says 403 for that without ListBucket), or larger than listed: upload
+            # anew (a real configuration error then fails that upload).
             return None
         return (data, entry.init_bytes) if len(data) == entry.bytes else None
 
