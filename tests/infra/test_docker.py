@@ -19,6 +19,7 @@ import yaml
 
 from producer.cli_cost import PLOT_MISSING
 from producer.ports import DEFAULT_METRICS_PORT, metrics_port_for
+from tests.infra.k8s_render import settings_of
 from tests.require import require_binary
 
 REPO = Path(__file__).resolve().parents[2]
@@ -212,6 +213,25 @@ def test_gpu_profile_starts_one_worker_per_gpu(services: dict[str, Any], gpus: i
     assert sorted(i for s in selected for i in gpu_ids(s)) == sorted(map(str, range(gpus)))
     # Services without a profile start on a plain `up`: none of them may need a GPU.
     assert not [n for n, s in services.items() if not s.get("profiles") and gpu_ids(s)]
+
+
+def compose_seconds(duration: str) -> float:
+    """A compose duration ("65m", "1h5m0s", "3900s") in seconds."""
+    units = {"h": 3600, "m": 60, "s": 1, "ms": 1e-3, "us": 1e-6}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(h|ms|us|m|s)", duration)
+    assert parts and "".join(n + u for n, u in parts) == duration, duration
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+def test_stop_grace_period_covers_the_longest_job(services: dict[str, Any]) -> None:
+    workers = {n: s for n, s in services.items() if n.startswith("worker-")}
+    assert workers
+    for name, service in workers.items():
+        s = settings_of(service["environment"])
+        grace = compose_seconds(str(service["stop_grace_period"]))
+        assert grace >= s.max_time_limit_s, (name, grace, s.max_time_limit_s)
+        # And below the visibility timeout: a job still finishing must not go to another worker.
+        assert grace < s.visibility_timeout, (name, grace, s.visibility_timeout)
 
 
 def test_cpu_profile_needs_no_gpu(services: dict[str, Any]) -> None:
