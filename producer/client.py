@@ -224,6 +224,7 @@ class Client:
                 f"time_limit_s: {spec.time_limit_s} exceeds the fleet's max_time_limit_s "
                 f"{settings.max_time_limit_s}"
             )
+        settings.check_output_uri(spec.output.uri)  # workers check again on receipt
         if spec.notify is not None:  # the fleet's allow-list; workers check again after DNS
             check_notify(spec.notify.urls, UrlPolicy.from_settings(settings))
         payload = spec.model_dump(mode="json")

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import Field, IPvAnyAddress, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from producer.errors import SettingsError
+from producer.errors import InvalidJobError, SettingsError
 from producer.ports import DEFAULT_EXPORTER_PORT, DEFAULT_METRICS_PORT
 
 ENV_PREFIX = "FRAMEFLEET_"
@@ -219,6 +219,17 @@ class Settings(BaseSettings):
         default=None, pattern=r"^(s3://[^/\s]+|file:///)\S*$",
         description="s3:// or file:// prefix every job's output.uri must be under; unset: any",
     )
+
+    def check_output_uri(self, uri: str) -> None:
+        """Refuse (``InvalidJobError`` naming ``output.uri``) an output outside
+        ``output_prefix``; the client checks at submit, the worker again on receipt."""
+        prefix = self.output_prefix
+        if prefix is None:
+            return
+        base, target = prefix.rstrip("/"), uri.rstrip("/")
+        if target != base and not target.startswith(base + "/"):
+            raise InvalidJobError(f"output.uri: {uri} is not under this fleet's output prefix "
+                                  f"{prefix} (FRAMEFLEET_OUTPUT_PREFIX)")
 
     @model_validator(mode="after")
     def _visibility(self) -> Settings:

@@ -100,16 +100,8 @@ def _parse(payload: Any, settings: Settings) -> JobSpec:
     if size > limit:
         raise InvalidJobError(f"job message is {size} bytes, over the {limit} byte limit")
     spec = parse_spec(payload)
-    prefix = settings.output_prefix
-    if prefix is not None and not _under(spec.output.uri, prefix.rstrip("/")):
-        raise InvalidJobError(f"output.uri: {spec.output.uri} is not under this fleet's "
-                              f"output prefix {prefix} (FRAMEFLEET_OUTPUT_PREFIX)")
+    settings.check_output_uri(spec.output.uri)
     return spec
-
-
-def _under(uri: str, prefix: str) -> bool:
-    uri = uri.rstrip("/")
-    return uri == prefix or uri.startswith(prefix + "/")
 
 
 def _claim(app: Celery, flags: Flags, spec: JobSpec) -> None:

@@ -23,7 +23,8 @@ from producer.errors import (
     StorageError,
     UnknownJobError,
 )
-from producer.spec import JobSpec
+from producer.settings import Settings
+from producer.spec import JobSpec, OutputSpec
 from tests.require import require_binary
 from tests.services import REDIS_INSTALL, RedisServer, free_port
 from worker.ops.exporter import queue_depth
@@ -123,6 +124,25 @@ def test_a_spec_without_weights_is_refused_before_anything_is_claimed(redis_url:
     with pytest.raises(InvalidJobError, match=r"^decoder\.weights: "):
         client.submit(spec)
     assert not r.exists("framefleet:spec:noweights-1") and queue_depth(redis_url) == 0
+
+
+@pytest.mark.parametrize("uri", ["s3://b/elsewhere", "s3://b/videos-other", "s3://c/videos"])
+def test_an_output_outside_the_fleet_prefix_is_refused_before_anything_is_claimed(
+    redis_url: str, uri: str
+) -> None:
+    r = redis.Redis.from_url(redis_url)
+    r.flushdb()
+    settings = Settings(broker_url=redis_url, result_backend=redis_url,
+                        output_prefix="s3://b/videos/")
+    client = Client(settings=settings)
+    spec = _spec("outside-1").model_copy(update={"output": OutputSpec(uri=uri)})
+    with pytest.raises(InvalidJobError, match=r"^output\.uri: .*FRAMEFLEET_OUTPUT_PREFIX"):
+        client.submit(spec)
+    assert not r.exists("framefleet:spec:outside-1") and queue_depth(redis_url) == 0
+    # Under the prefix it is queued
+    inside = _spec("inside-1").model_copy(update={"output": OutputSpec(uri="s3://b/videos/x")})
+    client.submit(inside)
+    assert queue_depth(redis_url) == 1
 
 
 def test_retry_and_started_states_carry_the_reason_and_the_worker(redis_url: str) -> None:
