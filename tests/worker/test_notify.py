@@ -165,7 +165,7 @@ def test_signed_events_arrive_in_order_through_retries(notifiers: list[Notifier]
 @pytest.mark.parametrize(("value", "seconds"), [
     ("7", 7.0), (" 0 ", 0.0), ("Tue, 01 Dec 2026 14:00:30 GMT", 30.0),
     ("Tue, 01 Dec 2026 13:00:00 GMT", 0.0), ("soon", None), ("-5", None), ("", None),
-    ("1.5", None), (None, None),
+    ("1.5", None), ("\u0663", None), (None, None),
 ])
 def test_retry_after_reads_seconds_and_http_dates(value: str | None, seconds: float | None) -> None:
     now = 1796133600.0  # Tue, 01 Dec 2026 14:00:00 GMT
