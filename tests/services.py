@@ -259,9 +259,13 @@ class RedisServer(_Process):
             "--daemonize", "no",
         ]  # fmt: skip
 
+    #: The ``requirepass`` of the server, if it has one (PING needs it then).
+    password: str | None = None
+
     def ping(self) -> bool:
         """True if the server answers PING within a second."""
-        client = redis.Redis.from_url(self.url, socket_timeout=1, socket_connect_timeout=1)
+        client = redis.Redis(host="127.0.0.1", port=self.port, password=self.password,
+                             socket_timeout=1, socket_connect_timeout=1)
         try:
             return bool(client.ping())
         except redis.RedisError:

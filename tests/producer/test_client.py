@@ -169,16 +169,6 @@ class PasswordRedis(RedisServer):
     def argv(self) -> list[str]:
         return [*super().argv(), "--requirepass", self.password]
 
-    def ping(self) -> bool:
-        client = redis.Redis(host="127.0.0.1", port=self.port, password=self.password,
-                             socket_timeout=1, socket_connect_timeout=1)
-        try:
-            return bool(client.ping())
-        except redis.RedisError:
-            return False
-        finally:
-            client.close()
-
 
 @pytest.fixture(scope="module")
 def locked_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PasswordRedis]:
