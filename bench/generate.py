@@ -47,7 +47,7 @@ from worker.generate.folder import read_model
 from worker.generate.handoff import vae_latents
 from worker.generate.presets import PRESETS, build_pipeline, save_configs
 from worker.generate.text import MAX_SEQUENCE_LENGTH
-from worker.runner import DecoderCache, JobContext, run_job
+from worker.run.runner import DecoderCache, JobContext, run_job
 
 PROMPT = "a red fox runs through deep snow at dawn, cinematic, detailed fur"
 NEGATIVE = "blurry, low quality, static"

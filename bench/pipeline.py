@@ -37,7 +37,7 @@ from producer.settings import Settings
 from producer.spec import PipelineSpec, VideoSpec
 from worker.decoders.wan import WanDecoder, build_vae
 from worker.pipeline import ClosedSegment, run_pipeline
-from worker.storage import JobOutput
+from worker.sinks.storage import JobOutput
 
 
 class RssPeak:

@@ -1,6 +1,6 @@
 """Queue benchmark on a loopback Redis: submit→start latency and producer submit throughput.
 
-1. Latency with an idle worker: a real ``celery -A worker.main worker`` (concurrency 1,
+1. Latency with an idle worker: a real ``celery -A worker.lifecycle.main worker`` (concurrency 1,
    prefetch 1, as in ``tests/services.py``) consumes the ``video`` queue of a throwaway
    redis-server; jobs go one at a time through ``producer.client.Client.submit``, each after
    the previous one finished and the worker had ``--idle-ms`` to go back to waiting. A job is
@@ -245,7 +245,7 @@ def run_throughput(url: str, n: int, n_variant: int, rounds: int, base: JobSpec
 
 #: Where the time of one submit goes: (label, file fragment, function), cumulative per call.
 BREAKDOWN = [
-    ("Client.submit", "producer/client.py", "submit"),
+    ("Client.submit", "producer/client/client.py", "submit"),
     ("JobSpec.digest", "producer/spec.py", "digest"),
     ("JobSpec.model_dump", "pydantic/main.py", "model_dump"),
     ("registry SET NX (claim)", "producer/control.py", "claim"),

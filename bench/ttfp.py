@@ -39,8 +39,8 @@ from producer.spec import (
     SegmentInfo,
     VideoSpec,
 )
-from worker.hls import PLAYLIST
-from worker.runner import DecoderCache, JobContext, run_job
+from worker.run.runner import DecoderCache, JobContext, run_job
+from worker.sinks.hls import PLAYLIST
 
 
 def one_job(cache: DecoderCache, decoder: DecoderSpec, latents: Path, out: Path, job_id: str,

@@ -1,8 +1,8 @@
 """Worker start benchmark for issue 12: process start → first graph replay, cold and warm.
 
 Starts fresh Python processes that do what a worker's pool process does at start
-(``default_decoders`` + ``worker.warmup.warm_up``: import, build the warm-up decoder, compile
-and capture every warm-up size, one short decode replaying the graph) with one
+(``default_decoders`` + ``worker.lifecycle.warmup.warm_up``: import, build the warm-up
+decoder, compile and capture every warm-up size, one short decode replaying the graph) with one
 ``FRAMEFLEET_COMPILE_CACHE_DIR``: the first run finds it empty (cold), the next ones find what
 the first left (warm: a restarted worker; a run is "cold" when the cache folder is empty at its
 start). The clock starts before the process is spawned.
@@ -37,8 +37,8 @@ def child() -> None:
     import torch
 
     from producer.settings import get_settings
-    from worker import warmup
-    from worker.runner import default_decoders
+    from worker.lifecycle import warmup
+    from worker.run.runner import default_decoders
 
     t_imported = time.time()
     settings = get_settings()

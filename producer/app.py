@@ -1,8 +1,8 @@
 """The Celery app factory: the fleet's delivery semantics live here.
 
 Nothing is built at import. ``make_app(settings)`` builds an app for whoever asks: the client
-(``producer.client``), the worker entry point (``worker.main``, which adds the task and the
-hardened consumer), Flower's dashboard (``producer.dashboard``) and the embedded demo.
+(``producer.client``), the worker entry point (``worker.lifecycle.main``, which adds the task
+and the hardened consumer), Flower's dashboard (``producer.ops.dashboard``) and the embedded demo.
 
 - JSON only: anyone who can write to Redis must not be able to run code (no pickle).
 - ``acks_late`` + ``reject_on_worker_lost``: a job whose worker dies is delivered again.
@@ -28,7 +28,7 @@ TASK_NAME = "framefleet.decode_video"
 #: The queue every job goes to and every worker consumes.
 QUEUE = "video"
 #: The module ``celery -A`` loads to run a worker (it builds the app with the task).
-WORKER_APP = "worker.main"
+WORKER_APP = "worker.lifecycle.main"
 
 
 def embedded_urls(data_dir: str | Path) -> tuple[str, str, dict[str, Any]]:

@@ -8,7 +8,7 @@ result then say ``random_weights``). A job that names neither is refused at once
 never pass for a video. The pattern decoder draws its frames and takes no weights.
 
 The client checks before it queues a job; the worker checks again (the wire is not trusted)
-where it chooses the decoder (``worker.weights``).
+where it chooses the decoder (``worker.inputs.weights``).
 """
 
 from __future__ import annotations

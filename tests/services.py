@@ -477,7 +477,7 @@ class S3Server(_Process):
 
 
 class WorkerProcess(_Process):
-    """A real ``celery -A worker.main worker`` subprocess consuming the ``video`` queue.
+    """A real ``celery -A worker.lifecycle.main worker`` subprocess consuming the ``video`` queue.
 
     Runs from the repository root with ``os.environ`` plus ``env``; stdout and stderr go to
     ``<logdir>/<name>.log``. The nodename is ``<name>@<host>``.

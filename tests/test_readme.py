@@ -7,8 +7,8 @@ from pathlib import Path
 
 from typer.main import get_command
 
-from producer.cli import cli
-from producer.jobstate import STATES
+from producer.cli.app import cli
+from producer.client.jobstate import STATES
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

@@ -1,7 +1,7 @@
 """framefleet's GPU side: everything that runs on a worker host.
 
-- ``main``: the Celery worker entry point (``celery -A worker.main worker``); ``launcher``:
-  one worker process per GPU, pinned and supervised.
+- ``main``: the Celery worker entry point (``celery -A worker.lifecycle.main worker``);
+  ``launcher``: one worker process per GPU, pinned and supervised.
 - ``tasks``: the task body (parse, claim, lease, run, result); ``concerns``: what surrounds a
   run (progress, cancel and preemption, the OOM fallback, retries, metrics); ``lease``: one
   run per job at a time; ``consumer``: Celery's consumer, hardened against non-messages.

@@ -3,7 +3,7 @@
 Worker series live in :data:`WORKER_REGISTRY` (served by :func:`start_metrics_server` in the
 process that runs tasks: with Celery's prefork pool that is the pool child, so start it from
 ``worker_process_init``, where CUDA is initialised too). The fleet's queue depth is not a
-worker's to report: :mod:`worker.ops.exporter` serves it, one per fleet.
+worker's to report: :mod:`producer.ops.exporter` serves it, one per fleet.
 
 Metric names follow Prometheus conventions (base units, ``_total`` counters, ``_ratio`` 0..1).
 """
@@ -28,10 +28,10 @@ from prometheus_client import (
     start_http_server,
 )
 
+from producer.ops.exporter import EXPORTER_REGISTRY
 from producer.settings import get_settings
 from producer.spec import STAGE_NAMES, JobResult, Prices
 from worker.labels import REASONS
-from worker.ops.exporter import EXPORTER_REGISTRY
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@
   fallback, retries with back-off, metrics) is a concern of ``worker.concerns``.
 
 Nothing is registered at import: ``register(app)`` adds the task to an app built by
-``producer.app.make_app`` (the worker entry point ``worker.main`` does).
+``producer.app.make_app`` (the worker entry point ``worker.lifecycle.main`` does).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from producer.spec import JobSpec, parse_spec
 from worker.concerns import CONCERNS, TaskRun, run_concerns
 from worker.concerns.metrics import failed_before_run
 from worker.concerns.retries import requeue_now
-from worker.lease import LEASE_RETRY_S, JobLease
-from worker.runner import DecoderCache, default_decoders, run_job
+from worker.lifecycle.lease import LEASE_RETRY_S, JobLease
+from worker.run.runner import DecoderCache, default_decoders, run_job
 
 log = logging.getLogger(__name__)
 _decoders: DecoderCache | None = None

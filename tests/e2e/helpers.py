@@ -26,7 +26,7 @@ from producer.spec import (
     segment_name,
 )
 from worker.decoders.pattern import read_frame_index
-from worker.encode import read_frames_rgb
+from worker.pipeline.encode import read_frames_rgb
 
 
 def put_latents(s3: Any, bucket: str, key: str, latent_frames: int, h: int = 8, w: int = 12,

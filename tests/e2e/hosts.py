@@ -18,7 +18,7 @@ from tests.services import REPO_ROOT, _Process
 
 # The launcher's CLI with gethostname() answering the first argument.
 _SHIM = ("import socket, sys; name = sys.argv.pop(1); socket.gethostname = lambda: name; "
-         "from producer.cli import main; main()")
+         "from producer.cli.app import main; main()")
 
 
 class Host(_Process):

@@ -1,9 +1,9 @@
 """Chaos: a host dies mid-job (its launcher and every process of it SIGKILLed together); the
 job runs again on another host within 120 s, while the Redis visibility timeout stays long.
 
-The surviving workers' host-loss sweep (``worker/recovery.py``) finds the message the dead host
-held unacknowledged, once its lease has expired and nobody touched it for the grace period,
-and requeues it exactly once. ``make test`` runs one host loss, ``make chaos``
+The surviving workers' host-loss sweep (``worker/lifecycle/recovery.py``) finds the message
+the dead host held unacknowledged, once its lease has expired and nobody touched it for the
+grace period, and requeues it exactly once. ``make test`` runs one host loss, ``make chaos``
 (FRAMEFLEET_CHAOS_FULL=1) ten.
 """
 

@@ -11,8 +11,8 @@ import torch
 from producer.spec import PipelineSpec, VideoSpec
 from worker.decoders.pattern import PatternDecoder, read_frame_index
 from worker.decoders.wan import WanDecoder, build_vae
-from worker.encode import read_frames_rgb
 from worker.pipeline import ClosedSegment, run_pipeline
+from worker.pipeline.encode import read_frames_rgb
 from worker.pipeline.hostcopy import HostCopy
 from worker.pipeline.launch import cuda_streams
 from worker.pipeline.postprocess import rgb_to_yuv420, yuv420_shape

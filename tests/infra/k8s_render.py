@@ -24,7 +24,7 @@ import yaml
 
 from producer.settings import Settings
 from tests.require import missing
-from worker.launcher import worker_command
+from worker.lifecycle.launcher import worker_command
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "infra" / "k8s"

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from producer.cli_cost import PLOT_MISSING
+from producer.cli.cost import PLOT_MISSING
 from producer.ports import DEFAULT_METRICS_PORT, metrics_port_for
 from tests.infra.k8s_render import settings_of
 from tests.require import require_binary

@@ -86,9 +86,9 @@ def wait_for(
 class FlowerProcess(_Process):
     """``framefleet flower`` on a loopback port, watching the fleet's broker.
 
-    The CLI passes its extra arguments to ``celery -A producer.dashboard flower`` and execs it, so
-    the PID is Flower's own. ``FLOWER_UNAUTHENTICATED_API`` opens ``/api/*`` without a login:
-    tests only, never a deployment.
+    The CLI passes its extra arguments to ``celery -A producer.ops.dashboard flower`` and
+    execs it, so the PID is Flower's own. ``FLOWER_UNAUTHENTICATED_API`` opens ``/api/*``
+    without a login: tests only, never a deployment.
     """
 
     def __init__(
@@ -114,7 +114,7 @@ class FlowerProcess(_Process):
     def argv(self) -> list[str]:
         """The command line: the framefleet CLI, with Flower's own options passed through."""
         return [
-            sys.executable, "-m", "producer.cli", "flower",
+            sys.executable, "-m", "producer.cli.app", "flower",
             "--address=127.0.0.1", f"--port={self.port}",
         ]  # fmt: skip
 
@@ -141,7 +141,8 @@ class FlowerProcess(_Process):
     def start(self) -> None:
         """Spawn Flower; call ``wait_ready()`` before relying on it."""
         self.workdir.mkdir(parents=True, exist_ok=True)
-        # Run from the repository, as the workers do: ``-A producer.dashboard`` imports from there.
+        # Run from the repository, as the workers do: ``-A producer.ops.dashboard`` imports
+        # from there.
         self._spawn(self.argv(), self.env, REPO_ROOT)
 
     def wait_ready(self, timeout: float = 60.0) -> float:

@@ -46,7 +46,7 @@ from tests.infra.k8s_render import (
 )
 from tests.require import missing, require_binary
 from tests.services import REDIS_INSTALL, RedisServer
-from worker.launcher import plan_workers
+from worker.lifecycle.launcher import plan_workers
 
 KEDA_OVERLAYS = ("eks-production", "self-contained")
 VALIDATE = "kubernetes-validate (pip install kubernetes-validate: the test extra)"
@@ -325,7 +325,7 @@ def test_every_container_runs_as_non_root(objects: list[dict[str, Any]]) -> None
 
 def test_the_queue_the_workers_consume_is_what_the_exporter_counts() -> None:
     from producer.app import QUEUE
-    from worker.ops.exporter import queue_names, run_exporter
+    from producer.ops.exporter import queue_names, run_exporter
 
     _, queue = consumed_queue()
     assert queue == QUEUE
@@ -397,7 +397,7 @@ def test_keda_counts_every_list_the_workers_consume(overlay: str) -> None:
 
 
 def test_the_hpa_alternative_scales_on_the_exporters_queue_depth() -> None:
-    from worker.ops.exporter import QUEUE_DEPTH
+    from producer.ops.exporter import QUEUE_DEPTH
 
     objects = render("hpa")
     assert not of_kind(objects, "ScaledObject")

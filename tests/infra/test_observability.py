@@ -18,15 +18,15 @@ import pytest
 import redis
 import yaml
 from prometheus_client import start_http_server
+from worker.ops import exporter
 
 from producer.app import TASK_NAME, make_app
 from producer.cost import job_cost
-from producer.pricing import default_catalog, prices_for
+from producer.cost.pricing import default_catalog, prices_for
 from producer.spec import JobResult, Manifest, SegmentInfo, StageTimings, WorkerInfo
 from tests.require import require_binary
 from tests.services import REPO_ROOT, _Process, free_ports
 from worker import metrics
-from worker.ops import exporter
 
 PROMETHEUS_DIR = REPO_ROOT / "infra" / "prometheus"
 DASHBOARD = REPO_ROOT / "infra" / "grafana" / "framefleet.json"

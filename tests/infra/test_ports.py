@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from typer.testing import CliRunner
 
-from producer.cli import cli
+from producer.cli.app import cli
 from producer.ports import (
     CPU_PORT_OFFSET,
     DEFAULT_EXPORTER_PORT,

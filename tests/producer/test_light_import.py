@@ -17,8 +17,8 @@ class Block:
             raise ImportError(f"blocked import of {name}")
         return None
 sys.meta_path.insert(0, Block())
-import producer, producer.client, producer.cli, producer.app, producer.spec, producer.settings
-import producer.control, producer.demo, producer.doctor, producer.broker
+import producer, producer.client, producer.cli.app, producer.app, producer.spec, producer.settings
+import producer.control, producer.cli.demo, producer.cli.doctor, producer.broker
 loaded = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
 assert not loaded, loaded
 print("ok")

@@ -40,9 +40,9 @@ from worker import tasks
 from worker.concerns import CONCERNS, Concern, Outcome, TaskRun, run_concerns
 from worker.concerns.retries import backoff
 from worker.decoders.pattern import PatternDecoder
-from worker.hls import PLAYLIST
 from worker.metrics import JOBS, RETRIES
-from worker.runner import DecoderCache, JobContext, run_job
+from worker.run.runner import DecoderCache, JobContext, run_job
+from worker.sinks.hls import PLAYLIST
 
 Work = Callable[[TaskRun, JobContext, int], JobResult]
 

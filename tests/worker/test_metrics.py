@@ -15,15 +15,17 @@ from typing import Any
 import pytest
 import redis
 from celery.exceptions import SoftTimeLimitExceeded
+from worker.ops import exporter
 
 from producer import errors
 from producer.app import QUEUE, TASK_NAME, make_app
-from producer.cli_cost import read_held
+from producer.cli.cost import read_held
 from producer.client import Client, JobHandle
 from producer.cost import job_cost
+from producer.cost.fleet import HELD_PREFIX
+from producer.cost.pricing import default_catalog, prices_for
 from producer.errors import JobFailed, SettingsError
-from producer.fleet import HELD_PREFIX
-from producer.pricing import default_catalog, prices_for
+from producer.ops.exporter import ENQUEUED_AT_HEADER
 from producer.settings import Settings
 from producer.spec import (
     InputSpec,
@@ -43,8 +45,6 @@ from worker.concerns.cancel import Revoked
 from worker.concerns.metrics import JobMetrics
 from worker.concerns.retries import Requeue, Retry
 from worker.metrics import WORKER_REGISTRY
-from worker.ops import exporter
-from worker.ops.exporter import ENQUEUED_AT_HEADER
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")

@@ -9,12 +9,12 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
+from worker.ops import exporter
 
 from producer.errors import SettingsError
 from producer.settings import Settings, get_settings
 from tests.services import free_port
 from worker import metrics
-from worker.ops import exporter
 
 
 def other_address() -> str | None:

@@ -16,8 +16,8 @@ from celery import Task
 from producer.control import Flags
 from producer.settings import Settings
 from producer.spec import JobResult, JobSpec, Progress, SegmentInfo
-from worker.hls import LivePlaylist
-from worker.runner import CostFn, JobContext
+from worker.run.runner import CostFn, JobContext
+from worker.sinks.hls import LivePlaylist
 
 log = logging.getLogger(__name__)
 

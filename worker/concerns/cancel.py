@@ -23,7 +23,7 @@ from producer.control import flags_for
 from producer.errors import JobCancelled
 from worker.concerns.base import Concern, Outcome, Status, TaskRun, Throttle
 from worker.concerns.retries import requeue
-from worker.lease import REDIS_DOWN
+from worker.lifecycle.lease import REDIS_DOWN
 
 log = logging.getLogger(__name__)
 

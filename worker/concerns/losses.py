@@ -26,7 +26,7 @@ import uuid
 
 from producer.errors import FatalJobError
 from worker.concerns.base import Concern, Outcome, TaskRun
-from worker.lease import REDIS_DOWN
+from worker.lifecycle.lease import REDIS_DOWN
 
 log = logging.getLogger(__name__)
 

@@ -25,14 +25,14 @@ from typing import Any
 import redis
 
 from producer.cost import configured_prices
+from producer.cost.fleet import HELD_PREFIX
 from producer.errors import FramefleetError
-from producer.fleet import HELD_PREFIX
+from producer.ops.exporter import ENQUEUED_AT_HEADER
 from producer.settings import Settings
 from producer.spec import HeldRun, JobSpec
 from worker import labels, metrics
 from worker.concerns.base import Concern, Outcome, TaskRun
 from worker.concerns.retries import Requeue
-from worker.ops.exporter import ENQUEUED_AT_HEADER
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Notifications: the job's webhooks (``JobSpec.notify``), sent by ``worker.notify``.
+"""Notifications: the job's webhooks (``JobSpec.notify``), sent by ``worker.sinks.webhooks``.
 
 ``started`` once the run begins, ``segment`` as each segment is listed in the live playlist,
 then one of ``succeeded``, ``failed`` or ``cancelled`` when the run's end is decided. A retry or
@@ -9,7 +9,7 @@ runs on the process's notifier thread: it never blocks nor fails the job.
 from __future__ import annotations
 
 from worker.concerns.base import Concern, Outcome, TaskRun
-from worker.notify import process_notifier
+from worker.sinks.webhooks import process_notifier
 
 
 class Notifications(Concern):

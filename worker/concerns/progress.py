@@ -10,7 +10,7 @@ import logging
 
 from producer.spec import Progress
 from worker.concerns.base import Concern, TaskRun, Throttle
-from worker.lease import REDIS_DOWN
+from worker.lifecycle.lease import REDIS_DOWN
 
 log = logging.getLogger(__name__)
 PROGRESS_PERIOD_S = 0.2

@@ -16,7 +16,7 @@ from urllib.parse import unquote, urlparse
 from producer.errors import InvalidJobError
 from producer.settings import Settings
 from producer.spec import GenerateSpec
-from worker.paths import local_folder
+from worker.inputs.paths import local_folder
 
 #: Pipelines a generate job runs (text to video). Image-to-video needs an image input.
 PIPELINES = ("WanPipeline",)
@@ -26,7 +26,7 @@ def model_folder(uri: str, settings: Settings | None = None) -> Path:
     """``file://`` URI (or plain absolute path, for settings) → an existing diffusers folder.
 
     With ``settings`` (a job's folder) the path must lie under ``FRAMEFLEET_FILE_ROOTS``
-    (``worker.paths``: one refusal whether or not it exists); without (the operator's
+    (``worker.inputs.paths``: one refusal whether or not it exists); without (the operator's
     ``FRAMEFLEET_WARMUP_MODEL``) it is taken as configured.
     """
     parsed = urlparse(uri)

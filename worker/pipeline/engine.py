@@ -22,7 +22,7 @@ import torch
 from producer.errors import InvalidJobError
 from producer.spec import PipelineSpec, VideoSpec
 from worker.decoders.base import TEMPORAL_RATIO, ChunkDecoder, frames_for_latents
-from worker.encode import yuv_frame
+from worker.pipeline.encode import yuv_frame
 from worker.pipeline.launch import CpuLaunch, CudaLaunch, Launch, cuda_streams
 from worker.pipeline.postprocess import rgb_to_yuv420, yuv420_shape
 from worker.pipeline.ring import Ring

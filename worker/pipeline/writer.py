@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import torch
 
-from worker.encode import yuv_frame
+from worker.pipeline.encode import yuv_frame
 from worker.pipeline.ring import Ring, Slot
 from worker.pipeline.segments import Segmenter
 from worker.pipeline.stats import PipelineStats

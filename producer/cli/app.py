@@ -1,0 +1,360 @@
+"""``framefleet``: submit, status, wait, cancel, worker, demo, doctor (typer + rich).
+
+Errors are one line on stderr (``error: …``) and a non-zero exit status: 1 for an error,
+124 for ``wait`` running out of time; never a traceback for a condition the user can fix.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Optional
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from producer.cli.cost import cost_app
+from producer.cli.help import plain_typer
+from producer.client.jobstate import FINISHED
+from producer.errors import FramefleetError
+from producer.ports import CPU_PORT_OFFSET, DEFAULT_EXPORTER_PORT, DEFAULT_METRICS_PORT
+from producer.spec import JobResult, parse_spec
+
+if TYPE_CHECKING:
+    from producer.client import Client
+
+cli = plain_typer(help="framefleet: a GPU worker fleet for generative-video decoding.",
+                  rich_markup_mode="markdown",
+                  no_args_is_help=True, pretty_exceptions_enable=False)
+cli.add_typer(cost_app, name="cost")
+console = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+#: ``wait``'s default limit, in seconds (``--timeout 0``: none).
+WAIT_TIMEOUT_S = 3600.0
+#: The exit status of a ``wait`` that ran out of time (as timeout(1)'s).
+EXIT_TIMEOUT = 124
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            console.print(f"framefleet {version('framefleet')}")
+        except PackageNotFoundError:
+            console.print("framefleet (not installed)")
+        raise typer.Exit()
+
+
+@cli.callback()
+def _main(
+    version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True, help="Print the version and exit.",
+    )] = False,
+) -> None:
+    """framefleet: a GPU worker fleet for generative-video decoding."""
+
+
+def _client() -> Client:
+    # Imported when a command needs it: ``framefleet --help`` does not load Celery.
+    from producer.client import Client
+
+    return Client()
+
+
+def _fail(e: Exception | str, code: int = 1) -> NoReturn:
+    # One line, whatever the message holds: no markup, no wrapping.
+    message = " ".join(str(e).split())
+    err.print(Text.assemble(("error:", "red"), " ", message))
+    raise typer.Exit(code)
+
+
+@contextmanager
+def _errors() -> Iterator[None]:
+    """The command's expected failures become one ``error:`` line and exit status 1."""
+    try:
+        yield
+    except FramefleetError as e:
+        _fail(e)
+    except TimeoutError as e:
+        _fail(e, EXIT_TIMEOUT)
+    except ValueError as e:
+        _fail(e)
+
+
+def _uri(value: Optional[str]) -> Optional[str]:
+    """A URI as given, or a plain local path as its absolute ``file://`` URI."""
+    if value is None or "://" in value or value == "random":
+        return value
+    return Path(value).expanduser().absolute().as_uri()
+
+
+def print_result(result: JobResult) -> None:
+    m = result.manifest
+    console.print(f"[green]SUCCESS[/green] {m.job_id}: {m.frames} frames, "
+                  f"{len(m.segments)} segments, {m.width}x{m.height}, "
+                  f"wall {result.timings.wall_s:.2f} s")
+    console.print(f"manifest: {result.manifest_uri}", markup=False)
+    if result.random_weights:
+        console.print('[yellow]random weights[/yellow] (decoder.weights "random"): the '
+                      "frames are noise, not a model's video")
+    if result.cost is not None:
+        console.print(f"cost: ${result.cost.total_usd:.6f} "
+                      f"(${result.cost.usd_per_video_minute:.5f} per video-minute)")
+
+
+JobIdArg = Annotated[str, typer.Argument(metavar="JOB_ID", help="the job's id")]
+TimeoutOpt = Annotated[float, typer.Option(
+    metavar="SECONDS", help="give up after this long (exit status 124); 0: no limit")]
+
+
+def _wait(handle: Any, timeout: float, progress: bool) -> JobResult:
+    result: JobResult = handle.wait(timeout=timeout or None, progress=progress)
+    return result
+
+
+@cli.command()
+def submit(
+    input: Annotated[Optional[str], typer.Option(
+        metavar="URI", help="latents (.safetensors or .npy): s3://bucket/key, file:///path, "
+        "or a local path (a path on the workers)")] = None,
+    output: Annotated[Optional[str], typer.Option(
+        metavar="URI", help="output prefix: s3://bucket/prefix, file:///path or a local "
+        "folder; the job writes under PREFIX/TENANT/JOB_ID/")] = None,
+    weights: Annotated[Optional[str], typer.Option(
+        metavar="DIR", help="the decoder's weights: a diffusers-layout folder on the workers "
+        "(config.json + diffusion_pytorch_model.safetensors; a path or file:// URI), or "
+        "'random' (seeded random weights: the video is noise). Required by the Wan "
+        "decoders")] = None,
+    job_id: Annotated[Optional[str], typer.Option(
+        metavar="ID", help="idempotency key (default: job-TIMESTAMP-N)")] = None,
+    tenant: Annotated[str, typer.Option(metavar="NAME", help="tenant (cost reports)")]
+    = "default",
+    decoder: Annotated[str, typer.Option(
+        metavar="NAME", help="wan2.1-vae | wan2.2-vae | pattern")] = "wan2.1-vae",
+    fps: Annotated[Optional[float], typer.Option(
+        metavar="FPS", help="frames per second (default: the decoder's model's: 24 for "
+        "wan2.2-vae, else 16)")] = None,
+    crf: Annotated[int, typer.Option(metavar="N", help="x264 quality, 0-51")] = 20,
+    segment_frames: Annotated[int, typer.Option(metavar="N", help="frames per MP4 segment")]
+    = 48,
+    mode: Annotated[str, typer.Option(metavar="MODE", help="async | sequential")] = "async",
+    priority: Annotated[int, typer.Option(metavar="N", help="0-9, 9 the most urgent")] = 5,
+    spec: Annotated[Optional[Path], typer.Option(
+        metavar="FILE", help="a JobSpec JSON file, instead of the options above")] = None,
+    wait: Annotated[bool, typer.Option(
+        "--wait", help="wait for the job with a progress bar, then print its result")] = False,
+    timeout: TimeoutOpt = WAIT_TIMEOUT_S,
+) -> None:
+    """Submit one job; print its job_id."""
+    with _errors():
+        if spec is not None:
+            try:
+                text = spec.read_text()
+            except OSError as e:
+                _fail(f"--spec: cannot read {spec}: {e.strerror or e}")
+            job = parse_spec(text)
+        else:
+            if input is None or output is None:
+                _fail("--input and --output are required without --spec")
+            dec: dict[str, Any] = {"name": decoder}
+            if weights is not None:
+                dec["weights"] = _uri(weights)
+            job = parse_spec({
+                "job_id": job_id or f"job-{time.strftime('%Y%m%d%H%M%S')}-"
+                                    f"{time.time_ns() % 10**6}",
+                "tenant": tenant, "input": {"uri": _uri(input)}, "decoder": dec,
+                "video": {"crf": crf, "segment_frames": segment_frames,
+                          **({"fps": fps} if fps is not None else {})},
+                "output": {"uri": _uri(output)}, "pipeline": {"mode": mode},
+                "priority": priority,
+            })
+        handle = _client().submit(job)
+        console.print(job.job_id, markup=False)
+        if wait:
+            print_result(_wait(handle, timeout, progress=True))
+
+
+@cli.command()
+def status(job_id: JobIdArg) -> None:
+    """Print a job's state: UNKNOWN (exit status 1), QUEUED, STARTED, PROGRESS, RETRY,
+    SUCCESS, FAILURE or REVOKED, with the frames done, the worker or the reason."""
+    with _errors():
+        js = _client().state(job_id)
+    detail = js.detail()
+    console.print(f"{job_id}: {js.state}" + (f" ({detail})" if detail else ""),
+                  markup=False, highlight=False)
+    if js.state == "UNKNOWN":
+        raise typer.Exit(1)
+
+
+@cli.command("wait")
+def wait_cmd(
+    job_id: JobIdArg,
+    timeout: TimeoutOpt = WAIT_TIMEOUT_S,
+    json_out: Annotated[bool, typer.Option(
+        "--json", help="print the JobResult as JSON (no progress bar)")] = False,
+) -> None:
+    """Wait for a job, with a progress bar showing its state; print its result.
+
+    Exit status 0 when it succeeded, 1 when it failed, was cancelled or is unknown, 124 when
+    it is still running after the timeout."""
+    with _errors():
+        result = _wait(_client().get(job_id), timeout, progress=not json_out)
+    if json_out:
+        sys.stdout.write(result.model_dump_json(indent=2) + "\n")
+    else:
+        print_result(result)
+
+
+@cli.command()
+def cancel(job_id: JobIdArg) -> None:
+    """Cancel a job: it stops between chunks, writes no manifest and ends REVOKED.
+
+    Refused for an id that was never submitted. Submitting the same spec again after a
+    cancel runs it again."""
+    with _errors():
+        state = _client().cancel(job_id)
+    if state in FINISHED:
+        console.print(f"{job_id}: already {state}; nothing to cancel", markup=False)
+    else:
+        console.print(f"cancel requested for {job_id} (was {state}): it stops between chunks "
+                      "and ends REVOKED", markup=False)
+
+
+@cli.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def worker(
+    gpus: Annotated[Optional[str], typer.Option(help="all | 0,2 | N (the first N)")] = None,
+    cpu: Annotated[int, typer.Option(help="CPU workers to start")] = 0,
+) -> None:
+    """Start one pinned Celery worker per GPU (and/or CPU workers), supervised.
+
+    Runs the worker's own entry point, ``python -m worker``, in this process: the worker
+    package (torch, diffusers) is needed on this host."""
+    import os
+
+    argv = [sys.executable, "-m", "worker", "--cpu", str(cpu)]
+    if gpus is not None:
+        argv += ["--gpus", gpus]
+    os.execvp(sys.executable, argv)
+
+
+@cli.command()
+def demo(
+    decoder: Annotated[str, typer.Option(
+        metavar="NAME", help="wan2.1-vae (random weights: noise) | pattern")] = "wan2.1-vae",
+    frames: Annotated[int, typer.Option(metavar="N", help="video frames")] = 33,
+    width: Annotated[int, typer.Option(metavar="PIXELS")] = 96,
+    height: Annotated[int, typer.Option(metavar="PIXELS")] = 96,
+    out: Annotated[Path, typer.Option(metavar="DIR", help="where the videos go")]
+    = Path("demo-out"),
+) -> None:
+    """Run one job on the embedded default (no Redis, no S3) and show where the MP4s are.
+
+    The Wan decoder runs with random weights: the demo shows the fleet, not a model, so its
+    frames are noise."""
+    from producer.cli.demo import run_demo
+
+    if decoder not in ("wan2.1-vae", "pattern"):
+        _fail(f"--decoder: unknown decoder {decoder!r} (wan2.1-vae or pattern)")
+    if decoder != "pattern":
+        console.print('demo: random weights (decoder.weights "random"): the frames are noise; '
+                      "real videos need a weights folder (see the README)", markup=False)
+    with _errors():
+        result, wall = run_demo(decoder, frames, out, width, height)
+    print_result(result)
+    m = result.manifest
+    for seg in m.segments:
+        console.print(f"  {seg.uri}  frames {seg.first_frame}-{seg.first_frame + seg.frames - 1}",
+                      markup=False)
+    weights = ", random weights" if result.random_weights else ""
+    console.print(f"demo: {m.frames} frames, {len(m.segments)} segments, "
+                  f"wall {wall:.1f} s ({decoder}{weights}, {m.width}x{m.height})")
+
+
+@cli.command()
+def healthcheck(
+    timeout: Annotated[float, typer.Option(metavar="SECONDS", help="how long to wait for "
+                                           "an answer")] = 5.0,
+) -> None:
+    """Exit 0 when a worker on this host answers a Celery ping and every worker process on
+    it has captured its warm-up sizes (``FRAMEFLEET_WARMUP_DECODER``)."""
+    import socket
+
+    from producer.readiness import not_ready
+    from producer.settings import get_settings
+
+    with _errors():
+        replies = _client().ping(timeout=timeout)
+    host = socket.gethostname()
+    names = [name for reply in replies for name in reply]
+    if not any(name.endswith(f"@{host}") for name in names):
+        err.print(f"no worker on {host} answered (answers: {json.dumps(names)})")
+        raise typer.Exit(1)
+    waiting = not_ready(get_settings())
+    if waiting:
+        err.print("not ready: " + "; ".join(waiting))
+        raise typer.Exit(1)
+    console.print("ok")
+
+
+EXPORTER_HELP = (
+    "Fleet-wide Prometheus exporter of the Redis queue (one per fleet): depth, age of the "
+    "oldest waiting job, undecodable messages.\n\n"
+    f"Serves /metrics on FRAMEFLEET_EXPORTER_PORT (default {DEFAULT_EXPORTER_PORT}). Workers "
+    f"serve theirs on FRAMEFLEET_METRICS_PORT (default {DEFAULT_METRICS_PORT}) + GPU index, "
+    f"CPU workers on FRAMEFLEET_METRICS_PORT + {CPU_PORT_OFFSET} + slot."
+)
+
+
+@cli.command(help=EXPORTER_HELP)
+def exporter(
+    cloudwatch: Annotated[bool, typer.Option(help="also put QueueDepth to CloudWatch")] = False,
+    interval: Annotated[float, typer.Option(help="seconds between two reads")] = 15.0,
+) -> None:
+    from producer.ops.exporter import run_exporter
+    from producer.settings import get_settings
+
+    s = get_settings()
+    run_exporter(s.broker_url, s.exporter_port, cloudwatch, interval)
+
+
+@cli.command()
+def doctor(
+    output: Annotated[Optional[str], typer.Option(help="s3://bucket/prefix to probe")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="print the checks as JSON")] = False,
+) -> None:
+    """Check this deployment's settings and services; exit 1 if any check FAILs."""
+    from producer.cli.doctor import exit_code, render, run_checks, to_json
+    from producer.settings import get_settings
+
+    checks = run_checks(get_settings(), output)
+    sys.stdout.write((to_json(checks) if json_out else render(checks)) + "\n")
+    raise typer.Exit(exit_code(checks))
+
+
+@cli.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def flower(ctx: typer.Context) -> None:
+    """Flower dashboard on the fleet's broker: celery -A producer.ops.dashboard flower, with any
+    extra arguments (such as --port=5555) passed on."""
+    import os
+
+    os.execvp(sys.executable, [sys.executable, "-m", "celery", "-A",
+                               "producer.ops.dashboard", "flower", *ctx.args])
+
+
+def main() -> None:
+    try:
+        cli()
+    except FramefleetError as e:  # from a command that does not catch its own (one line still)
+        err.print(Text.assemble(("error:", "red"), " ", " ".join(str(e).split())))
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""The light client: submit JobSpecs, follow their progress, fetch results, cancel.
+
+Imports no torch, av, boto3 or worker code; it only speaks the wire format of ``producer.spec``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from celery import Celery
+from celery.result import AsyncResult
+
+from producer.app import TASK_NAME, make_app, redis_priority
+from producer.client.connection import bound_client_app
+from producer.client.handle import JobHandle, _io, _unknown
+from producer.client.jobstate import FINISHED, JobState
+from producer.control import flags_for
+from producer.errors import JobConflictError
+from producer.rules import check_spec
+from producer.settings import Settings, get_settings
+from producer.spec import JobSpec
+
+# Resubmitting a job that ended without an output runs it again: FAILURE, and REVOKED too.
+# A cancel stops a run; it does not retire the job_id, which names the job's output folder,
+# so the same spec submitted again after a cancel is a deliberate request to run it. This is
+# why cancel sets a flag and never calls Celery's revoke: workers remember revoked ids and
+# would drop every later run of that id.
+RERUNNABLE = {"FAILURE", "REVOKED"}
+
+
+class Client:
+    """Submit and follow jobs.
+
+    ``settings`` (default: the environment's) give the fleet's limits and, unless ``app`` or
+    the URLs are given, the broker and result backend of the app built with ``make_app``.
+    """
+
+    def __init__(
+        self, broker_url: str | None = None, backend_url: str | None = None,
+        app: Celery | None = None, settings: Settings | None = None,
+    ) -> None:
+        self.settings = settings or get_settings()
+        self.app = app or make_app(broker_url, backend_url, self.settings)
+        if app is None:
+            # Before the backend exists: Celery reads its timeouts when it creates it.
+            bound_client_app(self.app)
+        if app is None and hasattr(self.app.backend, "result_consumer"):
+            # JobHandle polls the backend; Celery's per-task pub/sub SUBSCRIBE on send would
+            # cost two extra Redis round trips per submit for nothing.
+            self.app.backend.on_task_call = lambda producer, task_id: None
+
+    def submit(self, spec: JobSpec) -> JobHandle:
+        """Enqueue ``spec``. The same job_id with the same spec returns the existing job's
+        handle instead of running it twice, unless it ended in FAILURE or was cancelled
+        (REVOKED), or its result has expired: then it is sent again (a complete stored output
+        comes back as ``reused``). Resubmitting a job whose cancel no worker has acted on yet
+        withdraws the cancel. The same job_id with a different spec raises JobConflictError.
+        A spec without ``decoder.weights`` for a decoder that needs them is refused
+        (InvalidJobError) before anything is queued."""
+        with _io(self.app):
+            return self._submit(spec)
+
+    def _submit(self, spec: JobSpec) -> JobHandle:
+        check_spec(spec, self.settings)  # the worker checks again on receipt
+        payload = spec.model_dump(mode="json")
+        digest = spec.digest()
+        flags = flags_for(self.app, self.settings)
+        existing = flags.claim(spec.job_id, digest, clear_cancel=True)
+        handle = JobHandle(self.app, spec.job_id, flags)
+        if existing is not None:
+            if existing != digest:
+                raise JobConflictError(
+                    f"job_id {spec.job_id!r} was already submitted with a different spec"
+                )
+            state = handle.status()
+            if state in RERUNNABLE:
+                flags.reset_runs(spec.job_id)
+                AsyncResult(spec.job_id, app=self.app).forget()
+            elif not (state == "PENDING" and flags.take_started(spec.job_id)):
+                if state not in FINISHED and flags.cancelled(spec.job_id):
+                    # Cancelled, not stopped yet: submitting again means "run it after all".
+                    flags.clear_cancel(spec.job_id)
+                return handle  # queued, running or finished: the existing job
+            # else a worker received it and its result has expired since: send it again (the
+            # worker returns the output still stored as ``reused``, or runs it if it is gone).
+            flags.clear_cancel(spec.job_id)
+        try:
+            self.app.send_task(
+                TASK_NAME,
+                args=[payload],
+                task_id=spec.job_id,
+                priority=redis_priority(spec.priority),
+                soft_time_limit=spec.time_limit_s,
+                time_limit=spec.time_limit_s + 60,
+                # Events and logs name the job, not its whole spec (and not its URIs).
+                argsrepr=f"[<JobSpec {spec.job_id}>]",
+                kwargsrepr="{}",
+                headers={"framefleet_enqueued_at": time.time()},  # queue wait and oldest age
+            )
+        except BaseException:
+            # Nothing was queued: free the job_id, or a resubmission would wait forever.
+            if existing is None:
+                flags.release(spec.job_id)
+            else:  # the next resubmit must send it again
+                flags.mark_started(spec.job_id)
+            raise
+        return handle
+
+    def get(self, job_id: str) -> JobHandle:
+        return JobHandle(self.app, job_id, flags_for(self.app, self.settings))
+
+    def state(self, job_id: str) -> JobState:
+        """``get(job_id).state()``: UNKNOWN, QUEUED, STARTED, PROGRESS, RETRY, SUCCESS, …"""
+        return self.get(job_id).state()
+
+    def cancel(self, job_id: str) -> str:
+        """Cooperative cancel: the worker stops between chunks, writes no manifest, and the
+        job ends REVOKED; a job still queued ends so when a worker receives it.
+
+        Returns the job's state when asked. A finished job is left as it is. Raises
+        ``UnknownJobError`` for an id that was never submitted: nothing is flagged.
+        """
+        with _io(self.app):
+            flags = flags_for(self.app, self.settings)
+            handle = JobHandle(self.app, job_id, flags)
+            state = handle.status()
+            if state == "PENDING" and not handle.registered():
+                raise _unknown(job_id)
+            if state not in FINISHED:
+                flags.set_cancel(job_id)
+            return state
+
+    def ping(self, timeout: float = 1.0) -> list[dict[str, Any]]:
+        """Workers that answer a broadcast ping."""
+        with _io(self.app):
+            return list(self.app.control.ping(timeout=timeout) or [])

@@ -1,0 +1,188 @@
+"""The ``framefleet`` command line as a new user meets it: help, version, one-line errors.
+
+In-process through typer's CliRunner against a real Redis, and as a real subprocess where the
+environment or the exit status is the point (Redis down, a bad FRAMEFLEET_* value).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+import redis
+from typer.main import get_command
+from typer.testing import CliRunner
+
+from producer.app import QUEUE
+from producer.cli.app import EXIT_TIMEOUT, _uri, cli
+from producer.settings import get_settings
+from tests.services import REPO_ROOT, free_port
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def env(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The CLI's settings point at the test Redis (flushed)."""
+    redis.Redis.from_url(redis_url).flushdb()
+    monkeypatch.setenv("FRAMEFLEET_BROKER_URL", redis_url)
+    monkeypatch.delenv("FRAMEFLEET_RESULT_BACKEND", raising=False)
+    get_settings.cache_clear()
+    yield redis_url
+    get_settings.cache_clear()
+
+
+def _framefleet(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``python -m producer.cli.app ARGS`` in a clean environment plus ``env``."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("FRAMEFLEET_")}
+    return subprocess.run([sys.executable, "-m", "producer.cli.app", *args], cwd=REPO_ROOT,
+                          env={**base, "PYTHONPATH": str(REPO_ROOT), "COLUMNS": "80", **env},
+                          capture_output=True, text=True, timeout=60)
+
+
+def _one_error_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), text
+    return lines[0]
+
+
+def _all_commands(group: click.Command, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    yield path
+    if isinstance(group, click.Group) or hasattr(group, "commands"):
+        for name, sub in sorted(getattr(group, "commands", {}).items()):
+            yield from _all_commands(sub, (*path, name))
+
+
+def test_version() -> None:
+    result = runner.invoke(cli, ["--version"])
+    assert result.exit_code == 0 and result.output.startswith("framefleet ")
+
+
+def test_help_has_no_type_tags_braces_or_rst() -> None:
+    paths = list(_all_commands(get_command(cli)))
+    assert ("wait",) in paths and ("cost", "report") in paths
+    for path in paths:
+        result = runner.invoke(cli, [*path, "--help"], terminal_width=100)
+        assert result.exit_code == 0, (path, result.output)
+        for bad in ("<bool>", "<str>", "<int>", "<float>", "<path>", "{", "``"):
+            assert bad not in result.output, (path, bad, result.output)
+    wait = runner.invoke(cli, ["wait", "--help"], terminal_width=100).output
+    assert "--json" in wait and "--timeout" in wait and "3600" in wait and "124" in wait
+    assert "JOB_ID" in runner.invoke(cli, ["status", "--help"]).output
+
+
+def test_submit_with_a_missing_spec_file_is_one_line(tmp_path: Path) -> None:
+    result = runner.invoke(cli, ["submit", "--spec", str(tmp_path / "job.json")])
+    assert result.exit_code == 1
+    line = _one_error_line(result.output)
+    assert "--spec" in line and "job.json" in line and "No such file" in line
+
+
+def test_submit_without_weights_names_the_field(env: str, tmp_path: Path) -> None:
+    result = runner.invoke(cli, ["submit", "--input", str(tmp_path / "z.npy"),
+                                 "--output", str(tmp_path / "out")])
+    assert result.exit_code == 1
+    assert "decoder.weights: the wan2.1-vae decoder needs weights" in _one_error_line(
+        result.output)
+
+
+def test_plain_paths_become_file_uris(env: str, tmp_path: Path,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert _uri("z.npy") == (tmp_path / "z.npy").as_uri()
+    assert _uri("s3://b/k") == "s3://b/k" and _uri("random") == "random"
+    result = runner.invoke(cli, ["submit", "--input", "z.npy", "--output", "out",
+                                 "--weights", "models/vae", "--job-id", "plain-1"])
+    assert result.exit_code == 0, result.output
+    digest = redis.Redis.from_url(env).get("framefleet:spec:plain-1")
+    assert digest is not None  # submitted: the spec took the paths as file:// URIs
+
+
+def _queued_spec(broker: str) -> dict[str, Any]:
+    """The JobSpec of the one message waiting in the broker's queue lists."""
+    r = redis.Redis.from_url(broker)
+    lists = [k for k in r.keys(f"{QUEUE}*") if r.type(k) == b"list"]
+    assert len(lists) == 1 and r.llen(lists[0]) == 1
+    body = json.loads(base64.b64decode(json.loads(r.lindex(lists[0], 0))["body"]))
+    spec: dict[str, Any] = body[0][0]
+    return spec
+
+
+@pytest.mark.parametrize(("decoder", "given", "fps"),
+                         [("wan2.2-vae", None, 24.0), ("wan2.1-vae", None, 16.0),
+                          ("wan2.2-vae", "30", 30.0)])
+def test_submit_frame_rate_defaults_to_the_decoders_model(
+        env: str, decoder: str, given: str | None, fps: float) -> None:
+    args = ["submit", "--input", "/z.npy", "--output", "/o", "--decoder", decoder,
+            "--weights", "random", "--job-id", "fps-cli"]
+    result = runner.invoke(cli, args + (["--fps", given] if given else []))
+    assert result.exit_code == 0, result.output
+    assert _queued_spec(env)["video"]["fps"] == fps
+
+
+def test_status_cancel_wait_of_an_unknown_id(env: str) -> None:
+    status = runner.invoke(cli, ["status", "never-cli"])
+    assert status.exit_code == 1 and "never-cli: UNKNOWN (never submitted" in status.output
+    cancel = runner.invoke(cli, ["cancel", "never-cli"])
+    assert cancel.exit_code == 1
+    assert "never-cli: no such job" in _one_error_line(cancel.output)
+    assert not redis.Redis.from_url(env).exists("framefleet:cancel:never-cli")
+    t0 = time.monotonic()
+    wait = runner.invoke(cli, ["wait", "never-cli", "--json"])
+    assert wait.exit_code == 1 and "no such job" in _one_error_line(wait.output)
+    assert time.monotonic() - t0 < 10  # the 5 s grace, not the 3600 s timeout
+
+
+def test_status_of_a_queued_job_and_wait_timing_out(env: str, tmp_path: Path) -> None:
+    submit = runner.invoke(cli, ["submit", "--input", (tmp_path / "z.npy").as_uri(),
+                                 "--output", (tmp_path / "o").as_uri(), "--decoder", "pattern",
+                                 "--job-id", "queued-cli"])
+    assert submit.exit_code == 0 and submit.output.strip() == "queued-cli"
+    assert runner.invoke(cli, ["status", "queued-cli"]).output.strip() == "queued-cli: QUEUED"
+    wait = runner.invoke(cli, ["wait", "queued-cli", "--timeout", "0.5", "--json"])
+    assert wait.exit_code == EXIT_TIMEOUT
+    assert "still QUEUED after 0.5 s" in _one_error_line(wait.output)
+    cancel = runner.invoke(cli, ["cancel", "queued-cli"])
+    assert cancel.exit_code == 0 and "cancel requested for queued-cli" in cancel.output
+
+
+@pytest.mark.parametrize("args", [["status", "j1"], ["wait", "j1"], ["cancel", "j1"],
+                                  ["submit", "--input", "/z.npy", "--output", "/o",
+                                   "--decoder", "pattern"], ["healthcheck"]],
+                         ids=["status", "wait", "cancel", "submit", "healthcheck"])
+def test_redis_down_is_one_line_naming_the_url_masked(args: list[str]) -> None:
+    port = free_port()
+    t0 = time.monotonic()
+    out = _framefleet(*args, FRAMEFLEET_BROKER_URL=f"redis://:hunter2@127.0.0.1:{port}/0")
+    took = time.monotonic() - t0
+    assert out.returncode == 1, out.stdout + out.stderr
+    line = _one_error_line(out.stderr)
+    assert f"redis://:**@127.0.0.1:{port}/0" in line and "connection refused" in line
+    assert "hunter2" not in out.stderr + out.stdout and "Traceback" not in out.stderr
+    assert took < 10, f"{args[0]} took {took:.1f} s (interpreter start included)"
+
+
+def test_a_bad_environment_value_names_the_variable() -> None:
+    out = _framefleet("status", "j1", FRAMEFLEET_RETRY_MAX="50")
+    assert out.returncode == 1
+    line = _one_error_line(out.stderr)
+    assert "FRAMEFLEET_RETRY_MAX='50'" in line and "less than or equal to 20" in line
+    assert "retry_max" not in line
+
+
+def test_errors_keep_brackets_and_stay_on_one_line(env: str, tmp_path: Path) -> None:
+    spec = tmp_path / "job.json"
+    spec.write_text('{"job_id": "[x]", "input": {"uri": "s3://b/z.npy"}}')
+    result: Any = runner.invoke(cli, ["submit", "--spec", str(spec)], terminal_width=40)
+    line = _one_error_line(result.output)
+    assert "job_id" in line and "output" in line  # every bad field, on the one line
+    assert "[A-Za-z0-9._-]{1,128}" in line  # not eaten as markup

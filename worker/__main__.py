@@ -1,0 +1,36 @@
+"""The worker's own entry point: ``python -m worker [--gpus all|0,2|N] [--cpu N]``.
+
+``framefleet worker`` hands its process over to this (the producer's CLI never imports
+``worker``): one pinned Celery worker per GPU and/or CPU workers, supervised until SIGTERM or
+SIGINT (``worker.lifecycle.launcher``). A configuration error is one ``error:`` line and exit
+status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from producer.errors import FramefleetError
+from producer.settings import get_settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="framefleet worker",
+        description="Start one pinned Celery worker per GPU (and/or CPU workers), supervised.")
+    parser.add_argument("--gpus", default=None, help="all | 0,2 | N (the first N)")
+    parser.add_argument("--cpu", type=int, default=0, help="CPU workers to start")
+    args = parser.parse_args(argv)
+    gpus = "all" if args.gpus is None and args.cpu == 0 else args.gpus
+    try:
+        from worker.lifecycle.launcher import launch
+
+        return launch(gpus, args.cpu, get_settings())
+    except (FramefleetError, ValueError) as e:
+        sys.stderr.write("error: " + " ".join(str(e).split()) + "\n")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""The worker's Celery entry point: ``celery -A worker.lifecycle.main worker``
+(``producer.app.worker_command``).
+
+Builds the worker's app from the environment's settings with the app factory, and adds what
+only a worker has: the task (``worker.tasks.register``), the consumer that records FAILURE for
+undecodable messages and the guard against queue items that are not messages
+(``worker.lifecycle.consumer``), and the worker's lifecycle: decoders, warm-up and /metrics in
+the pool process that runs jobs, the spot interruption watcher in the main process.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import Celery
+from celery.signals import (
+    task_revoked,
+    worker_process_init,
+    worker_process_shutdown,
+    worker_ready,
+    worker_shutdown,
+)
+
+from producer.app import make_app
+from producer.control import flags_for
+from producer.cost import configured_prices
+from producer.errors import FramefleetError
+from producer.settings import Settings, get_settings
+from worker import metrics, tasks
+from worker.concerns.cancel import preempt_node
+from worker.lifecycle import persistence, recovery, warmup
+from worker.lifecycle.consumer import install_brpop_guard
+from worker.lifecycle.spot import SpotWatcher
+from worker.run.runner import DecoderCache
+from worker.sinks.webhooks import close_process_notifier
+
+log = logging.getLogger(__name__)
+
+
+def build_worker_app(settings: Settings) -> Celery:
+    """The app a worker runs: ``make_app(settings)`` plus the task and the hardened consumer."""
+    app = make_app(settings=settings)
+    app.conf.worker_consumer = "worker.lifecycle.consumer:FramefleetConsumer"
+    install_brpop_guard()
+    tasks.register(app)
+    return app
+
+
+@worker_process_init.connect
+def _init_process(**_: Any) -> None:
+    """Runs in the pool child that executes tasks: the first place CUDA may be touched.
+
+    The /metrics server and the NVML sampler live here too, in the process that runs jobs
+    (prometheus_client's registry is per process). A broken pricing file fails here, loudly.
+    """
+    settings = get_settings()
+    decoders = tasks.init_decoders(settings)
+    try:
+        port = metrics.start_metrics_server(settings.metrics_port)
+    except OSError as e:  # a taken port must not keep a GPU from working
+        log.error("metrics server on port %s not started: %s", settings.metrics_port, e)
+        port = 0
+    metrics.set_gpu_price(configured_prices())
+    # Weights loaded, graphs compiled (from the compile cache) and captured before the first
+    # job, not during it; the worker reports ready (healthcheck, gauge) only after this.
+    if settings.warmup_model is not None:
+        _warm_model(decoders, settings)
+    warmup.warm_up(decoders, settings)
+    if decoders.device.type == "cuda":
+        metrics.NvmlSampler().start()
+    log.info("framefleet worker process ready on %s (metrics port %s)", decoders.device, port)
+
+
+_watcher: SpotWatcher | None = None
+
+
+@worker_ready.connect
+def _start_spot_watcher(sender: Any = None, **_: Any) -> None:
+    """In the worker's main process (``sender`` is its consumer): on a spot notice, stop
+    consuming and flag the node so its running job stops between chunks and is requeued."""
+    global _watcher
+    settings = get_settings()
+    if not settings.spot_watch or sender is None:
+        return
+    worker_app: Celery = sender.app
+    node = str(sender.hostname)
+
+    def on_notice(notice: dict[str, Any]) -> None:
+        preempt_node(worker_app, node)
+        log.warning("%s: spot notice %s: stopped consuming, handing back its job", node, notice)
+
+    _watcher = SpotWatcher(settings.imds_url, settings.spot_poll_s, on_notice)
+    _watcher.start()
+
+
+@worker_shutdown.connect
+def _stop_spot_watcher(**_: Any) -> None:
+    if _watcher is not None:
+        _watcher.stop()
+
+
+@worker_process_init.connect
+def _check_broker_persistence(**_: Any) -> None:
+    """Warn (log + framefleet_broker_persistent) when a Redis restart would lose queued jobs.
+
+    In the pool process, so the gauge is the one its /metrics serves."""
+    persistence.check_at_start(str(app.conf.broker_url))
+
+
+@worker_ready.connect
+def _start_recovery(sender: Any = None, **_: Any) -> None:
+    """In the main process: keep this worker's held messages fresh, and requeue, exactly
+    once, the jobs of hosts that vanished (``worker.lifecycle.recovery``)."""
+    if sender is not None:
+        recovery.start(sender.app, str(sender.hostname))
+
+
+@worker_shutdown.connect
+def _stop_recovery(**_: Any) -> None:
+    recovery.stop()
+
+
+def _warm_model(decoders: DecoderCache, settings: Settings) -> None:
+    """Load ``FRAMEFLEET_WARMUP_MODEL`` (a generation pipeline) and keep it resident."""
+    from worker.generate.job import warm_up
+
+    assert settings.warmup_model is not None
+    try:  # a bad folder fails the jobs that name it, with the reason; not the worker
+        entry = warm_up(decoders.models, settings.warmup_model)
+        log.info("model %s resident (%.1f GiB) after %.1f s", entry.folder,
+                 entry.bytes / 2**30, entry.load_s)
+    except FramefleetError as e:
+        log.error("FRAMEFLEET_WARMUP_MODEL not loaded: %s", e)
+
+
+@worker_process_shutdown.connect
+def _flush_webhooks(**_: Any) -> None:
+    """Give queued webhook deliveries a few seconds before the pool process exits."""
+    close_process_notifier(timeout=5.0)
+
+
+@task_revoked.connect
+def _mark_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
+    """A job dropped on receipt because it was revoked (cancelled while queued) never reaches
+    the task: mark it received all the same, so that a resubmit after its REVOKED result
+    expired sends it again instead of waiting on PENDING for ever (``producer.client``)."""
+    job_id = getattr(request, "id", None)
+    if sender is None or not job_id:
+        return
+    try:
+        flags_for(sender.app).mark_started(str(job_id))
+    except Exception as e:  # noqa: BLE001 - a signal handler must not break the consumer
+        log.warning("job %s: revoked, not marked received: %s", job_id, e)
+
+
+#: The app ``celery -A worker.lifecycle.main`` finds.
+app = build_worker_app(get_settings())

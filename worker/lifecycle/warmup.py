@@ -1,0 +1,101 @@
+"""Worker warm-up and readiness: compile once per fleet, not once per start.
+
+Compiling and capturing one decode size costs 25–30 s on an H200 (inductor lowering, Triton
+kernel builds, autotuning). ``use_compile_cache`` points torch.compile's on-disk caches (the FX
+graph cache, the AOTAutograd cache, Triton's kernel cache and the autotuning results) at
+``FRAMEFLEET_COMPILE_CACHE_DIR``, a folder kept across restarts (a named volume in compose,
+instance storage on AWS), so a restarted worker only traces its graphs again and loads the rest.
+
+``warm_up`` builds the warm-up decoder and captures every warm-up size before the worker takes
+a job, and publishes readiness twice: the ``framefleet_worker_ready`` gauge and a small state
+file per worker process (``producer.readiness``) that ``framefleet healthcheck`` reads.
+
+No torch at import time: the healthcheck imports this module.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from producer.readiness import WarmupState, process_start_time, state_dir, write_state
+
+if TYPE_CHECKING:
+    from producer.settings import Settings
+    from worker.run.runner import DecoderCache
+
+log = logging.getLogger(__name__)
+
+def use_compile_cache(folder: str | None) -> str | None:
+    """Point torch.compile's on-disk caches into ``folder`` (created); call before the first
+    compile. None leaves PyTorch's defaults (a per-user temp folder, lost with the container)."""
+    if folder is None:
+        return None
+    root = Path(folder).expanduser()
+    (root / "inductor").mkdir(parents=True, exist_ok=True)
+    (root / "triton").mkdir(parents=True, exist_ok=True)
+    # Set, not setdefault: torch writes its default into the environment on first use.
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor")
+    os.environ["TRITON_CACHE_DIR"] = str(root / "triton")
+    os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
+    os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")
+    return str(root)
+
+
+def parse_sizes(text: str) -> list[tuple[int, int]]:
+    """``"44x80,60x104"`` → [(44, 80), (60, 104)] (latent height × width)."""
+    sizes = []
+    for item in text.split(","):
+        h, w = (int(v) for v in item.split("x"))
+        sizes.append((h, w))
+    return sizes
+
+
+def warm_up(decoders: DecoderCache, settings: Settings) -> WarmupState:
+    """Build and warm up ``FRAMEFLEET_WARMUP_DECODER`` at every warm-up size, then report
+    ready. Without a warm-up decoder the worker is ready at once. A size whose graph could not
+    be captured (logged by the graph cache) stays eager: ready, its entry says ``graph: false``.
+    """
+    from producer.spec import RANDOM_WEIGHTS, DecoderSpec
+    from producer.weights import needs_weights
+    from worker import metrics
+
+    metrics.WORKER_READY.set(0)
+    pid = os.getpid()
+    state = WarmupState(pid=pid, start=process_start_time(pid) or "",
+                        decoder=settings.warmup_decoder,
+                        cache_dir=use_compile_cache(settings.compile_cache_dir))
+    folder = state_dir(settings)
+    write_state(folder, state)
+    t0 = time.perf_counter()
+    if settings.warmup_decoder is not None:
+        # The jobs' own weights: a job naming the same folder gets this very decoder (and its
+        # captured graphs) from the cache instead of building a second one.
+        # Unset: random weights, by name (they compile the same kernels; a job naming other
+        # weights then builds its own decoder, whose graph builds in the background).
+        weights = settings.warmup_weights
+        if weights is None and needs_weights(settings.warmup_decoder):
+            weights = RANDOM_WEIGHTS
+        decoder = decoders.get(DecoderSpec(name=settings.warmup_decoder, weights=weights))
+        state.build_s = round(time.perf_counter() - t0, 3)
+        for h, w in parse_sizes(settings.warmup_latent_size):
+            t = time.perf_counter()
+            decoder.warmup(h, w)
+            graphs = getattr(decoder, "graphs", None)
+            key = getattr(decoder, "graph_key", None)
+            graph = graphs.get(key(h, w)) if graphs is not None and key is not None else None
+            captured = graph is not None
+            state.sizes.append({"size": f"{h}x{w}", "graph": captured,
+                                "seconds": round(time.perf_counter() - t, 3),
+                                "phases": {k: round(v, 3) for k, v in
+                                           getattr(graph, "phases", {}).items()}})
+            log.info("warmed up %s at %dx%d latents in %.1f s (graph: %s)", decoder.name, h, w,
+                     time.perf_counter() - t, captured)
+    state.seconds = round(time.perf_counter() - t0, 3)
+    state.ready = True
+    write_state(folder, state)
+    metrics.WORKER_READY.set(1)
+    return state
