@@ -28,6 +28,9 @@ TASK_NAME = "framefleet.decode_video"
 #: The queue every job goes to and every worker consumes.
 QUEUE = "video"
 #: The module ``celery -A`` loads to run a worker (it builds the app with the task).
+#: The message header the client stamps at send: unix time (float) the job was enqueued
+#: (the queue wait, the oldest waiting job's age).
+ENQUEUED_AT_HEADER = "framefleet_enqueued_at"
 WORKER_APP = "worker.lifecycle.main"
 
 

@@ -15,10 +15,9 @@ from typing import Any, Protocol
 
 from celery import Celery
 
+from producer import keys
+from producer.keys import FLAG_TTL_S, SPEC_TTL_S
 from producer.settings import Settings, get_settings
-
-SPEC_TTL_S = 30 * 86_400
-CANCEL_TTL_S = 2 * 86_400
 
 
 class Flags(Protocol):
@@ -41,101 +40,67 @@ class Flags(Protocol):
     def reset_runs(self, job_id: str) -> None: ...
 
 
-# Claim a job_id (SET NX) and, when the claim is new, clear a stale cancel flag: one round trip.
-_CLAIM = """
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
-  if ARGV[3] == '1' then redis.call('DEL', KEYS[2]) end
-  return false
-end
-return redis.call('GET', KEYS[1])
-"""
-
-
-# The run record of a job, ``framefleet:runs:{job_id}`` (a hash): ``running`` names the holder
-# (``node pid token``) of the run in progress, ``losses`` counts runs that started and never
-# ended (their worker died), ``lost_on`` is the holder of the last of them, and ``started``
-# says a worker has received the job (so a PENDING state means its result expired).
-_START_RUN = """
-local prev = redis.call('HGET', KEYS[1], 'running')
-if prev then
-  redis.call('HINCRBY', KEYS[1], 'losses', 1)
-  redis.call('HSET', KEYS[1], 'lost_on', prev)
-end
-redis.call('HSET', KEYS[1], 'running', ARGV[1])
-redis.call('EXPIRE', KEYS[1], ARGV[2])
-return {tonumber(redis.call('HGET', KEYS[1], 'losses') or '0'),
-        redis.call('HGET', KEYS[1], 'lost_on') or false}
-"""
-_END_RUN = """
-if redis.call('HGET', KEYS[1], 'running') == ARGV[1] then
-  redis.call('HDEL', KEYS[1], 'running')
-  if ARGV[2] == '1' then redis.call('HDEL', KEYS[1], 'losses', 'lost_on') end
-end
-return 0
-"""
-
-
 class RedisFlags:
     def __init__(self, client: Any) -> None:
         self.r = client
-        self._claim = client.register_script(_CLAIM)
+        self._claim = client.register_script(keys.CLAIM)
 
     def claim(self, job_id: str, digest: str, clear_cancel: bool = False) -> str | None:
-        old = self._claim(keys=[f"framefleet:spec:{job_id}", f"framefleet:cancel:{job_id}"],
+        old = self._claim(keys=[keys.claim(job_id), keys.cancel(job_id)],
                           args=[digest, SPEC_TTL_S, "1" if clear_cancel else "0"])
         if old is None:
             return None
         return old.decode() if isinstance(old, bytes) else str(old)
 
     def release(self, job_id: str) -> None:
-        self.r.delete(f"framefleet:spec:{job_id}")
+        self.r.delete(keys.claim(job_id))
 
     def registered(self, job_id: str) -> str | None:
-        value = self.r.get(f"framefleet:spec:{job_id}")
+        value = self.r.get(keys.claim(job_id))
         if value is None:
             return None
         return value.decode() if isinstance(value, bytes) else str(value)
 
     def set_cancel(self, job_id: str) -> None:
-        self.r.set(f"framefleet:cancel:{job_id}", "1", ex=CANCEL_TTL_S)
+        self.r.set(keys.cancel(job_id), "1", ex=FLAG_TTL_S)
 
     def cancelled(self, job_id: str) -> bool:
-        return bool(self.r.exists(f"framefleet:cancel:{job_id}"))
+        return bool(self.r.exists(keys.cancel(job_id)))
 
     def clear_cancel(self, job_id: str) -> None:
-        self.r.delete(f"framefleet:cancel:{job_id}")
+        self.r.delete(keys.cancel(job_id))
 
     def set_preempted(self, node: str) -> None:
-        self.r.set(f"framefleet:preempted:{node}", "1", ex=CANCEL_TTL_S)
+        self.r.set(keys.preempted(node), "1", ex=FLAG_TTL_S)
 
     def preempted(self, node: str) -> bool:
-        return bool(self.r.exists(f"framefleet:preempted:{node}"))
+        return bool(self.r.exists(keys.preempted(node)))
 
     def start_run(self, job_id: str, holder: str) -> tuple[int, str | None]:
         """Record that ``holder`` runs ``job_id`` now; returns the worker losses so far and
         the holder of the last lost run. A run recorded earlier and never ended is counted as
         lost here: the lease guarantees that no other run of the job is alive."""
-        losses, lost_on = self.r.eval(_START_RUN, 1, f"framefleet:runs:{job_id}", holder,
+        losses, lost_on = self.r.eval(keys.START_RUN, 1, keys.runs(job_id), holder,
                                       SPEC_TTL_S)
         return int(losses), _text(lost_on) if lost_on else None
 
     def end_run(self, job_id: str, holder: str, final: bool) -> None:
         """``holder``'s run ended (not lost); ``final``: the job ended, its losses are reset."""
-        self.r.eval(_END_RUN, 1, f"framefleet:runs:{job_id}", holder, "1" if final else "0")
+        self.r.eval(keys.END_RUN, 1, keys.runs(job_id), holder, "1" if final else "0")
 
     def mark_started(self, job_id: str) -> None:
         """A worker received ``job_id``: from now on a PENDING state means its result expired."""
-        key = f"framefleet:runs:{job_id}"
+        key = keys.runs(job_id)
         self.r.pipeline().hset(key, "started", "1").expire(key, SPEC_TTL_S).execute()
 
     def take_started(self, job_id: str) -> bool:
         """Clear the job's "has run" mark; True for the one caller that found it."""
-        return bool(self.r.hdel(f"framefleet:runs:{job_id}", "started"))
+        return bool(self.r.hdel(keys.runs(job_id), "started"))
 
     def reset_runs(self, job_id: str) -> None:
         """Forget the job's run record (a resubmit after FAILURE starts with no losses, even
         if its last run was killed by the hard time limit and never ended)."""
-        self.r.delete(f"framefleet:runs:{job_id}")
+        self.r.delete(keys.runs(job_id))
 
 
 def _text(value: Any) -> str:

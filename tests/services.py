@@ -185,6 +185,19 @@ class _Process:
                 self.proc.wait(timeout)
         # Children that ignored SIGTERM (pool workers) must not outlive their parent.
         self.signal_group(signal.SIGKILL)
+        self._wait_group_gone(timeout)
+
+    def _wait_group_gone(self, timeout: float) -> None:
+        """Wait until no process of the group is left: SIGKILL is delivered asynchronously,
+        and a killed child lingers until it is reaped."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.proc.pid, 0)
+            except (ProcessLookupError, PermissionError):
+                return
+            time.sleep(0.02)
 
     def kill(self, sig: int = signal.SIGKILL, *, group: bool = True, timeout: float = 10.0) -> None:
         """Send ``sig`` (default SIGKILL: a crash); after SIGKILL, reap the process.

@@ -14,7 +14,6 @@ Nothing is registered at import: ``register(app)`` adds the task to an app built
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -25,6 +24,7 @@ from producer.app import TASK_NAME
 from producer.control import Flags, flags_for
 from producer.cost import cost_for_job
 from producer.errors import InvalidJobError, JobConflictError
+from producer.rules import check_message_size, check_spec
 from producer.settings import Settings, get_settings
 from producer.spec import JobSpec, parse_spec
 from worker.concerns import CONCERNS, TaskRun, run_concerns
@@ -95,12 +95,10 @@ def decode_video(self: Task, payload: Any, tiled: bool = False, error_retries: i
 
 
 def _parse(payload: Any, settings: Settings) -> JobSpec:
-    limit = settings.max_message_bytes
-    size = len(json.dumps(payload))
-    if size > limit:
-        raise InvalidJobError(f"job message is {size} bytes, over the {limit} byte limit")
+    # The size first: a huge message is refused before pydantic spends time on it.
+    check_message_size(payload, settings)
     spec = parse_spec(payload)
-    settings.check_output_uri(spec.output.uri)
+    check_spec(spec, settings)  # the client's rules, again: the wire is not trusted
     return spec
 
 

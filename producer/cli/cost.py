@@ -30,10 +30,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from producer.cost import COST_STAGES
-from producer.cost.fleet import HELD_PREFIX, FleetRow, fleet_summary
+from producer.cost.fleet import FleetRow, fleet_summary
 from producer.cost.pricing import Catalog, format_usd, load_catalog, prices_for
 from producer.cost.tables import print_report
 from producer.errors import FramefleetError, PricingError, UnsupportedBackendError
+from producer.keys import HELD_PREFIX
 from producer.settings import get_settings
 from producer.spec import HeldRun, JobResult
 
@@ -107,7 +108,7 @@ def read_results(app: Celery, *, since: float | None = None, batch: int = 500) -
 def read_held(app: Celery, *, since: float | None = None, batch: int = 500) -> list[HeldRun]:
     """The HeldRun records (runs without a JobResult) in the app's Redis, oldest first.
 
-    Written by the workers next to the results (``producer.cost.fleet.HELD_PREFIX``); records that
+    Written by the workers next to the results (``producer.keys.held``); records that
     do not validate are skipped. Raises :class:`UnsupportedBackendError` unless Redis.
     """
     from celery.backends.redis import RedisBackend

@@ -11,7 +11,7 @@ from typing import Any
 from celery import Celery
 from celery.result import AsyncResult
 
-from producer.app import TASK_NAME, make_app, redis_priority
+from producer.app import ENQUEUED_AT_HEADER, TASK_NAME, make_app, redis_priority
 from producer.client.connection import bound_client_app
 from producer.client.handle import JobHandle, _io, _unknown
 from producer.client.jobstate import FINISHED, JobState
@@ -96,7 +96,7 @@ class Client:
                 # Events and logs name the job, not its whole spec (and not its URIs).
                 argsrepr=f"[<JobSpec {spec.job_id}>]",
                 kwargsrepr="{}",
-                headers={"framefleet_enqueued_at": time.time()},  # queue wait and oldest age
+                headers={ENQUEUED_AT_HEADER: time.time()},  # queue wait and oldest age
             )
         except BaseException:
             # Nothing was queued: free the job_id, or a resubmission would wait forever.

@@ -18,10 +18,6 @@ from typing import Literal
 from producer.cost import SECONDS_PER_HOUR, gpu_usd_per_second
 from producer.spec import HeldRun, JobResult
 
-#: Redis keys of the HeldRun records workers leave (``{prefix}{job_id}:{token}``), kept as
-#: long as results (``FRAMEFLEET_RESULT_EXPIRES_S``).
-HELD_PREFIX = "framefleet:held:"
-
 
 @dataclass(frozen=True)
 class FleetRow:

@@ -26,21 +26,15 @@ import redis
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
-from worker.ops import cloudwatch as cloudwatch_ops
 
+from producer import keys
+from producer.app import ENQUEUED_AT_HEADER
+from producer.ops import cloudwatch as cloudwatch_ops
 from producer.settings import get_settings
 
 log = logging.getLogger(__name__)
 
-#: kombu's Redis transport keeps priority step N > 0 of queue Q in the list ``Q\x06\x16N``
-#: (``Channel.sep``); ":" is summed too, for transports configured with ``sep=":"``.
-KOMBU_SEPARATORS = ("\x06\x16", ":")
-PRIORITY_STEPS = range(1, 10)
 
-#: The message header the client stamps at send: unix time (float) the job was enqueued.
-ENQUEUED_AT_HEADER = "framefleet_enqueued_at"
-#: Redis key (on the broker) counting the messages no worker could decode.
-UNDECODABLE_KEY = "framefleet:undecodable_total"
 
 EXPORTER_REGISTRY = CollectorRegistry()
 QUEUE_DEPTH = Gauge(
@@ -87,21 +81,16 @@ def count_undecodable(broker_url: str | None) -> None:
     try:
         client = redis.Redis.from_url(broker_url, socket_timeout=5, socket_connect_timeout=5)
         try:
-            client.incr(UNDECODABLE_KEY)
+            client.incr(keys.UNDECODABLE)
         finally:
             client.close()
     except (redis.RedisError, ValueError) as e:
         log.warning("undecodable message not counted: %s", e)
 
 
-def queue_names(queue: str) -> list[str]:
-    """The Redis lists kombu uses for ``queue``: the plain name, then one per priority step."""
-    return [queue] + [f"{queue}{sep}{n}" for sep in KOMBU_SEPARATORS for n in PRIORITY_STEPS]
-
-
 def _depth(client: redis.Redis, queue: str) -> int:
     pipe = client.pipeline(transaction=False)
-    for name in queue_names(queue):
+    for name in keys.queue_lists(queue):
         pipe.llen(name)
     # A key of another type under one of these names is not ours: skip it, do not fail.
     sizes = pipe.execute(raise_on_error=False)
@@ -130,7 +119,7 @@ def _oldest_stamp(client: redis.Redis, queue: str) -> float | None:
     end (index -1) of a list is the message that waited longest at that priority step.
     """
     pipe = client.pipeline(transaction=False)
-    for name in queue_names(queue):
+    for name in keys.queue_lists(queue):
         pipe.lindex(name, -1)
     heads = pipe.execute(raise_on_error=False)
     stamps = [s for s in (enqueued_at(h) for h in heads if isinstance(h, bytes | str)) if s]
@@ -176,7 +165,7 @@ def export_once(
         if cloudwatch is not None:
             cloudwatch_ops.put_queue_depth(cloudwatch, queue, depth)
     try:
-        raw = client.get(UNDECODABLE_KEY)
+        raw = client.get(keys.UNDECODABLE)
         UNDECODABLE.value = float(raw) if raw is not None else 0.0
     except (redis.RedisError, ValueError) as e:
         log.warning("count of undecodable messages unavailable: %s", e)

@@ -325,7 +325,8 @@ def test_every_container_runs_as_non_root(objects: list[dict[str, Any]]) -> None
 
 def test_the_queue_the_workers_consume_is_what_the_exporter_counts() -> None:
     from producer.app import QUEUE
-    from producer.ops.exporter import queue_names, run_exporter
+    from producer.keys import queue_lists as queue_names
+    from producer.ops.exporter import run_exporter
 
     _, queue = consumed_queue()
     assert queue == QUEUE

@@ -18,11 +18,12 @@ import pytest
 import redis
 import yaml
 from prometheus_client import start_http_server
-from worker.ops import exporter
 
-from producer.app import TASK_NAME, make_app
+from producer import keys
+from producer.app import ENQUEUED_AT_HEADER, TASK_NAME, make_app
 from producer.cost import job_cost
 from producer.cost.pricing import default_catalog, prices_for
+from producer.ops import exporter
 from producer.spec import JobResult, Manifest, SegmentInfo, StageTimings, WorkerInfo
 from tests.require import require_binary
 from tests.services import REPO_ROOT, _Process, free_ports
@@ -213,7 +214,7 @@ def test_dashboard_and_rules_use_only_metrics_the_worker_defines() -> None:
     for expr in [*dashboard_exprs(), *exprs]:
         for name in METRIC.findall(expr):
             assert name in defined, (
-                f"{name} (in {expr!r}) is defined neither in worker/metrics.py nor in worker/ops/"
+                f"{name} (in {expr!r}) is defined neither in worker/metrics.py nor in producer/ops/"
             )
         for name in RECORDED.findall(expr):
             assert name in recorded, f"{name} (in {expr!r}) is not recorded in alerts.yml"
@@ -349,10 +350,10 @@ def test_real_prometheus_scrapes_worker_metrics(
     client = redis.Redis.from_url(redis_url)
     try:
         app.send_task(TASK_NAME, args=[{}], queue=queue,
-                      headers={exporter.ENQUEUED_AT_HEADER: time.time() - 1200})
+                      headers={ENQUEUED_AT_HEADER: time.time() - 1200})
         exporter.export_once(client, [queue])
     finally:
-        client.delete(*exporter.queue_names(queue))
+        client.delete(*keys.queue_lists(queue))
         client.close()
         app.close()
 

@@ -15,17 +15,16 @@ from typing import Any
 import pytest
 import redis
 from celery.exceptions import SoftTimeLimitExceeded
-from worker.ops import exporter
 
 from producer import errors
-from producer.app import QUEUE, TASK_NAME, make_app
+from producer.app import ENQUEUED_AT_HEADER, QUEUE, TASK_NAME, make_app
 from producer.cli.cost import read_held
 from producer.client import Client, JobHandle
 from producer.cost import job_cost
-from producer.cost.fleet import HELD_PREFIX
 from producer.cost.pricing import default_catalog, prices_for
 from producer.errors import JobFailed, SettingsError
-from producer.ops.exporter import ENQUEUED_AT_HEADER
+from producer.keys import HELD_PREFIX
+from producer.ops import exporter
 from producer.settings import Settings
 from producer.spec import (
     InputSpec,

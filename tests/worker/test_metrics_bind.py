@@ -9,9 +9,9 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
-from worker.ops import exporter
 
 from producer.errors import SettingsError
+from producer.ops import exporter
 from producer.settings import Settings, get_settings
 from tests.services import free_port
 from worker import metrics

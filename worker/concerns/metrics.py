@@ -24,10 +24,10 @@ from typing import Any
 
 import redis
 
+from producer import keys
+from producer.app import ENQUEUED_AT_HEADER
 from producer.cost import configured_prices
-from producer.cost.fleet import HELD_PREFIX
 from producer.errors import FramefleetError
-from producer.ops.exporter import ENQUEUED_AT_HEADER
 from producer.settings import Settings
 from producer.spec import HeldRun, JobSpec
 from worker import labels, metrics
@@ -101,7 +101,7 @@ class JobMetrics(Concern):
             device=_device(self.run.settings), started_at=self.started_at,
             finished_at=self.started_at + held, gpu_seconds=held, prices=_prices(),
         )
-        key = f"{HELD_PREFIX}{spec.job_id}:{secrets.token_hex(6)}"
+        key = keys.held(spec.job_id, secrets.token_hex(6))
         try:
             client.set(key, record.model_dump_json(), ex=self.run.settings.result_expires_s)
         except redis.RedisError as e:

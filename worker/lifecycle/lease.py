@@ -1,4 +1,4 @@
-"""One run per job at a time: a lease in Redis, ``framefleet:lease:{job_id}``.
+"""One run per job at a time: a lease in Redis (``producer.keys.lease``).
 
 When a worker loses its Redis connection, kombu puts the message of the job it is still
 running back on the queue and another worker takes it: without a lease the job would run
@@ -18,6 +18,8 @@ from typing import Any
 
 import redis
 
+from producer import keys
+
 log = logging.getLogger(__name__)
 
 LEASE_TTL_S = 10
@@ -25,20 +27,6 @@ LEASE_RETRY_S = 5
 REDIS_DOWN: tuple[type[BaseException], ...] = (
     redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
 )
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-_RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0
-"""
-_TAKEOVER = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) and 1 or 0
-end
-return 0
-"""
 
 
 def _alive(pid: int) -> bool:
@@ -56,7 +44,7 @@ class JobLease:
 
     def __init__(self, client: Any, job_id: str, node: str) -> None:
         self.r = client
-        self.key = f"framefleet:lease:{job_id}"
+        self.key = keys.lease(job_id)
         self.node = node
         self.token = f"{node} {os.getpid()} {uuid.uuid4().hex}"
         self._stop = threading.Event()
@@ -80,13 +68,13 @@ class JobLease:
         if node != self.node or _alive(int(pid)):
             return False
         # Compare-and-set: take over the dead process's lease, unless it changed meanwhile.
-        return bool(self.r.eval(_TAKEOVER, 1, self.key, holder, self.token, px))
+        return bool(self.r.eval(keys.LEASE_TAKEOVER, 1, self.key, holder, self.token, px))
 
     def _renew(self) -> None:
         # A thread of its own: loading a large input or a slow first chunk reports nothing.
         while not self._stop.wait(LEASE_TTL_S / 4):
             try:
-                self.r.eval(_RENEW, 1, self.key, self.token, LEASE_TTL_S * 1000)
+                self.r.eval(keys.LEASE_RENEW, 1, self.key, self.token, LEASE_TTL_S * 1000)
             except REDIS_DOWN as e:
                 log.warning("lease %s not renewed: %s", self.key, e)
 
@@ -95,6 +83,6 @@ class JobLease:
         if self.r is None:
             return
         try:
-            self.r.eval(_RELEASE, 1, self.key, self.token)
+            self.r.eval(keys.LEASE_RELEASE, 1, self.key, self.token)
         except REDIS_DOWN as e:  # it expires by itself
             log.warning("lease %s not released: %s", self.key, e)

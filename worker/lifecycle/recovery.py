@@ -14,10 +14,10 @@ Two small duties, run by a thread of every worker's main process, fix that:
 - **sweep**: messages of ``framefleet.decode_video`` untouched for ``FRAMEFLEET_RECOVERY_GRACE_S``
   are restored to their queue by one Lua script, a compare-and-set on everything that says
   the job is orphaned: the ``unacked`` entry is still the one read (``HDEL`` succeeds once),
-  its time is still older than the grace, the job's lease ``framefleet:lease:{job_id}`` is
-  absent (it lives 10 s unless its run renews it), its claim ``framefleet:spec:{job_id}``
-  names this spec, and its result is not final. The script also writes the state
-  ``REQUEUED`` with the reason, which the next worker's STARTED and PROGRESS overwrite.
+  its time is still older than the grace, the job's lease is absent (it lives 10 s unless its
+  run renews it), its claim names this spec, and its result is not final (``producer.keys``:
+  ``RESTORE``). The script also writes the state ``REQUEUED`` with the reason, which the next
+  worker's STARTED and PROGRESS overwrite.
   A message whose job is already final (its worker died between the result and the ack) is
   acknowledged instead: kombu would deliver it again hours later.
 
@@ -44,6 +44,7 @@ from typing import Any
 
 import redis
 
+from producer import keys
 from producer.app import TASK_NAME
 from producer.broker import REDIS_SCHEMES, same_server, server_identity
 from producer.settings import Settings, get_settings
@@ -53,52 +54,6 @@ log = logging.getLogger(__name__)
 REQUEUED = "REQUEUED"
 SWEEP_LIMIT = 100
 SWEEP_PAGES = 10
-
-# KEYS: 1 unacked, 2 unacked_index, 3 destination list, 4 lease, 5 claim, 6 result meta
-# ARGV: 1 tag, 2 entry as read, 3 newest untouched time, 4 message to push, 5 backend db
-#       ('' = the broker's), 6 broker db, 7 spec digest, 8 REQUEUED meta, 9 its TTL ('' none)
-_RESTORE = """
-if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 'gone' end
-local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
-if not score then return 'gone' end
-if tonumber(score) > tonumber(ARGV[3]) then return 'touched' end
-local other = ARGV[5] ~= ''
-if other then redis.call('SELECT', ARGV[5]) end
-local verdict = nil
-if redis.call('EXISTS', KEYS[4]) == 1 then
-  verdict = 'leased'
-elseif redis.call('GET', KEYS[5]) ~= ARGV[7] then
-  verdict = 'unclaimed'
-else
-  local meta = redis.call('GET', KEYS[6])
-  if meta then
-    local ok, m = pcall(cjson.decode, meta)
-    if ok and type(m) == 'table' and (m.status == 'SUCCESS' or m.status == 'FAILURE'
-        or m.status == 'REVOKED') then
-      verdict = 'final'
-    end
-  end
-end
-if verdict == nil then
-  if ARGV[9] ~= '' then
-    redis.call('SET', KEYS[6], ARGV[8], 'EX', ARGV[9])
-  else
-    redis.call('SET', KEYS[6], ARGV[8])
-  end
-end
-if other then redis.call('SELECT', ARGV[6]) end
-if verdict == 'final' then
-  -- Done, but its worker died before the ack: acknowledge it for the dead worker.
-  redis.call('HDEL', KEYS[1], ARGV[1])
-  redis.call('ZREM', KEYS[2], ARGV[1])
-end
-if verdict then return verdict end
-redis.call('HDEL', KEYS[1], ARGV[1])
-redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('RPUSH', KEYS[3], ARGV[4])
-return 'restored'
-"""
-
 
 def _db(client: redis.Redis) -> int:
     return int(client.connection_pool.connection_kwargs.get("db") or 0)
@@ -139,8 +94,9 @@ class Sweeper:
     def __init__(self, broker: redis.Redis, backend: redis.Redis,
                  destination: Callable[[dict[str, Any], str, str], str | None],
                  grace_s: float, result_ttl_s: int | None, node: str,
-                 meta_key: Callable[[str], str] = lambda j: f"celery-task-meta-{j}",
-                 unacked_key: str = "unacked", unacked_index_key: str = "unacked_index") -> None:
+                 meta_key: Callable[[str], str] = keys.result,
+                 unacked_key: str = keys.UNACKED,
+                 unacked_index_key: str = keys.UNACKED_INDEX) -> None:
         if server_identity(broker) != server_identity(backend):
             raise ValueError("broker and result backend are on different Redis servers")
         self.r = broker
@@ -153,7 +109,7 @@ class Sweeper:
         self.node = node
         self.meta_key = meta_key
         self.unacked, self.index = unacked_key, unacked_index_key
-        self._restore = broker.register_script(_RESTORE)
+        self._restore = broker.register_script(keys.RESTORE)
         self.kombu_connection: Any = None
 
     def now(self) -> float:
@@ -205,8 +161,8 @@ class Sweeper:
         payload["headers"]["redelivered"] = True
         payload["properties"].setdefault("delivery_info", {})["redelivered"] = True
         verdict = self._restore(
-            keys=[self.unacked, self.index, queue, f"framefleet:lease:{job_id}",
-                  f"framefleet:spec:{job_id}", self.meta_key(job_id)],
+            keys=[self.unacked, self.index, queue, keys.lease(job_id), keys.claim(job_id),
+                  self.meta_key(job_id)],
             args=[tag, entry, repr(ceil), json.dumps(payload), self.backend_db, self.broker_db,
                   digest, self._requeued_meta(job_id, now - score),
                   "" if self.ttl is None else str(int(self.ttl))],

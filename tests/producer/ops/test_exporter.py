@@ -14,10 +14,11 @@ import boto3
 import pytest
 import redis
 from botocore.stub import Stubber
-from worker.ops import exporter
 
-from producer.app import QUEUE, TASK_NAME, make_app
+from producer import keys
+from producer.app import ENQUEUED_AT_HEADER, QUEUE, TASK_NAME, make_app
 from producer.client import Client
+from producer.ops import exporter
 from producer.ops.cloudwatch import put_queue_depth
 from producer.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec
 from tests.services import REPO_ROOT, free_port
@@ -156,7 +157,7 @@ def test_unreadable_broker_removes_the_series_instead_of_a_stale_value(redis_url
 
 
 def test_queue_names_cover_every_priority_step() -> None:
-    names = exporter.queue_names("video")
+    names = keys.queue_lists("video")
     assert names[0] == "video"
     assert "video\x06\x169" in names and "video:1" in names
     assert len(names) == len(set(names)) == 1 + 2 * 9
@@ -205,7 +206,7 @@ def test_the_client_stamps_what_the_exporter_reads(redis_url: str, tmp_path: Any
         before = time.time()
         client.submit(spec)
         after = time.time()
-        (name,) = [n for n in exporter.queue_names(QUEUE) if r.llen(n)]
+        (name,) = [n for n in keys.queue_lists(QUEUE) if r.llen(n)]
         assert name != QUEUE  # a priority list, not the plain one
         # Then its message carries the enqueue stamp the exporter reads.
         stamp = exporter.enqueued_at(r.lindex(name, -1))
@@ -232,7 +233,7 @@ def test_oldest_age_is_the_longest_wait_over_every_priority_list(redis_url: str)
         # Messages the way the client sends them, stamped, at three priority steps.
         for priority, stamp in ((0, 900.0), (5, 400.0), (9, 700.0), (0, 950.0)):
             app.send_task(TASK_NAME, args=[{}], queue=queue, priority=priority,
-                          headers={exporter.ENQUEUED_AT_HEADER: stamp})
+                          headers={ENQUEUED_AT_HEADER: stamp})
         exporter.export_once(client, [queue], now=1000.0)
         assert exporter.EXPORTER_REGISTRY.get_sample_value(*sample) == 600.0
         # A clock behind the client's never makes a negative age.
@@ -264,7 +265,7 @@ def test_unstamped_messages_leave_the_age_unknown_not_zero(redis_url: str) -> No
 def test_undecodable_messages_are_counted_on_the_broker_and_served(redis_url: str) -> None:
     url = _other_db(redis_url, 8)
     broker = redis.Redis.from_url(url)
-    broker.delete(exporter.UNDECODABLE_KEY)
+    broker.delete(keys.UNDECODABLE)
     labels = {"status": "failure", "reason": "InvalidJobError", "tenant": "unknown"}
     try:
         exporter.export_once(broker, [])
@@ -275,5 +276,5 @@ def test_undecodable_messages_are_counted_on_the_broker_and_served(redis_url: st
         exporter.export_once(broker, [])
         assert exporter.EXPORTER_REGISTRY.get_sample_value("framefleet_jobs_total", labels) == 3
     finally:
-        broker.delete(exporter.UNDECODABLE_KEY)
+        broker.delete(keys.UNDECODABLE)
         broker.close()

@@ -20,7 +20,7 @@ from producer.app import TASK_NAME, make_app, redis_priority
 from producer.broker import same_server
 from producer.control import flags_for
 from producer.errors import SettingsError
-from producer.ops.exporter import queue_names
+from producer.keys import queue_lists as queue_names
 from producer.settings import Settings
 from tests.e2e.helpers import pattern_spec
 from worker.lifecycle.recovery import REQUEUED, Sweeper, sweeper_for

@@ -1,0 +1,180 @@
+"""Every Redis key framefleet writes or reads, and every Lua script that touches them.
+
+Both sides import this module; no other module spells a key. The keys live in the result
+backend's Redis, beside Celery's results (the host-loss sweep needs them on the broker's server
+too: ``worker.lifecycle.recovery``).
+
+framefleet's own keys (``framefleet:`` prefix):
+
+- ``spec:{job}``: the claim, the spec digest a job_id was submitted with (``SET NX``);
+- ``cancel:{job}``: a cooperative cancel asked for (polled between chunks and steps);
+- ``preempted:{node}``: a spot interruption notice for a worker node;
+- ``runs:{job}``: the run record, a hash: ``running`` (the holder of the run in progress),
+  ``losses`` and ``lost_on`` (runs whose worker died), ``started`` (a worker received it);
+- ``lease:{job}``: the one run allowed at a time (``SET NX PX``, renewed while it runs);
+- ``held:{job}:{token}``: a ``HeldRun``, GPU time of a run that ended without a result;
+- ``undecodable_total``: messages on the queue that no worker could decode.
+
+Keys of Celery and kombu that framefleet reads: ``celery-task-meta-{task_id}`` (a result),
+``unacked`` / ``unacked_index`` (kombu's messages delivered and not acknowledged), and a
+queue's priority lists.
+"""
+
+from __future__ import annotations
+
+PREFIX = "framefleet:"
+#: The claim and the run record live as long as this (a month): resubmits within it are
+#: recognised.
+SPEC_TTL_S = 30 * 86_400
+#: Cancel and preempted flags expire after two days.
+FLAG_TTL_S = 2 * 86_400
+#: Pattern and prefix of the ``HeldRun`` records (``framefleet cost report`` scans them).
+HELD_PREFIX = PREFIX + "held:"
+UNDECODABLE = PREFIX + "undecodable_total"
+#: Celery's result key of a task id.
+RESULT_PREFIX = "celery-task-meta-"
+#: kombu's Redis transport: delivered, not yet acknowledged messages and their delivery times.
+UNACKED = "unacked"
+UNACKED_INDEX = "unacked_index"
+#: kombu keeps priority step N > 0 of queue Q in the list ``Q\x06\x16N`` (its default
+#: separator; ``:`` with ``sep`` set in the transport options).
+KOMBU_SEPARATORS = ("\x06\x16", ":")
+
+
+def claim(job_id: str) -> str:
+    return f"{PREFIX}spec:{job_id}"
+
+
+def cancel(job_id: str) -> str:
+    return f"{PREFIX}cancel:{job_id}"
+
+
+def preempted(node: str) -> str:
+    return f"{PREFIX}preempted:{node}"
+
+
+def runs(job_id: str) -> str:
+    return f"{PREFIX}runs:{job_id}"
+
+
+def lease(job_id: str) -> str:
+    return f"{PREFIX}lease:{job_id}"
+
+
+def held(job_id: str, token: str) -> str:
+    return f"{HELD_PREFIX}{job_id}:{token}"
+
+
+def result(task_id: str) -> str:
+    return f"{RESULT_PREFIX}{task_id}"
+
+
+def queue_lists(queue: str) -> list[str]:
+    """The Redis lists kombu uses for ``queue``: the plain name, then one per priority step
+    1-9 for each separator."""
+    return [queue] + [f"{queue}{sep}{n}" for sep in KOMBU_SEPARATORS for n in range(1, 10)]
+
+
+# --- Lua: the registry (producer.control) -------------------------------------------------
+
+#: Claim a job_id (SET NX) and, when the claim is new, clear a stale cancel flag: one round
+#: trip. KEYS: claim, cancel. ARGV: digest, TTL, "1" to clear the cancel flag.
+CLAIM = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
+  if ARGV[3] == '1' then redis.call('DEL', KEYS[2]) end
+  return false
+end
+return redis.call('GET', KEYS[1])
+"""
+
+#: A run starts: a ``running`` holder left behind is a run whose worker died (one loss).
+#: KEYS: runs. ARGV: holder, TTL. Returns {losses, lost_on or false}.
+START_RUN = """
+local prev = redis.call('HGET', KEYS[1], 'running')
+if prev then
+  redis.call('HINCRBY', KEYS[1], 'losses', 1)
+  redis.call('HSET', KEYS[1], 'lost_on', prev)
+end
+redis.call('HSET', KEYS[1], 'running', ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return {tonumber(redis.call('HGET', KEYS[1], 'losses') or '0'),
+        redis.call('HGET', KEYS[1], 'lost_on') or false}
+"""
+
+#: A run ends (not lost); when the job ended for good its losses are forgotten.
+#: KEYS: runs. ARGV: holder, "1" when final.
+END_RUN = """
+if redis.call('HGET', KEYS[1], 'running') == ARGV[1] then
+  redis.call('HDEL', KEYS[1], 'running')
+  if ARGV[2] == '1' then redis.call('HDEL', KEYS[1], 'losses', 'lost_on') end
+end
+return 0
+"""
+
+# --- Lua: the lease (worker.lifecycle.lease) ------------------------------------------------
+
+#: KEYS: lease. ARGV: token. Compare-and-delete.
+LEASE_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+#: KEYS: lease. ARGV: token, PX. Compare-and-expire.
+LEASE_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+#: KEYS: lease. ARGV: dead holder as read, new token, PX. Compare-and-set.
+LEASE_TAKEOVER = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) and 1 or 0
+end
+return 0
+"""
+
+# --- Lua: the host-loss sweep (worker.lifecycle.recovery) -----------------------------------
+
+#: Restore an orphaned message once. KEYS: 1 unacked, 2 unacked_index, 3 destination list,
+#: 4 lease, 5 claim, 6 result meta. ARGV: 1 tag, 2 entry as read, 3 newest untouched time,
+#: 4 message to push, 5 backend db ('' = the broker's), 6 broker db, 7 spec digest,
+#: 8 REQUEUED meta, 9 its TTL ('' none).
+RESTORE = """
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 'gone' end
+local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
+if not score then return 'gone' end
+if tonumber(score) > tonumber(ARGV[3]) then return 'touched' end
+local other = ARGV[5] ~= ''
+if other then redis.call('SELECT', ARGV[5]) end
+local verdict = nil
+if redis.call('EXISTS', KEYS[4]) == 1 then
+  verdict = 'leased'
+elseif redis.call('GET', KEYS[5]) ~= ARGV[7] then
+  verdict = 'unclaimed'
+else
+  local meta = redis.call('GET', KEYS[6])
+  if meta then
+    local ok, m = pcall(cjson.decode, meta)
+    if ok and type(m) == 'table' and (m.status == 'SUCCESS' or m.status == 'FAILURE'
+        or m.status == 'REVOKED') then
+      verdict = 'final'
+    end
+  end
+end
+if verdict == nil then
+  if ARGV[9] ~= '' then
+    redis.call('SET', KEYS[6], ARGV[8], 'EX', ARGV[9])
+  else
+    redis.call('SET', KEYS[6], ARGV[8])
+  end
+end
+if other then redis.call('SELECT', ARGV[6]) end
+if verdict == 'final' then
+  -- Done, but its worker died before the ack: acknowledge it for the dead worker.
+  redis.call('HDEL', KEYS[1], ARGV[1])
+  redis.call('ZREM', KEYS[2], ARGV[1])
+end
+if verdict then return verdict end
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('RPUSH', KEYS[3], ARGV[4])
+return 'restored'
+"""
