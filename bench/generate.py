@@ -47,7 +47,7 @@ from worker.generate.folder import read_model
 from worker.generate.handoff import vae_latents
 from worker.generate.presets import PRESETS, build_pipeline, save_configs
 from worker.generate.text import MAX_SEQUENCE_LENGTH
-from worker.run.runner import DecoderCache, JobContext, run_job
+from worker.run import DecoderCache, Run, run_job
 
 PROMPT = "a red fox runs through deep snow at dawn, cinematic, detailed fur"
 NEGATIVE = "blurry, low quality, static"
@@ -121,7 +121,7 @@ def framefleet(spec: JobSpec, decoders: DecoderCache, settings: Settings) -> dic
 
     from producer.cost import cost_for_job
 
-    result = run_job(spec, decoders, JobContext(cost=cost_for_job, settings=settings))
+    result = run_job(spec, decoders, Run(spec, cost=cost_for_job, settings=settings))
     t = result.timings
     busy = t.text_encode_s + t.denoise_s + t.decode_s
     assert result.manifest.latents_uri is not None

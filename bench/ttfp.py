@@ -2,7 +2,7 @@
 
 Runs jobs through the runner (the code a worker's task calls) on a warmed decoder and
 records, per job, when the first segment joined the live playlist (the moment the playlist
-that lists it was uploaded: ``JobContext.segment_landed``), with and without a short first
+that lists it was uploaded: ``Run.segment_hooks``), with and without a short first
 segment (``video.first_segment_frames``). The queue's part (``Client.submit`` to the task
 starting on an idle worker) is measured by bench/queue_bench.py on a real Redis; add it.
 
@@ -39,7 +39,7 @@ from producer.spec import (
     SegmentInfo,
     VideoSpec,
 )
-from worker.run.runner import DecoderCache, JobContext, run_job
+from worker.run import DecoderCache, Run, run_job
 from worker.sinks.hls import PLAYLIST
 
 
@@ -58,8 +58,9 @@ def one_job(cache: DecoderCache, decoder: DecoderSpec, latents: Path, out: Path,
             listed.append((time.perf_counter(), seg))
 
     t0 = time.perf_counter()
-    result = run_job(spec, cache, JobContext(segment_landed=segment_landed,
-                                             settings=Settings(file_roots=str(latents.parent))))
+    run = Run(spec, segment_hooks=[segment_landed],
+              settings=Settings(file_roots=str(latents.parent)))
+    result = run_job(spec, cache, run)
     wall = time.perf_counter() - t0
     # Correctness first: the playlist listed every segment once, in order, and ended
     assert [s.index for _, s in listed] == list(range(len(result.manifest.segments))), listed

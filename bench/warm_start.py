@@ -38,7 +38,7 @@ def child() -> None:
 
     from producer.settings import get_settings
     from worker.lifecycle import warmup
-    from worker.run.runner import default_decoders
+    from worker.run import default_decoders
 
     t_imported = time.time()
     settings = get_settings()

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from producer.spec import JobSpec
-from worker.run.runner import default_decoders, run_job
+from worker.run import default_decoders, run_job
 
 
 def main() -> None:

@@ -27,11 +27,11 @@ from producer.errors import InvalidJobError, JobConflictError
 from producer.rules import check_message_size, check_spec
 from producer.settings import Settings, get_settings
 from producer.spec import JobSpec, parse_spec
-from worker.concerns import CONCERNS, TaskRun, run_concerns
+from worker.concerns import CONCERNS, run_concerns
 from worker.concerns.metrics import failed_before_run
 from worker.concerns.retries import requeue_now
 from worker.lifecycle.lease import LEASE_RETRY_S, JobLease
-from worker.run.runner import DecoderCache, default_decoders, run_job
+from worker.run import DecoderCache, Run, default_decoders, run_job
 
 log = logging.getLogger(__name__)
 _decoders: DecoderCache | None = None
@@ -86,10 +86,9 @@ def decode_video(self: Task, payload: Any, tiled: bool = False, error_retries: i
         requeue_now(self, spec.job_id, int(requeues), settings, countdown=LEASE_RETRY_S,
                     why="its lease is held by another run")
     try:
-        run = TaskRun(task=self, spec=spec, settings=settings, flags=flags, tiled=tiled,
-                      cost=cost_for_job, error_retries=int(error_retries),
-                      requeues=int(requeues))
-        return run_concerns(run, CONCERNS, lambda ctx: run_job(spec, decoders(), ctx))
+        run = Run(spec=spec, settings=settings, node=str(self.request.hostname), tiled=tiled,
+                  cost=cost_for_job, error_retries=int(error_retries), requeues=int(requeues))
+        return run_concerns(run, self, CONCERNS, lambda: run_job(spec, decoders(), run))
     finally:
         lease.release()
 

@@ -22,7 +22,7 @@ from tests.e2e.hls_player import CHROMIUM_INSTALL, HLS_JS, HLS_JS_INSTALL, Chrom
 from tests.require import missing, require_binary
 from worker.decoders.base import ChunkDecoder
 from worker.decoders.pattern import PatternDecoder
-from worker.run.runner import DecoderCache, run_job
+from worker.run import DecoderCache, run_job
 from worker.sinks.hls import PLAYLIST
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("file_roots")]

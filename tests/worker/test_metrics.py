@@ -39,11 +39,12 @@ from producer.spec import (
 from tests.e2e.helpers import push_undecodable
 from tests.services import free_port
 from worker import labels, metrics
-from worker.concerns.base import Failed, TaskRun
+from worker.concerns.base import Failed
 from worker.concerns.cancel import Revoked
 from worker.concerns.metrics import JobMetrics
 from worker.concerns.retries import Requeue, Retry
 from worker.metrics import WORKER_REGISTRY
+from worker.run import Run
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
@@ -413,15 +414,16 @@ def test_a_real_worker_counts_every_end_its_reason_queue_wait_and_held_time(
 # --- the task layer's concern -----------------------------------------------------------------
 
 
-def _run(app: Any, tenant: str, **request: Any) -> TaskRun:
-    """A TaskRun of a task stand-in: Celery's request fields the concern reads, a real app."""
+def _metrics(app: Any, tenant: str, **request: Any) -> JobMetrics:
+    """The concern for a run of a task stand-in: Celery's request fields the concern reads,
+    a real app."""
     fields = {"retries": 0, "delivery_info": {}, "headers": None, "hostname": "gpu0@h",
               **request}  # fmt: skip
     task = types.SimpleNamespace(request=types.SimpleNamespace(**fields), app=app)
     spec = JobSpec(job_id=f"j-{secrets.token_hex(4)}", tenant=tenant,
                    input=InputSpec(uri="file:///in/z.npy"), output=OutputSpec(uri="file:///out"))
     settings = Settings(metrics_tenants=tenant)
-    return TaskRun(task=task, spec=spec, settings=settings, flags=None)  # type: ignore[arg-type]
+    return JobMetrics(Run(spec=spec, settings=settings), task)  # type: ignore[arg-type]
 
 
 def _waits(tenant: str) -> float:
@@ -433,17 +435,17 @@ def _waits(tenant: str) -> float:
 def test_queue_wait_is_observed_on_a_first_delivery_only() -> None:
     tenant = f"t{secrets.token_hex(4)}"
     stamp = {ENQUEUED_AT_HEADER: time.time() - 5}
-    JobMetrics(_run(None, tenant, headers=stamp))
+    _metrics(None, tenant, headers=stamp)
     assert _waits(tenant) == 1
     sum_ = WORKER_REGISTRY.get_sample_value("framefleet_queue_wait_seconds_sum",
                                             {"tenant": tenant})
     assert sum_ is not None and 5 <= sum_ < 60
     # A retry carries the first stamp: its wait would include the first run. Not observed,
     # nor a redelivery, nor a message without a stamp (or with one that is not a number).
-    JobMetrics(_run(None, tenant, headers=stamp, retries=1))
-    JobMetrics(_run(None, tenant, headers=stamp, delivery_info={"redelivered": True}))
-    JobMetrics(_run(None, tenant))
-    JobMetrics(_run(None, tenant, headers={ENQUEUED_AT_HEADER: "yesterday"}))
+    _metrics(None, tenant, headers=stamp, retries=1)
+    _metrics(None, tenant, headers=stamp, delivery_info={"redelivered": True})
+    _metrics(None, tenant)
+    _metrics(None, tenant, headers={ENQUEUED_AT_HEADER: "yesterday"})
     assert _waits(tenant) == 1
 
 
@@ -462,9 +464,9 @@ def test_retries_requeues_and_cancels_are_told_apart_and_leave_held_records(
         ]  # fmt: skip
         runs = []
         for outcome, _, _ in ends:
-            run = _run(app, tenant)
-            JobMetrics(run).on_outcome(outcome)
-            runs.append(run.spec.job_id)
+            concern = _metrics(app, tenant)
+            concern.on_outcome(outcome)
+            runs.append(concern.run.spec.job_id)
         sample = WORKER_REGISTRY.get_sample_value
         retries = "framefleet_job_retries_total"
         assert sample(retries, {"kind": "retry", "reason": "StorageError", "tenant": tenant}) == 1

@@ -6,13 +6,15 @@ metrics, ending the live playlist, webhooks) is a concern, in the manner of Dram
 
 The interface (``worker.concerns.base``):
 
-- ``TaskRun``: one execution of the task for one job: the Celery task (``run.task``), the
-  spec, the worker's settings, the cancel flags, the node name, the job's counters
-  (``error_retries``, ``requeues``: see ``retries``), and two lists a concern may
-  append to in ``before_run``: ``progress_hooks`` (called with each ``Progress``) and
-  ``cancel_checks`` (polled between chunks; one ``True`` stops the run with ``JobCancelled``).
-- ``Concern``: created once per run as ``Concern(run)`` (so it may keep that run's state on
-  ``self``), with three hooks, each a no-op by default:
+- ``Run`` (``worker.run``, no Celery): one run of one job: the spec, the worker's settings,
+  the node name, the job's counters (``error_retries``, ``requeues``: see ``retries``), and
+  three lists a concern may append to in ``before_run``: ``progress_hooks`` (called with each
+  ``Progress``), ``cancel_checks`` (polled between steps and chunks; one ``True`` stops the run
+  with ``JobCancelled``) and ``segment_hooks`` (each segment the live playlist lists); the run
+  leaves its live ``playlist`` on it.
+- ``Concern``: created once per run as ``Concern(run, task)`` (so it may keep that run's state
+  on ``self``); ``task`` is the Celery task executing it, ``flags`` the job registry. Three
+  hooks, each a no-op by default:
 
   - ``before_run()``: before the runner starts. May register hooks, or raise: an error
     raised here ends the run like one from the runner (it goes through ``on_error``).
@@ -24,7 +26,7 @@ The interface (``worker.concerns.base``):
     logged and ignored.
 
 - ``Outcome``: how a run ends: ``status`` (what ``on_outcome`` sees: success, failure, retry,
-  cancelled), ``error``/``result``, and ``settle(run)``, which the task does last: return the
+  cancelled), ``error``/``result``, and ``settle(run, task)``, which the task does last: return the
   result, or raise the error, Celery's Retry (``retries.Retry``/``Requeue``) or Ignore
   (``cancel.Revoked``). A new kind of end is a new ``Outcome`` subclass in its concern's
   module.
@@ -37,7 +39,7 @@ general one (``DeviceOutOfMemory`` is a ``RetryableError``, so ``OomFallback`` c
 
 from __future__ import annotations
 
-from worker.concerns.base import Concern, Failed, Outcome, Succeeded, TaskRun, run_concerns
+from worker.concerns.base import Concern, Failed, Outcome, Succeeded, run_concerns
 from worker.concerns.cancel import CancelAndPreempt
 from worker.concerns.losses import WorkerLosses
 from worker.concerns.metrics import JobMetrics
@@ -59,4 +61,4 @@ CONCERNS: tuple[type[Concern], ...] = (
     Notifications,
 )
 
-__all__ = ["CONCERNS", "Concern", "Failed", "Outcome", "Succeeded", "TaskRun", "run_concerns"]
+__all__ = ["CONCERNS", "Concern", "Failed", "Outcome", "Succeeded", "run_concerns"]

@@ -1,77 +1,26 @@
-"""The concern interface: ``TaskRun``, ``Concern``, ``Outcome`` and the loop that runs them.
+"""The concern interface: ``Concern``, ``Outcome`` and the loop that runs them around a ``Run``.
 
 See the package docstring for how a concern plugs in.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, NoReturn
 
 from celery import Task
 
-from producer.control import Flags
-from producer.settings import Settings
-from producer.spec import JobResult, JobSpec, Progress, SegmentInfo
-from worker.run.runner import CostFn, JobContext
-from worker.sinks.hls import LivePlaylist
+from producer.control import Flags, flags_for
+from producer.spec import JobResult
+from worker.run.run import Run
 
 log = logging.getLogger(__name__)
 
 Status = Literal["success", "failure", "retry", "cancelled"]
-
-
-@dataclass
-class TaskRun:
-    """One execution of the task for one job: what every concern of that run sees."""
-
-    task: Task
-    spec: JobSpec
-    settings: Settings
-    flags: Flags
-    tiled: bool = False
-    cost: CostFn | None = None
-    #: Retries of retryable errors this job has spent, and its requeues (``retries``).
-    error_retries: int = 0
-    requeues: int = 0
-    #: Called with each progress report of the runner (append in ``before_run``).
-    progress_hooks: list[Callable[[Progress], None]] = field(default_factory=list)
-    #: Polled between chunks; one True stops the run with JobCancelled.
-    cancel_checks: list[Callable[[], bool]] = field(default_factory=list)
-    #: Called with each segment once the live playlist lists it, in index order.
-    segment_hooks: list[Callable[[SegmentInfo, Progress], None]] = field(default_factory=list)
-    #: The job's live playlist, once this run's runner created it.
-    playlist: LivePlaylist | None = None
-
-    @property
-    def node(self) -> str:
-        """The worker's node name (``gpu0@host``)."""
-        return str(self.task.request.hostname)
-
-    def job_context(self) -> JobContext:
-        """What the runner gets: the hooks of this run's concerns and the task's options."""
-
-        def progress(p: Progress) -> None:
-            for hook in self.progress_hooks:
-                hook(p)
-
-        def cancelled() -> bool:
-            return any(check() for check in self.cancel_checks)
-
-        def segment_landed(seg: SegmentInfo, p: Progress) -> None:
-            for hook in self.segment_hooks:
-                hook(seg, p)
-
-        def playlist_opened(playlist: LivePlaylist) -> None:
-            self.playlist = playlist
-
-        return JobContext(progress=progress, cancelled=cancelled, cost=self.cost,
-                          node=self.task.request.hostname, tiled=self.tiled,
-                          settings=self.settings, segment_landed=segment_landed,
-                          playlist_opened=playlist_opened)
 
 
 @dataclass(frozen=True)
@@ -82,7 +31,7 @@ class Outcome:
     error: BaseException | None = None
     result: JobResult | None = None
 
-    def settle(self, run: TaskRun) -> dict[str, Any]:
+    def settle(self, run: Run, task: Task) -> dict[str, Any]:
         """Return the task's return value, or raise what ends the task."""
         raise NotImplementedError
 
@@ -93,7 +42,7 @@ class Succeeded(Outcome):
 
     status: ClassVar[Status] = "success"
 
-    def settle(self, run: TaskRun) -> dict[str, Any]:
+    def settle(self, run: Run, task: Task) -> dict[str, Any]:
         assert self.result is not None
         return self.result.model_dump(mode="json")
 
@@ -105,7 +54,7 @@ class Failed(Outcome):
     status: ClassVar[Status] = "failure"
     cause: BaseException | None = None
 
-    def settle(self, run: TaskRun) -> NoReturn:
+    def settle(self, run: Run, task: Task) -> NoReturn:
         assert self.error is not None
         if self.cause is not None:
             raise self.error from self.cause
@@ -113,10 +62,24 @@ class Failed(Outcome):
 
 
 class Concern:
-    """One concern around a run, created per run; every hook does nothing by default."""
+    """One concern around a run, created per run; every hook does nothing by default.
 
-    def __init__(self, run: TaskRun) -> None:
+    ``run`` is the job's ``Run`` (its hooks, settings, registry); ``task`` the Celery task
+    executing it (its request, its app's backend; ``update_state``, ``retry``)."""
+
+    def __init__(self, run: Run, task: Task) -> None:
         self.run = run
+        self.task = task
+
+    @property
+    def node(self) -> str:
+        """The worker's node name (``gpu0@host``)."""
+        return str(self.task.request.hostname)
+
+    @functools.cached_property
+    def flags(self) -> Flags:
+        """The job registry and its flags (cancel, preempted, run records)."""
+        return flags_for(self.task.app, self.run.settings)
 
     def before_run(self) -> None:
         """Before the runner starts: register hooks on ``self.run``, or raise to end the run."""
@@ -130,15 +93,15 @@ class Concern:
 
 
 def run_concerns(
-    run: TaskRun, concerns: Sequence[Callable[[TaskRun], Concern]],
-    work: Callable[[JobContext], JobResult],
+    run: Run, task: Task, concerns: Sequence[Callable[[Run, Task], Concern]],
+    work: Callable[[], JobResult],
 ) -> dict[str, Any]:
     """Run ``work`` inside ``concerns`` (in order) and settle its outcome."""
-    active = [make(run) for make in concerns]
+    active = [make(run, task) for make in concerns]
     try:
         for concern in active:
             concern.before_run()
-        outcome: Outcome = Succeeded(result=work(run.job_context()))
+        outcome: Outcome = Succeeded(result=work())
     except BaseException as e:  # noqa: BLE001 - every end goes through the concerns
         outcome = _decide(active, e)
     for concern in active:
@@ -147,7 +110,7 @@ def run_concerns(
         except Exception:
             log.exception("job %s: %s.on_outcome failed", run.spec.job_id,
                           type(concern).__name__)
-    return outcome.settle(run)
+    return outcome.settle(run, task)
 
 
 def _decide(active: Sequence[Concern], error: BaseException) -> Outcome:

@@ -15,15 +15,16 @@ import logging
 from dataclasses import dataclass
 from typing import ClassVar, NoReturn
 
-from celery import Celery
+from celery import Celery, Task
 from celery.exceptions import Ignore
 
 from producer.app import QUEUE
 from producer.control import flags_for
 from producer.errors import JobCancelled
-from worker.concerns.base import Concern, Outcome, Status, TaskRun, Throttle
+from worker.concerns.base import Concern, Outcome, Status, Throttle
 from worker.concerns.retries import requeue
 from worker.lifecycle.lease import REDIS_DOWN
+from worker.run.run import Run
 
 log = logging.getLogger(__name__)
 
@@ -31,23 +32,23 @@ log = logging.getLogger(__name__)
 class CancelAndPreempt(Concern):
     """Polls the cancel and preempted flags; ends a stopped run as REVOKED or requeued."""
 
-    def __init__(self, run: TaskRun) -> None:
-        super().__init__(run)
+    def __init__(self, run: Run, task: Task) -> None:
+        super().__init__(run, task)
         self.every = Throttle(run.settings.cancel_poll_s)
         self.preempted = False
 
     def before_run(self) -> None:
         self.run.cancel_checks.append(self.poll)
         job_id = self.run.spec.job_id
-        if self.run.flags.cancelled(job_id):
+        if self.flags.cancelled(job_id):
             raise JobCancelled(f"job {job_id} was cancelled before it started")
 
     def poll(self) -> bool:
         if not self.every.due():
             return False
         try:
-            self.preempted = self.run.flags.preempted(self.run.node)
-            return self.preempted or self.run.flags.cancelled(self.run.spec.job_id)
+            self.preempted = self.flags.preempted(self.node)
+            return self.preempted or self.flags.cancelled(self.run.spec.job_id)
         except REDIS_DOWN as e:  # read again at the next poll
             log.warning("job %s: cancel flags not read: %s", self.run.spec.job_id, e)
             return False
@@ -58,7 +59,7 @@ class CancelAndPreempt(Concern):
         if self.preempted:
             # Back to the queue at once for another worker (this one no longer consumes).
             log.warning("job %s handed back: node %s is being reclaimed", self.run.spec.job_id,
-                        self.run.node)
+                        self.node)
             return requeue(self.run, error)
         log.info("%s", error)
         return Revoked(error=error)
@@ -70,8 +71,8 @@ class Revoked(Outcome):
 
     status: ClassVar[Status] = "cancelled"
 
-    def settle(self, run: TaskRun) -> NoReturn:
-        run.task.update_state(state="REVOKED", meta={
+    def settle(self, run: Run, task: Task) -> NoReturn:
+        task.update_state(state="REVOKED", meta={
             "exc_type": "JobCancelled", "exc_message": str(self.error),
             "exc_module": "producer.errors",
         })

@@ -24,9 +24,12 @@ import logging
 import os
 import uuid
 
+from celery import Task
+
 from producer.errors import FatalJobError
-from worker.concerns.base import Concern, Outcome, TaskRun
+from worker.concerns.base import Concern, Outcome
 from worker.lifecycle.lease import REDIS_DOWN
+from worker.run.run import Run
 
 log = logging.getLogger(__name__)
 
@@ -34,15 +37,15 @@ log = logging.getLogger(__name__)
 class WorkerLosses(Concern):
     """Counts the runs of this job that never ended; fails the job once they reach the cap."""
 
-    def __init__(self, run: TaskRun) -> None:
-        super().__init__(run)
-        self.holder = f"{run.node} {os.getpid()} {uuid.uuid4().hex[:12]}"
+    def __init__(self, run: Run, task: Task) -> None:
+        super().__init__(run, task)
+        self.holder = f"{self.node} {os.getpid()} {uuid.uuid4().hex[:12]}"
         self.recorded = False
 
     def before_run(self) -> None:
         job_id, cap = self.run.spec.job_id, self.run.settings.max_worker_losses
         try:
-            losses, lost_on = self.run.flags.start_run(job_id, self.holder)
+            losses, lost_on = self.flags.start_run(job_id, self.holder)
         except REDIS_DOWN as e:  # not counted this once; a Redis blip must fail no job
             log.warning("job %s: run not recorded: %s", job_id, e)
             return
@@ -63,7 +66,7 @@ class WorkerLosses(Concern):
         if not self.recorded:
             return
         try:
-            self.run.flags.end_run(self.run.spec.job_id, self.holder,
+            self.flags.end_run(self.run.spec.job_id, self.holder,
                                    final=outcome.status != "retry")
         except REDIS_DOWN as e:  # the next run counts this one as lost: one too many, safe
             log.warning("job %s: end of run not recorded: %s", self.run.spec.job_id, e)

@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 import redis
+from celery import Task
 
 from producer import keys
 from producer.app import ENQUEUED_AT_HEADER
@@ -31,8 +32,9 @@ from producer.errors import FramefleetError
 from producer.settings import Settings
 from producer.spec import HeldRun, JobSpec
 from worker import labels, metrics
-from worker.concerns.base import Concern, Outcome, TaskRun
+from worker.concerns.base import Concern, Outcome
 from worker.concerns.retries import Requeue
+from worker.run.run import Run
 
 log = logging.getLogger(__name__)
 
@@ -62,14 +64,14 @@ def failed_before_run(error: BaseException, spec: JobSpec | None, settings: Sett
 class JobMetrics(Concern):
     """Counts the run's end and its held time; observes the queue wait of a first delivery."""
 
-    def __init__(self, run: TaskRun) -> None:
-        super().__init__(run)
+    def __init__(self, run: Run, task: Task) -> None:
+        super().__init__(run, task)
         # Created with every concern, before any runs: the run's start, even if a concern
         # ahead of this one ends it in before_run (a job cancelled while queued).
         self.started_at = time.time()
         self.started = time.monotonic()
         self.tenant = labels.tenant_label(run.spec.tenant, run.settings.metrics_tenant_names)
-        request = run.task.request
+        request = task.request
         stamp = enqueued_at(request)
         if stamp is not None and not request.retries and not _redelivered(request):
             metrics.observe_queue_wait(self.tenant, self.started_at - stamp)
@@ -91,13 +93,13 @@ class JobMetrics(Concern):
 
     def _record(self, status: str, reason: str, held: float) -> None:
         """Leave a HeldRun in Redis (the result backend's client), kept as long as results."""
-        client = getattr(self.run.task.app.backend, "client", None)
+        client = getattr(self.task.app.backend, "client", None)
         if not isinstance(client, redis.Redis):  # embedded mode: no fleet report to feed
             return
         spec = self.run.spec
         record = HeldRun(
             job_id=spec.job_id, tenant=spec.tenant, status=status,  # type: ignore[arg-type]
-            reason="" if status == "cancelled" else reason, node=self.run.node,
+            reason="" if status == "cancelled" else reason, node=self.node,
             device=_device(self.run.settings), started_at=self.started_at,
             finished_at=self.started_at + held, gpu_seconds=held, prices=_prices(),
         )

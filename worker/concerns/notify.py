@@ -8,24 +8,27 @@ runs on the process's notifier thread: it never blocks nor fails the job.
 
 from __future__ import annotations
 
-from worker.concerns.base import Concern, Outcome, TaskRun
+from celery import Task
+
+from worker.concerns.base import Concern, Outcome
+from worker.run.run import Run
 from worker.sinks.webhooks import process_notifier
 
 
 class Notifications(Concern):
     """Webhook events of one run (nothing at all for a job without ``notify``)."""
 
-    def __init__(self, run: TaskRun) -> None:
-        super().__init__(run)
+    def __init__(self, run: Run, task: Task) -> None:
+        super().__init__(run, task)
         # No notifier (and no delivery thread) for the jobs that ask for no webhooks.
         self.events = None if run.spec.notify is None else process_notifier(
-            run.settings).for_job(run.spec, int(run.task.request.retries or 0))
+            run.settings).for_job(run.spec, int(task.request.retries or 0))
 
     def before_run(self) -> None:
         if self.events is None:
             return
         self.run.segment_hooks.append(self.events.segment)
-        self.events.started(self.run.node)
+        self.events.started(self.node)
 
     def on_outcome(self, outcome: Outcome) -> None:
         if self.events is None:

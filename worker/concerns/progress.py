@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import logging
 
+from celery import Task
+
 from producer.spec import Progress
-from worker.concerns.base import Concern, TaskRun, Throttle
+from worker.concerns.base import Concern, Throttle
 from worker.lifecycle.lease import REDIS_DOWN
+from worker.run.run import Run
 
 log = logging.getLogger(__name__)
 PROGRESS_PERIOD_S = 0.2
@@ -19,8 +22,8 @@ PROGRESS_PERIOD_S = 0.2
 class ProgressReport(Concern):
     """Stores throttled PROGRESS states (``Progress`` as meta) for the submitter to read."""
 
-    def __init__(self, run: TaskRun) -> None:
-        super().__init__(run)
+    def __init__(self, run: Run, task: Task) -> None:
+        super().__init__(run, task)
         self.every = Throttle(PROGRESS_PERIOD_S)
 
     def before_run(self) -> None:
@@ -30,6 +33,6 @@ class ProgressReport(Concern):
         if not self.every.due(final=p.frames_done == p.frames_total):
             return
         try:
-            self.run.task.update_state(state="PROGRESS", meta=p.model_dump())
+            self.task.update_state(state="PROGRESS", meta=p.model_dump())
         except REDIS_DOWN as e:
             log.warning("job %s: progress not stored: %s", self.run.spec.job_id, e)

@@ -23,7 +23,8 @@ from celery import Task
 
 from producer.errors import FatalJobError, RetryableError
 from producer.settings import Settings
-from worker.concerns.base import Concern, Failed, Outcome, Status, TaskRun
+from worker.concerns.base import Concern, Failed, Outcome, Status
+from worker.run.run import Run
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ def requeue_now(task: Task, job_id: str, requeues: int, settings: Settings, why:
     retry_later(task, countdown=countdown, kwargs={"requeues": requeues + 1})
 
 
-def requeue(run: TaskRun, error: BaseException, *, countdown: float = 0.0,
+def requeue(run: Run, error: BaseException, *, countdown: float = 0.0,
             kwargs: dict[str, Any] | None = None) -> Outcome:
     """A ``Requeue`` of ``run``'s job, or FAILURE once it was requeued too often."""
     refused = requeue_refused(run.spec.job_id, run.requeues, run.settings, error)
@@ -82,8 +83,8 @@ class Retry(Outcome):
     status: ClassVar[Status] = "retry"
     countdown: float = 0.0
 
-    def settle(self, run: TaskRun) -> NoReturn:
-        retry_later(run.task, error=self.error, countdown=self.countdown,
+    def settle(self, run: Run, task: Task) -> NoReturn:
+        retry_later(task, error=self.error, countdown=self.countdown,
                     kwargs={"error_retries": run.error_retries + 1})
 
 
@@ -96,8 +97,8 @@ class Requeue(Outcome):
     countdown: float = 0.0
     kwargs: dict[str, Any] | None = None
 
-    def settle(self, run: TaskRun) -> NoReturn:
-        retry_later(run.task, error=self.error, countdown=self.countdown,
+    def settle(self, run: Run, task: Task) -> NoReturn:
+        retry_later(task, error=self.error, countdown=self.countdown,
                     kwargs={**(self.kwargs or {}), "requeues": run.requeues + 1})
 
 

@@ -1,8 +1,8 @@
 """Generation pipelines kept resident on the worker's GPU, under one memory budget.
 
 A worker process keeps the models it ran last, as it keeps decoders (``DecoderCache`` in
-``worker/run/runner.py`` owns one of these as ``.models``): loading a Wan pipeline takes seconds to
-minutes, a job should not pay it. Entries are charged the bytes of their parameters and
+``worker/run/decoders.py`` owns one of these as ``.models``): loading a Wan pipeline takes
+seconds to minutes, a job should not pay it. Entries are charged the bytes of their parameters and
 buffers on the device; beyond ``budget_bytes`` the least recently used are dropped. A model
 alone larger than the budget is refused (a fatal error naming ``generate.model``).
 

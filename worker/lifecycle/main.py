@@ -32,7 +32,7 @@ from worker.concerns.cancel import preempt_node
 from worker.lifecycle import persistence, recovery, warmup
 from worker.lifecycle.consumer import install_brpop_guard
 from worker.lifecycle.spot import SpotWatcher
-from worker.run.runner import DecoderCache
+from worker.run import DecoderCache
 from worker.sinks.webhooks import close_process_notifier
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from producer.readiness import WarmupState, process_start_time, state_dir, write
 
 if TYPE_CHECKING:
     from producer.settings import Settings
-    from worker.run.runner import DecoderCache
+    from worker.run import DecoderCache
 
 log = logging.getLogger(__name__)
 

@@ -350,7 +350,7 @@ class JobEvents:
         self.emit("started", {"worker": node, "spec_digest": self.spec.digest()})
 
     def segment(self, seg: SegmentInfo, progress: Progress) -> None:
-        """Segment ``seg`` joined the live playlist (matches ``JobContext.segment_landed``)."""
+        """Segment ``seg`` joined the live playlist (a ``Run.segment_hooks`` entry)."""
         self.emit("segment", {"segment": seg.model_dump(mode="json"),
                               "progress": progress.model_dump(mode="json"),
                               "playlist_uri": f"{self.spec.output_prefix}/{PLAYLIST}"})

@@ -23,7 +23,7 @@ from producer.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec, Progress,
 from tests.e2e.chaos_helpers import kill_pool_child, new_pool_child, wait_for
 from tests.worker.generate.tiny import reference_latents, tiny_generate, without_transformer
 from worker.pipeline.encode import read_frames_rgb
-from worker.run.runner import JobContext, default_decoders, run_job
+from worker.run import Run, default_decoders, run_job
 
 pytestmark = pytest.mark.e2e
 
@@ -109,7 +109,7 @@ def test_hand_off_exact_and_progress_in_order(
     decode = JobSpec(job_id="ref", input=InputSpec(uri=(tmp_path / "ref.safetensors").as_uri()),
                      decoder=DecoderSpec(weights=(tiny_model / "vae").as_uri()),
                      output=OutputSpec(uri=tmp_path.as_uri()), video=spec.video)
-    expected = run_job(decode, default_decoders(settings), JobContext(settings=settings))
+    expected = run_job(decode, default_decoders(settings), Run(decode, settings=settings))
     assert len(result.manifest.segments) == len(expected.manifest.segments) == 3
     for got, want in zip(result.manifest.segments, expected.manifest.segments, strict=True):
         path = tmp_path / f"got-{got.index}.mp4"

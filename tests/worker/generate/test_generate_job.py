@@ -17,6 +17,7 @@ from producer.settings import Settings
 from producer.spec import (
     DecoderSpec,
     InputSpec,
+    JobResult,
     JobSpec,
     OutputSpec,
     Progress,
@@ -26,11 +27,16 @@ from producer.spec import (
 from tests.worker.generate.tiny import reference_latents, tiny_generate, without_transformer
 from worker.generate.cache import ModelCache
 from worker.pipeline.encode import read_frames_rgb
-from worker.run.runner import JobContext, default_decoders, run_job
+from worker.run import DecoderCache, Run, default_decoders, run_job
 
 # The models and outputs lie in pytest's temporary folders: the file:// root.
 SETTINGS = Settings(device="cpu", max_denoise_steps=50, file_roots=tempfile.gettempdir())
 
+
+
+def _job(spec: JobSpec, decoders: DecoderCache, **hooks: Any) -> JobResult:
+    """``run_job`` with the tests' settings and any of ``Run``'s hooks."""
+    return run_job(spec, decoders, Run(spec, settings=SETTINGS, **hooks))
 
 def _spec(job_id: str, out: Path, **generate: Any) -> JobSpec:
     model = generate.pop("model")
@@ -92,19 +98,18 @@ def test_model_dependent_checks_fail_before_loading(
     decoders = default_decoders(SETTINGS)
     spec = _spec("bad", tmp_path, model=tiny_model, **change)
     with pytest.raises(InvalidJobError, match=words):
-        run_job(spec, decoders, JobContext(settings=SETTINGS))
+        _job(spec, decoders)
     assert decoders.models.keys() == []  # nothing was loaded for it
 
 
 def test_missing_folder_and_folder_without_transformer(tiny_model: Path, tmp_path: Path) -> None:
-    ctx = JobContext(settings=SETTINGS)
     missing = _spec("missing", tmp_path, model=tmp_path / "nowhere")
     with pytest.raises(InvalidJobError, match=r"generate.model: no such folder: .*nowhere"):
-        run_job(missing, default_decoders(SETTINGS), ctx)
+        _job(missing, default_decoders(SETTINGS))
     bare = without_transformer(tiny_model, tmp_path / "no-transformer")
     spec = _spec("bare", tmp_path, model=bare)
     with pytest.raises(InvalidJobError, match="generate.model: .* has no transformer"):
-        run_job(spec, default_decoders(SETTINGS), ctx)
+        _job(spec, default_decoders(SETTINGS))
 
 
 # --- the job --------------------------------------------------------------------------------
@@ -116,7 +121,7 @@ def test_hand_off_is_exact_and_progress_goes_denoise_then_frames(
     states: list[Progress] = []
     decoders = default_decoders(SETTINGS)
     spec = _spec("gen", tmp_path, model=tiny_model, save_latents=True)
-    result = run_job(spec, decoders, JobContext(progress=states.append, settings=SETTINGS))
+    result = _job(spec, decoders, progress_hooks=[states.append])
     # Then its latents are exactly those of diffusers' own pipeline for the same seed
     assert spec.generate is not None
     reference = reference_latents(spec.generate)
@@ -129,7 +134,7 @@ def test_hand_off_is_exact_and_progress_goes_denoise_then_frames(
     decode = JobSpec(job_id="ref", input=InputSpec(uri=(tmp_path / "ref.safetensors").as_uri()),
                      decoder=DecoderSpec(weights=(tiny_model / "vae").as_uri()),
                      output=OutputSpec(uri=tmp_path.as_uri()), video=spec.video)
-    expected = run_job(decode, decoders, JobContext(settings=SETTINGS))
+    expected = _job(decode, decoders)
     got, want = _frames(result), _frames(expected)
     assert len(got) == len(want) == 9 == result.manifest.frames
     assert all((a == b).all() for a, b in zip(got, want, strict=True))
@@ -145,10 +150,9 @@ def test_hand_off_is_exact_and_progress_goes_denoise_then_frames(
 
 def test_same_spec_same_segments_other_seed_other_video(tiny_model: Path, tmp_path: Path) -> None:
     decoders = default_decoders(SETTINGS)
-    ctx = JobContext(settings=SETTINGS)
-    a = run_job(_spec("a", tmp_path / "a", model=tiny_model), decoders, ctx)
-    b = run_job(_spec("a", tmp_path / "b", model=tiny_model), default_decoders(SETTINGS), ctx)
-    c = run_job(_spec("c", tmp_path / "c", model=tiny_model, seed=8), decoders, ctx)
+    a = _job(_spec("a", tmp_path / "a", model=tiny_model), decoders)
+    b = _job(_spec("a", tmp_path / "b", model=tiny_model), default_decoders(SETTINGS))
+    c = _job(_spec("c", tmp_path / "c", model=tiny_model, seed=8), decoders)
     assert [s.sha256 for s in a.manifest.segments] == [s.sha256 for s in b.manifest.segments]
     assert [s.sha256 for s in a.manifest.segments] != [s.sha256 for s in c.manifest.segments]
 
@@ -160,19 +164,18 @@ def test_cancel_between_denoise_steps_writes_nothing(tiny_model: Path, tmp_path:
         if p.stage == "denoise":
             steps.append(p.steps_done)
 
-    ctx = JobContext(progress=progress, cancelled=lambda: len(steps) >= 3, settings=SETTINGS)
     spec = _spec("cancel", tmp_path, model=tiny_model, num_inference_steps=10)
     with pytest.raises(JobCancelled, match="cancelled while denoising"):
-        run_job(spec, default_decoders(SETTINGS), ctx)
+        _job(spec, default_decoders(SETTINGS), progress_hooks=[progress],
+             cancel_checks=[lambda: len(steps) >= 3])
     assert steps == [0, 1, 2]  # stopped after step 2 of 10: the rest were skipped
     assert not list(tmp_path.rglob("*.mp4")) and not list(tmp_path.rglob("manifest.json"))
 
 
 def test_flow_shift_changes_the_video(tiny_model: Path, tmp_path: Path) -> None:
-    ctx = JobContext(settings=SETTINGS)
     decoders = default_decoders(SETTINGS)
-    base = run_job(_spec("s3", tmp_path / "a", model=tiny_model), decoders, ctx)
-    shifted = run_job(_spec("s9", tmp_path / "b", model=tiny_model, flow_shift=9.0), decoders, ctx)
+    base = _job(_spec("s3", tmp_path / "a", model=tiny_model), decoders)
+    shifted = _job(_spec("s9", tmp_path / "b", model=tiny_model, flow_shift=9.0), decoders)
     assert ([s.sha256 for s in base.manifest.segments]
             != [s.sha256 for s in shifted.manifest.segments])
     # and the resident pipeline kept its own scheduler config
@@ -240,8 +243,7 @@ def test_out_of_memory_while_denoising_is_retryable_then_lean(
     from producer.errors import DeviceOutOfMemory, RetryableError
 
     decoders = default_decoders(SETTINGS)
-    ctx = JobContext(settings=SETTINGS)
-    run_job(_spec("other", tmp_path / "o", model=tiny_model, dtype="bfloat16"), decoders, ctx)
+    _job(_spec("other", tmp_path / "o", model=tiny_model, dtype="bfloat16"), decoders)
     entry = decoders.models.get(tiny_model, torch.float32)
     assert len(decoders.models.keys()) == 2
 
@@ -251,14 +253,13 @@ def test_out_of_memory_while_denoising_is_retryable_then_lean(
     hook = entry.pipe.transformer.register_forward_pre_hook(oom)
     try:
         with pytest.raises(DeviceOutOfMemory, match="CUDA out of memory denoising oom") as e:
-            run_job(_spec("oom", tmp_path / "a", model=tiny_model), decoders, ctx)
+            _job(_spec("oom", tmp_path / "a", model=tiny_model), decoders)
         assert isinstance(e.value, RetryableError)  # the task layer retries it once, lean
     finally:
         hook.remove()
     assert not list(tmp_path.glob("a/**/*.mp4"))
     # The lean retry (tiled=True) keeps only this job's model resident and succeeds
-    lean = JobContext(settings=SETTINGS, tiled=True)
-    result = run_job(_spec("oom", tmp_path / "b", model=tiny_model), decoders, lean)
+    result = _job(_spec("oom", tmp_path / "b", model=tiny_model), decoders, tiled=True)
     assert result.manifest.frames == 9
     assert decoders.models.keys() == [(str(tiny_model), torch.float32)]
 
@@ -275,8 +276,7 @@ def test_stage_metrics_and_progress_bar_cover_the_new_stages(
         return value or 0.0
 
     before = {s: count(s) for s in ("text_encode", "denoise")}
-    result = run_job(_spec("m", tmp_path, model=tiny_model), default_decoders(SETTINGS),
-                     JobContext(settings=SETTINGS))
+    result = _job(_spec("m", tmp_path, model=tiny_model), default_decoders(SETTINGS))
     metrics.observe_job("success", "gen", result)
     assert {s: count(s) - before[s] for s in before} == {"text_encode": 1.0, "denoise": 1.0}
     total = metrics.WORKER_REGISTRY.get_sample_value(
@@ -305,9 +305,8 @@ def test_wan22_layouts_hand_off_exactly(
 ) -> None:
     model = wan22_models[preset]
     decoders = default_decoders(SETTINGS)
-    ctx = JobContext(settings=SETTINGS)
     spec = _spec(preset, tmp_path / "a", model=model, save_latents=True, **fields)
-    result = run_job(spec, decoders, ctx)
+    result = _job(spec, decoders)
     assert spec.generate is not None and result.manifest.latents_uri is not None
     reference = reference_latents(spec.generate)
     assert torch.equal(load_file(result.manifest.latents_uri.removeprefix("file://"))["latents"],
@@ -320,16 +319,16 @@ def test_wan22_layouts_hand_off_exactly(
                      output=OutputSpec(uri=(tmp_path / "ref").as_uri()),
                      # the generate job's frame rate, given explicitly (wan2.2-vae's default is 24)
                      video=VideoSpec(**spec.video.model_dump()))
-    expected = run_job(decode, decoders, ctx)
+    expected = _job(decode, decoders)
     got_m, want_m = result.manifest, expected.manifest
     assert (got_m.width, got_m.height, got_m.frames) == (want_m.width, want_m.height, 9)
     assert ([s.sha256 for s in result.manifest.segments]
             == [s.sha256 for s in expected.manifest.segments])
     if preset == "tiny-a14b":  # the boundary between the experts is the spec's to move
-        moved = run_job(_spec("b", tmp_path / "b", model=model, boundary_ratio=0.5, **fields),
-                        decoders, ctx)
+        moved = _job(_spec("b", tmp_path / "b", model=model, boundary_ratio=0.5, **fields),
+                     decoders)
         assert ([s.sha256 for s in moved.manifest.segments]
                 != [s.sha256 for s in result.manifest.segments])
     else:  # 48 is not a multiple of the x16 VAE x patch 2
         with pytest.raises(InvalidJobError, match="generate.width: 48 is not a multiple of 32"):
-            run_job(_spec("w", tmp_path / "c", model=model, height=64, width=48), decoders, ctx)
+            _job(_spec("w", tmp_path / "c", model=model, height=64, width=48), decoders)

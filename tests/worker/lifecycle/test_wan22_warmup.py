@@ -18,7 +18,7 @@ from producer.errors import SettingsError
 from producer.settings import Settings
 from worker import metrics
 from worker.lifecycle import warmup
-from worker.run.runner import DecoderCache
+from worker.run import DecoderCache
 
 
 def test_compile_cache_folder_holds_inductor_and_triton_caches(

@@ -15,7 +15,7 @@ from producer.settings import get_settings
 from producer.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec, VideoSpec, segment_name
 from worker.decoders.pattern import PatternDecoder
 from worker.decoders.wan import build_vae
-from worker.run.runner import DecoderCache, JobContext, run_job
+from worker.run import DecoderCache, Run, run_job
 
 
 @pytest.fixture(autouse=True)
@@ -81,7 +81,8 @@ def test_oom_is_retryable_and_tiled_attempt_succeeds(tmp_path: Path) -> None:
     cache = _Cache(torch.device("cpu"))
     with pytest.raises(DeviceOutOfMemory, match="tiled=False"):
         run_job(_spec(tmp_path), cache)
-    result = run_job(_spec(tmp_path), cache, JobContext(tiled=True))
+    spec = _spec(tmp_path)
+    result = run_job(spec, cache, Run(spec, tiled=True))
     assert result.manifest.frames == 13
 
 

@@ -29,7 +29,7 @@ from tests.require import require_binary
 from worker.decoders.pattern import PatternDecoder, read_frame_index
 from worker.pipeline import ClosedSegment, run_pipeline
 from worker.pipeline.encode import init_size, read_frames_rgb
-from worker.run.runner import DecoderCache, run_job
+from worker.run import DecoderCache, run_job
 from worker.sinks.hls import PLAYLIST, LivePlaylist, target_duration
 from worker.sinks.storage import JobOutput
 

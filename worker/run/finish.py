@@ -1,0 +1,78 @@
+"""The end of a run: the manifest, written last, and the ``JobResult`` with timings and cost.
+
+Also the beginning's shortcut: an earlier run of the same spec that left a complete output
+(its manifest present, every segment there) is returned as ``reused`` instead of run again.
+"""
+
+from __future__ import annotations
+
+import time
+
+from producer.cost import with_stages
+from producer.errors import JobConflictError
+from producer.spec import JobResult, JobSpec, Manifest, StageTimings, WorkerInfo, segment_name
+from producer.weights import uses_random_weights
+from worker.generate.handoff import LATENTS_FILE, latents_file
+from worker.pipeline import PipelineReport
+from worker.run.publish import SegmentPublisher
+from worker.run.run import Run
+from worker.run.source import Latents
+from worker.sinks.storage import JobOutput
+
+#: The completion marker: written after everything else of the job's output.
+MANIFEST = "manifest.json"
+
+
+def reused_output(out: JobOutput, spec: JobSpec, info: WorkerInfo,
+                  t0: float) -> JobResult | None:
+    """An earlier run left a complete output (manifest present): verify and return it."""
+    if not out.exists(MANIFEST):
+        return None
+    manifest = Manifest.model_validate_json(out.get_bytes(MANIFEST))
+    if manifest.spec_digest != spec.digest():
+        raise JobConflictError(
+            f"job_id {spec.job_id!r}: {out.uri(MANIFEST)} was written by a different spec"
+        )
+    for seg in manifest.segments:
+        if not out.exists(segment_name(seg.index)):
+            return None  # incomplete (deleted by hand?): run again, overwriting
+    if manifest.latents_uri is not None and not out.exists(LATENTS_FILE):
+        return None
+    return JobResult(
+        manifest=manifest, manifest_uri=out.uri(MANIFEST),
+        timings=StageTimings(wall_s=time.perf_counter() - t0), worker=info, reused=True,
+        finished_at=time.time(),
+    )
+
+
+def finish(run: Run, out: JobOutput, latents: Latents, report: PipelineReport,
+           publisher: SegmentPublisher, full_uri: str | None, info: WorkerInfo,
+           t0: float) -> JobResult:
+    """Save the latents if asked, end the playlist, write the manifest LAST, and account."""
+    spec = run.spec
+    latents_uri = None
+    if spec.generate is not None and spec.generate.save_latents:
+        latents_uri = out.put_bytes(LATENTS_FILE, latents_file(latents.tensor),
+                                    "application/octet-stream")
+    segments = tuple(publisher.segments)
+    manifest = Manifest(
+        job_id=spec.job_id, tenant=spec.tenant, spec_digest=spec.digest(), frames=report.frames,
+        width=report.width, height=report.height, fps=spec.video.fps,
+        video_seconds=report.frames / spec.video.fps, segments=segments, full_uri=full_uri,
+        playlist_uri=publisher.finish(), latents_uri=latents_uri,
+        random_weights=uses_random_weights(spec.decoder),
+    )
+    # The manifest goes LAST: its presence is the completion marker.
+    manifest_uri = out.put_bytes(MANIFEST, manifest.model_dump_json(indent=2).encode())
+    stats = report.stats
+    wall = time.perf_counter() - t0
+    before = {f"{stage}_s": s for stage, s in latents.seconds.items()}
+    timings = StageTimings(**before, **stats.stage_seconds(), backpressure_s=stats.backpressure_s,
+                           wall_s=wall, gpu_busy_ratio=stats.gpu_busy_ratio)
+    cost = None
+    if run.cost is not None:
+        stored = sum(s.bytes for s in segments)
+        cost = with_stages(run.cost(spec, wall, out.puts, stored, manifest.video_seconds),
+                           {k: latents.seconds.get(k, 0.0) for k in ("text_encode", "denoise")})
+    return JobResult(manifest=manifest, manifest_uri=manifest_uri, timings=timings, worker=info,
+                     cost=cost, finished_at=time.time())

@@ -1,0 +1,62 @@
+"""One run of one job: what the run's parts and the task's concerns share. No Celery in here.
+
+A ``Run`` is created per delivery of a job (by the task, or by a test, a benchmark or the
+demo calling ``run_job`` directly). The task's concerns (``worker.concerns``) attach to it
+before it starts: they append to its hook lists, and read what the run left on it (the live
+playlist it opened). The run's three parts call it back:
+
+- the latents source (``worker.run.source``) reports denoise steps and polls for cancellation;
+- the segment publisher (``worker.run.publish``) announces each segment the live playlist
+  lists, and leaves the playlist on the run (so a concern can end it early);
+- the pipeline reports frames and polls for cancellation between chunks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from producer.settings import Settings, get_settings
+from producer.spec import CostReport, JobSpec, Progress, SegmentInfo
+
+if TYPE_CHECKING:
+    from worker.sinks.hls import LivePlaylist
+
+#: ``cost(spec, wall_s, s3_puts, stored_bytes, video_s)``: the job's direct cost report.
+CostFn = Callable[[JobSpec, float, int, int, float], CostReport]
+
+
+@dataclass
+class Run:
+    """One run of ``spec`` on this worker, and the hooks attached to it."""
+
+    spec: JobSpec
+    settings: Settings = field(default_factory=get_settings)
+    #: The worker's node name (``gpu0@host``); None outside a Celery worker.
+    node: str | None = None
+    #: The smaller working set after a device out-of-memory (spatial tiles, lean models).
+    tiled: bool = False
+    cost: CostFn | None = None
+    #: Retries of retryable errors this job has spent, and its requeues (``concerns.retries``).
+    error_retries: int = 0
+    requeues: int = 0
+    #: Called with each progress report: denoise steps, then frames.
+    progress_hooks: list[Callable[[Progress], None]] = field(default_factory=list)
+    #: Polled between denoise steps and chunks; one True stops the run with JobCancelled.
+    cancel_checks: list[Callable[[], bool]] = field(default_factory=list)
+    #: Called with each segment once the live playlist lists it, in index order.
+    segment_hooks: list[Callable[[SegmentInfo, Progress], None]] = field(default_factory=list)
+    #: The job's live playlist, once this run's publisher opened it.
+    playlist: LivePlaylist | None = None
+
+    def report(self, progress: Progress) -> None:
+        for hook in self.progress_hooks:
+            hook(progress)
+
+    def cancelled(self) -> bool:
+        return any(check() for check in self.cancel_checks)
+
+    def segment_landed(self, seg: SegmentInfo, progress: Progress) -> None:
+        for hook in self.segment_hooks:
+            hook(seg, progress)
