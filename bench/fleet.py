@@ -52,7 +52,7 @@ def main() -> None:
     latents = work / "z.npy"
     rng = np.random.default_rng(0)
     np.save(latents, rng.standard_normal((16, t, h // 8, w // 8), dtype=np.float32))
-    cmd = [sys.executable, "-m", "producer.cli.app", "worker"]
+    cmd = [sys.executable, "-m", "producer.cli", "worker"]
     cmd += ["--gpus", args.gpus] if args.gpus else []
     cmd += ["--cpu", str(args.cpu)] if args.cpu else []
     log = (work / "launcher.log").open("wb")

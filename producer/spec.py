@@ -2,6 +2,10 @@
 
 JSON only (pickle is never accepted). Validation rejects bad values with a message naming the
 field; ``parse_spec`` turns pydantic's errors into one :class:`InvalidJobError` line per field.
+
+This module holds the request side (``JobSpec`` and its parts); what comes back (``Progress``,
+``JobResult``, ``Manifest``, ``CostReport``, ``HeldRun``) lives in ``producer.results`` and is
+re-exported here, so ``producer.spec`` names every model of the wire.
 """
 
 from __future__ import annotations
@@ -9,13 +13,10 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterable
 from typing import Any, Literal
 from urllib.parse import urlparse
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     ValidationInfo,
@@ -24,25 +25,62 @@ from pydantic import (
 )
 
 from producer.errors import InvalidJobError
+from producer.results import (  # the result side, re-exported: every model of the wire
+    RESULT_SCHEMA_VERSION,
+    STAGE_NAMES,
+    CostReport,
+    HeldRun,
+    JobResult,
+    Manifest,
+    Prices,
+    Progress,
+    SegmentInfo,
+    StageCost,
+    StageTimings,
+    WorkerInfo,
+    check_stage_fields,
+)
+from producer.wire import SCHEMA_VERSION, Frozen
+
+__all__ = [
+    "DECODER_FPS",
+    "DECODER_PRESETS",
+    "ID_RE",
+    "RANDOM_WEIGHTS",
+    "RESULT_SCHEMA_VERSION",
+    "SCHEMA_VERSION",
+    "STAGE_NAMES",
+    "CostReport",
+    "DecoderSpec",
+    "Frozen",
+    "GenerateSpec",
+    "HeldRun",
+    "InputSpec",
+    "JobResult",
+    "JobSpec",
+    "Manifest",
+    "NotifySpec",
+    "OutputSpec",
+    "PipelineSpec",
+    "Prices",
+    "Progress",
+    "SegmentInfo",
+    "StageCost",
+    "StageTimings",
+    "VideoSpec",
+    "WorkerInfo",
+    "check_id",
+    "check_stage_fields",
+    "check_uri",
+    "parse_spec",
+    "segment_name",
+]
 
 #: Identifiers that become object-key components: no slash, no "." / ".." (path traversal).
 ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
-SCHEMA_VERSION: Literal[1] = 1
-#: JobResult's own version. 2: the ten fields a result shared with its manifest moved into
-#: ``JobResult.manifest`` (read ``result.manifest.frames``, not ``result.frames``).
-RESULT_SCHEMA_VERSION: Literal[2] = 2
-#: Where a job's time goes, in pipeline order: ``StageTimings`` has one ``{stage}_s`` field per
-#: name, the worker pipeline measures every one but ``load``, and metrics label by them.
-STAGE_NAMES: tuple[str, ...] = (
-    "load", "text_encode", "denoise", "decode", "postprocess", "d2h", "encode", "upload",
-)
 #: ``DecoderSpec.weights`` that asks for a seeded random init: the output is noise, and the
 #: manifest and the result say so (``random_weights``).
 RANDOM_WEIGHTS = "random"
-
-
-class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 def check_id(value: str, field: str) -> str:
@@ -349,173 +387,3 @@ def parse_spec(data: Any) -> JobSpec:
             loc = ".".join(str(p) for p in err["loc"]) or "spec"
             lines.append(f"{loc}: {err['msg']}")
         raise InvalidJobError("invalid job spec: " + "; ".join(lines)) from None
-
-
-class Progress(Frozen):
-    """Payload of the Celery custom state ``PROGRESS``: denoise steps first (generate jobs),
-    then frames."""
-
-    frames_done: int
-    frames_total: int
-    segments_done: int
-    stage: Literal["denoise", "decode"] = "decode"
-    steps_done: int = 0
-    steps_total: int = 0
-
-    @property
-    def text(self) -> str:
-        """``denoise 12/50`` while denoising, then ``120/121 frames``."""
-        if self.stage == "denoise":
-            return f"denoise {self.steps_done}/{self.steps_total}"
-        return f"{self.frames_done}/{self.frames_total} frames"
-
-
-class SegmentInfo(Frozen):
-    index: int
-    uri: str
-    first_frame: int
-    frames: int
-    bytes: int
-    sha256: str
-    seconds: float = Field(description="video duration of the segment")
-
-
-class StageTimings(Frozen):
-    """Seconds spent per stage. Stages overlap in async mode, so they do not add up to wall."""
-
-    load_s: float = 0.0
-    text_encode_s: float = Field(default=0.0, description="generate jobs: prompt encoding")
-    denoise_s: float = Field(default=0.0, description="generate jobs: the denoising loop")
-    decode_s: float = 0.0
-    postprocess_s: float = 0.0
-    d2h_s: float = 0.0
-    encode_s: float = 0.0
-    upload_s: float = 0.0
-    backpressure_s: float = Field(default=0.0, description="main thread waiting for a free slot")
-    wall_s: float = 0.0
-    gpu_busy_ratio: float | None = Field(
-        default=None, description="summed decode time over the decode window (CUDA only)"
-    )
-
-
-def check_stage_fields(fields: Iterable[str], owner: str, skip: tuple[str, ...] = ()) -> None:
-    """Raise unless ``fields`` has a ``{stage}_s`` for every stage of :data:`STAGE_NAMES` but
-    ``skip``: the records that spell stages as fields cannot drift from the one list."""
-    have = set(fields)
-    missing = [s for s in STAGE_NAMES if s not in skip and f"{s}_s" not in have]
-    if missing:
-        raise TypeError(f"{owner} has no field for stages {missing} of STAGE_NAMES")
-
-
-check_stage_fields(StageTimings.model_fields, "StageTimings")
-
-
-class WorkerInfo(Frozen):
-    hostname: str
-    node: str
-    pid: int
-    device: str
-    gpu_name: str | None = None
-    gpu_uuid: str | None = None
-
-
-class Prices(Frozen):
-    """The prices a CostReport used, with where each came from."""
-
-    instance_type: str
-    region: str
-    capacity: Literal["on-demand", "spot"]
-    instance_usd_per_hour: float
-    gpus_per_instance: int
-    s3_put_usd_per_1000: float
-    s3_storage_usd_per_gb_month: float
-    sources: tuple[str, ...] = ()
-
-
-class StageCost(Frozen):
-    """One stage's part of a job's cost: GPU-seconds held (none for s3), $ and share of total."""
-
-    stage: str
-    gpu_seconds: float
-    usd: float
-    share: float
-
-
-class HeldRun(Frozen):
-    """GPU time a run held without a JobResult (it failed, was retried, requeued or
-    cancelled): the worker writes one per such run, ``framefleet cost report`` adds them up.
-
-    ``reason`` is the error's class (``producer.errors``); ``prices`` is None when the worker's
-    prices could not be read (a broken pricing file is itself a reason to fail).
-    """
-
-    job_id: str
-    tenant: str
-    status: Literal["failure", "retry", "requeue", "cancelled"]
-    reason: str
-    node: str
-    device: str
-    started_at: float = Field(description="unix time the run started")
-    finished_at: float = Field(description="unix time the run ended")
-    gpu_seconds: float = Field(ge=0)
-    prices: Prices | None = None
-
-
-class CostReport(Frozen):
-    """Direct cost-to-serve of one job: its GPU time, S3 requests and storage, at ``prices``."""
-
-    tenant: str
-    prices: Prices
-    gpu_seconds: float
-    gpu_usd: float
-    s3_puts: int
-    s3_put_usd: float
-    stored_bytes: int
-    storage_usd_per_month: float
-    total_usd: float
-    video_seconds: float
-    usd_per_video_minute: float
-    usd_per_1000_video_hours: float
-    stages: tuple[StageCost, ...] = Field(
-        default=(), description="text_encode, denoise, decode (GPU) and s3: each with its share"
-    )
-
-
-class Manifest(Frozen):
-    """``manifest.json``: written LAST, so its presence means every segment is in place."""
-
-    schema_version: Literal[1] = SCHEMA_VERSION
-    job_id: str
-    tenant: str
-    spec_digest: str
-    frames: int
-    width: int
-    height: int
-    fps: float
-    video_seconds: float
-    segments: tuple[SegmentInfo, ...]
-    full_uri: str | None = None
-    playlist_uri: str | None = Field(default=None, description="the live HLS playlist")
-    latents_uri: str | None = Field(default=None, description="generate.save_latents")
-    random_weights: bool = Field(
-        default=False, description="decoded with random weights (decoder.weights \"random\"): noise"
-    )
-
-
-class JobResult(Frozen):
-    """What a successful job returns through the result backend: the manifest it wrote (the
-    facts about the output) and how the run went (where, how long, at what cost)."""
-
-    schema_version: Literal[2] = RESULT_SCHEMA_VERSION
-    manifest: Manifest
-    manifest_uri: str
-    timings: StageTimings
-    worker: WorkerInfo
-    cost: CostReport | None = None
-    reused: bool = Field(default=False, description="an earlier run's complete output was reused")
-    finished_at: float = Field(description="unix time the job finished")
-
-    @property
-    def random_weights(self) -> bool:
-        """Decoded with random weights (``decoder.weights: "random"``): the video is noise."""
-        return self.manifest.random_weights

@@ -12,14 +12,14 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
-from rich.console import Console
 from rich.text import Text
 
 from producer.cli.cost import cost_app
 from producer.cli.help import plain_typer
+from producer.cli.output import console, err, fail
 from producer.client.jobstate import FINISHED
 from producer.errors import FramefleetError
 from producer.ports import CPU_PORT_OFFSET, DEFAULT_EXPORTER_PORT, DEFAULT_METRICS_PORT
@@ -28,12 +28,10 @@ from producer.spec import JobResult, parse_spec
 if TYPE_CHECKING:
     from producer.client import Client
 
-cli = plain_typer(help="framefleet: a GPU worker fleet for generative-video decoding.",
+cli = plain_typer(help="framefleet, a GPU worker fleet for generative-video inference.",
                   rich_markup_mode="markdown",
                   no_args_is_help=True, pretty_exceptions_enable=False)
 cli.add_typer(cost_app, name="cost")
-console = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
 #: ``wait``'s default limit, in seconds (``--timeout 0``: none).
 WAIT_TIMEOUT_S = 3600.0
 #: The exit status of a ``wait`` that ran out of time (as timeout(1)'s).
@@ -57,7 +55,7 @@ def _main(
         "--version", callback=_version, is_eager=True, help="Print the version and exit.",
     )] = False,
 ) -> None:
-    """framefleet: a GPU worker fleet for generative-video decoding."""
+    """framefleet, a GPU worker fleet for generative-video inference."""
 
 
 def _client() -> Client:
@@ -67,24 +65,17 @@ def _client() -> Client:
     return Client()
 
 
-def _fail(e: Exception | str, code: int = 1) -> NoReturn:
-    # One line, whatever the message holds: no markup, no wrapping.
-    message = " ".join(str(e).split())
-    err.print(Text.assemble(("error:", "red"), " ", message))
-    raise typer.Exit(code)
-
-
 @contextmanager
 def _errors() -> Iterator[None]:
     """The command's expected failures become one ``error:`` line and exit status 1."""
     try:
         yield
     except FramefleetError as e:
-        _fail(e)
+        fail(e)
     except TimeoutError as e:
-        _fail(e, EXIT_TIMEOUT)
+        fail(e, EXIT_TIMEOUT)
     except ValueError as e:
-        _fail(e)
+        fail(e)
 
 
 def _uri(value: Optional[str]) -> Optional[str]:
@@ -157,11 +148,11 @@ def submit(
             try:
                 text = spec.read_text()
             except OSError as e:
-                _fail(f"--spec: cannot read {spec}: {e.strerror or e}")
+                fail(f"--spec: cannot read {spec}: {e.strerror or e}")
             job = parse_spec(text)
         else:
             if input is None or output is None:
-                _fail("--input and --output are required without --spec")
+                fail("--input and --output are required without --spec")
             dec: dict[str, Any] = {"name": decoder}
             if weights is not None:
                 dec["weights"] = _uri(weights)
@@ -261,7 +252,7 @@ def demo(
     from producer.cli.demo import run_demo
 
     if decoder not in ("wan2.1-vae", "pattern"):
-        _fail(f"--decoder: unknown decoder {decoder!r} (wan2.1-vae or pattern)")
+        fail(f"--decoder: unknown decoder {decoder!r} (wan2.1-vae or pattern)")
     if decoder != "pattern":
         console.print('demo: random weights (decoder.weights "random"): the frames are noise; '
                       "real videos need a weights folder (see the README)", markup=False)

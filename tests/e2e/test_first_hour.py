@@ -146,7 +146,7 @@ def test_a_retrying_job_shows_retry_and_its_reason(
 def test_the_demo_says_it_uses_random_weights(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FRAMEFLEET_")}
     out = subprocess.run(
-        [sys.executable, "-m", "producer.cli.app", "demo", "--frames", "5", "--width", "32",
+        [sys.executable, "-m", "producer.cli", "demo", "--frames", "5", "--width", "32",
          "--height", "32", "--out", str(tmp_path / "demo")],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
         env={**env, "PYTHONPATH": str(REPO_ROOT), "FRAMEFLEET_METRICS_PORT": "0"})

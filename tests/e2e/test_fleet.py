@@ -102,7 +102,7 @@ def test_progress_and_cli(
     assert handle.status() == "SUCCESS"
     assert seen == sorted(seen)
     env = {**os.environ, **worker_env}
-    cli = [sys.executable, "-m", "producer.cli.app"]
+    cli = [sys.executable, "-m", "producer.cli"]
     out = subprocess.run([*cli, "status", "cli-1"], env=env, capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0 and "cli-1: SUCCESS" in out.stdout

@@ -114,7 +114,7 @@ class FlowerProcess(_Process):
     def argv(self) -> list[str]:
         """The command line: the framefleet CLI, with Flower's own options passed through."""
         return [
-            sys.executable, "-m", "producer.cli.app", "flower",
+            sys.executable, "-m", "producer.cli", "flower",
             "--address=127.0.0.1", f"--port={self.port}",
         ]  # fmt: skip
 

@@ -11,14 +11,8 @@ import pytest
 import redis
 
 from producer.app import make_app
-from producer.control import (
-    CANCEL_TTL_S,
-    SPEC_TTL_S,
-    FileFlags,
-    Flags,
-    RedisFlags,
-    flags_for,
-)
+from producer.control import FileFlags, Flags, RedisFlags, flags_for
+from producer.keys import FLAG_TTL_S, SPEC_TTL_S
 from producer.settings import Settings
 
 
@@ -99,8 +93,8 @@ def test_redis_keys_expire(redis_url: str) -> None:
     flags.set_cancel(job)
     flags.set_preempted(node)
     assert 0 < r.ttl(f"framefleet:spec:{job}") <= SPEC_TTL_S
-    assert 0 < r.ttl(f"framefleet:cancel:{job}") <= CANCEL_TTL_S
-    assert 0 < r.ttl(f"framefleet:preempted:{node}") <= CANCEL_TTL_S
+    assert 0 < r.ttl(f"framefleet:cancel:{job}") <= FLAG_TTL_S
+    assert 0 < r.ttl(f"framefleet:preempted:{node}") <= FLAG_TTL_S
 
 
 def test_flags_for_follows_the_result_backend(redis_url: str, tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""The producer must import in an environment without torch, av, boto3 or worker code."""
+"""The producer must import in an environment without torch, av, boto3 or worker code, and no
+producer module imports ``worker`` at all."""
 
 from __future__ import annotations
 
@@ -9,27 +10,53 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 BLOCKER = """
-import sys
-BLOCKED = {"torch", "av", "boto3", "botocore", "diffusers", "worker", "prometheus_client"}
+import importlib, pkgutil, sys
+BLOCKED = set(sys.argv[1].split(","))
 class Block:
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] in BLOCKED:
             raise ImportError(f"blocked import of {name}")
         return None
 sys.meta_path.insert(0, Block())
-import producer, producer.client, producer.cli.app, producer.app, producer.spec, producer.settings
-import producer.control, producer.cli.demo, producer.cli.doctor, producer.broker
+import producer
+skip = tuple(p for p in sys.argv[2].split(",") if p)
+for info in pkgutil.walk_packages(producer.__path__, "producer."):
+    if info.name.startswith(skip) or info.name.endswith("__main__"):
+        continue
+    importlib.import_module(info.name)
 loaded = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
 assert not loaded, loaded
 print("ok")
 """
 
 
+def _import_all(blocked: str, skip: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", BLOCKER, blocked, skip], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
 def test_producer_imports_without_heavy_packages() -> None:
     # Given an interpreter where importing torch/av/boto3/worker raises ImportError
-    # When the producer modules are imported
-    out = subprocess.run([sys.executable, "-c", BLOCKER], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120)
+    # When every producer module but the fleet's operations tools and the HTTP gateway (their
+    # own extras) is imported
+    out = _import_all("torch,av,boto3,botocore,diffusers,worker,prometheus_client",
+                      skip="producer.ops,producer.api")
     # Then they load, and none of the blocked packages was even attempted
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+def test_no_producer_module_imports_worker() -> None:
+    # Every module of producer, the operations tools included: never an arrow back up
+    out = _import_all("worker,torch,av,diffusers")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+def test_the_client_and_cli_load_no_worker_module() -> None:
+    code = ("import sys, producer.client, producer.cli; "
+            "print(sorted(m for m in sys.modules if m == 'worker' or m.startswith('worker.')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -42,9 +42,9 @@ def env(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 
 
 def _framefleet(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """``python -m producer.cli.app ARGS`` in a clean environment plus ``env``."""
+    """``python -m producer.cli ARGS`` in a clean environment plus ``env``."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("FRAMEFLEET_")}
-    return subprocess.run([sys.executable, "-m", "producer.cli.app", *args], cwd=REPO_ROOT,
+    return subprocess.run([sys.executable, "-m", "producer.cli", *args], cwd=REPO_ROOT,
                           env={**base, "PYTHONPATH": str(REPO_ROOT), "COLUMNS": "80", **env},
                           capture_output=True, text=True, timeout=60)
 

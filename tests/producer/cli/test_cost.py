@@ -245,7 +245,7 @@ def _cli(*args: str, columns: int = 80) -> subprocess.CompletedProcess[str]:
     """``framefleet`` in a process of its own, its terminal ``columns`` wide."""
     env = {**os.environ, "COLUMNS": str(columns), "PYTHONPATH": str(REPO_ROOT)}
     env.pop("FORCE_COLOR", None)
-    return subprocess.run([sys.executable, "-m", "producer.cli.app", *args], cwd=REPO_ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "producer.cli", *args], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=120, check=False)
 
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import redis
 
-from producer import doctor
 from producer.broker import broker_persistence, check_broker_url
+from producer.cli import doctor
 from producer.settings import Settings
 from tests.require import require_binary
 from tests.services import REDIS_INSTALL, REPO_ROOT, RedisServer

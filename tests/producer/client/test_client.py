@@ -246,7 +246,7 @@ def test_the_typed_errors_sit_in_the_error_tree() -> None:
 def test_the_progress_bar_names_the_state_before_any_frame(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from producer.client import _Bar
+    from producer.client.handle import _Bar
     from producer.client.jobstate import JobState
 
     for js, words in [

@@ -267,7 +267,7 @@ def test_out_of_memory_while_denoising_is_retryable_then_lean(
 def test_stage_metrics_and_progress_bar_cover_the_new_stages(
     tiny_model: Path, tmp_path: Path
 ) -> None:
-    from producer.client import _Bar
+    from producer.client.handle import _Bar
     from worker import metrics
 
     def count(stage: str) -> float:

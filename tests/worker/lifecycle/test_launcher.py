@@ -89,7 +89,7 @@ def test_cpu_workers_are_supervised_and_stop_on_sigterm(redis_url: str, tmp_path
     env = {**os.environ, "FRAMEFLEET_BROKER_URL": redis_url, "FRAMEFLEET_RESULT_BACKEND": redis_url,
            "FRAMEFLEET_METRICS_PORT": "0", "PYTHONUNBUFFERED": "1"}
     log = (tmp_path / "launcher.log").open("wb")
-    launcher = subprocess.Popen([sys.executable, "-m", "producer.cli.app", "worker", "--cpu", "2"],
+    launcher = subprocess.Popen([sys.executable, "-m", "producer.cli", "worker", "--cpu", "2"],
                                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     app = make_app(redis_url, redis_url)
@@ -248,7 +248,7 @@ def test_two_launchers_on_one_host_get_distinct_names_and_metrics_ports(
         # When a second launcher of one CPU worker starts on the same host
         for n, log in enumerate(logs, start=1):
             launchers.append(subprocess.Popen(
-                [sys.executable, "-m", "producer.cli.app", "worker", "--cpu", "1"], cwd=ROOT,
+                [sys.executable, "-m", "producer.cli", "worker", "--cpu", "1"], cwd=ROOT,
                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
             nodes = _wait_nodes(app, n)
         # Then both workers answer, under two names, each with its own /metrics port

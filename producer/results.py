@@ -1,0 +1,195 @@
+"""The result side of the wire format: what a worker sends back and leaves beside an output.
+
+``Progress`` (the custom ``PROGRESS`` state), ``JobResult`` (with its ``Manifest``,
+``StageTimings``, ``WorkerInfo`` and ``CostReport``) through the result backend,
+``manifest.json`` beside the segments, and ``HeldRun`` records of runs that ended without a
+result. Re-exported by ``producer.spec``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Literal
+
+from pydantic import Field
+
+from producer.wire import SCHEMA_VERSION, Frozen
+
+#: JobResult's own version. 2: the ten fields a result shared with its manifest moved into
+#: ``JobResult.manifest`` (read ``result.manifest.frames``, not ``result.frames``).
+RESULT_SCHEMA_VERSION: Literal[2] = 2
+#: Where a job's time goes, in pipeline order: ``StageTimings`` has one ``{stage}_s`` field per
+#: name, the worker pipeline measures every one but ``load``, and metrics label by them.
+STAGE_NAMES: tuple[str, ...] = (
+    "load", "text_encode", "denoise", "decode", "postprocess", "d2h", "encode", "upload",
+)
+
+
+class Progress(Frozen):
+    """Payload of the Celery custom state ``PROGRESS``: denoise steps first (generate jobs),
+    then frames."""
+
+    frames_done: int
+    frames_total: int
+    segments_done: int
+    stage: Literal["denoise", "decode"] = "decode"
+    steps_done: int = 0
+    steps_total: int = 0
+
+    @property
+    def text(self) -> str:
+        """``denoise 12/50`` while denoising, then ``120/121 frames``."""
+        if self.stage == "denoise":
+            return f"denoise {self.steps_done}/{self.steps_total}"
+        return f"{self.frames_done}/{self.frames_total} frames"
+
+
+class SegmentInfo(Frozen):
+    index: int
+    uri: str
+    first_frame: int
+    frames: int
+    bytes: int
+    sha256: str
+    seconds: float = Field(description="video duration of the segment")
+
+
+class StageTimings(Frozen):
+    """Seconds spent per stage. Stages overlap in async mode, so they do not add up to wall."""
+
+    load_s: float = 0.0
+    text_encode_s: float = Field(default=0.0, description="generate jobs: prompt encoding")
+    denoise_s: float = Field(default=0.0, description="generate jobs: the denoising loop")
+    decode_s: float = 0.0
+    postprocess_s: float = 0.0
+    d2h_s: float = 0.0
+    encode_s: float = 0.0
+    upload_s: float = 0.0
+    backpressure_s: float = Field(default=0.0, description="main thread waiting for a free slot")
+    wall_s: float = 0.0
+    gpu_busy_ratio: float | None = Field(
+        default=None, description="summed decode time over the decode window (CUDA only)"
+    )
+
+
+def check_stage_fields(fields: Iterable[str], owner: str, skip: tuple[str, ...] = ()) -> None:
+    """Raise unless ``fields`` has a ``{stage}_s`` for every stage of :data:`STAGE_NAMES` but
+    ``skip``: the records that spell stages as fields cannot drift from the one list."""
+    have = set(fields)
+    missing = [s for s in STAGE_NAMES if s not in skip and f"{s}_s" not in have]
+    if missing:
+        raise TypeError(f"{owner} has no field for stages {missing} of STAGE_NAMES")
+
+
+check_stage_fields(StageTimings.model_fields, "StageTimings")
+
+
+class WorkerInfo(Frozen):
+    hostname: str
+    node: str
+    pid: int
+    device: str
+    gpu_name: str | None = None
+    gpu_uuid: str | None = None
+
+
+class Prices(Frozen):
+    """The prices a CostReport used, with where each came from."""
+
+    instance_type: str
+    region: str
+    capacity: Literal["on-demand", "spot"]
+    instance_usd_per_hour: float
+    gpus_per_instance: int
+    s3_put_usd_per_1000: float
+    s3_storage_usd_per_gb_month: float
+    sources: tuple[str, ...] = ()
+
+
+class StageCost(Frozen):
+    """One stage's part of a job's cost: GPU-seconds held (none for s3), $ and share of total."""
+
+    stage: str
+    gpu_seconds: float
+    usd: float
+    share: float
+
+
+class HeldRun(Frozen):
+    """GPU time a run held without a JobResult (it failed, was retried, requeued or
+    cancelled): the worker writes one per such run, ``framefleet cost report`` adds them up.
+
+    ``reason`` is the error's class (``producer.errors``); ``prices`` is None when the worker's
+    prices could not be read (a broken pricing file is itself a reason to fail).
+    """
+
+    job_id: str
+    tenant: str
+    status: Literal["failure", "retry", "requeue", "cancelled"]
+    reason: str
+    node: str
+    device: str
+    started_at: float = Field(description="unix time the run started")
+    finished_at: float = Field(description="unix time the run ended")
+    gpu_seconds: float = Field(ge=0)
+    prices: Prices | None = None
+
+
+class CostReport(Frozen):
+    """Direct cost-to-serve of one job: its GPU time, S3 requests and storage, at ``prices``."""
+
+    tenant: str
+    prices: Prices
+    gpu_seconds: float
+    gpu_usd: float
+    s3_puts: int
+    s3_put_usd: float
+    stored_bytes: int
+    storage_usd_per_month: float
+    total_usd: float
+    video_seconds: float
+    usd_per_video_minute: float
+    usd_per_1000_video_hours: float
+    stages: tuple[StageCost, ...] = Field(
+        default=(), description="text_encode, denoise, decode (GPU) and s3: each with its share"
+    )
+
+
+class Manifest(Frozen):
+    """``manifest.json``: written LAST, so its presence means every segment is in place."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    job_id: str
+    tenant: str
+    spec_digest: str
+    frames: int
+    width: int
+    height: int
+    fps: float
+    video_seconds: float
+    segments: tuple[SegmentInfo, ...]
+    full_uri: str | None = None
+    playlist_uri: str | None = Field(default=None, description="the live HLS playlist")
+    latents_uri: str | None = Field(default=None, description="generate.save_latents")
+    random_weights: bool = Field(
+        default=False, description="decoded with random weights (decoder.weights \"random\"): noise"
+    )
+
+
+class JobResult(Frozen):
+    """What a successful job returns through the result backend: the manifest it wrote (the
+    facts about the output) and how the run went (where, how long, at what cost)."""
+
+    schema_version: Literal[2] = RESULT_SCHEMA_VERSION
+    manifest: Manifest
+    manifest_uri: str
+    timings: StageTimings
+    worker: WorkerInfo
+    cost: CostReport | None = None
+    reused: bool = Field(default=False, description="an earlier run's complete output was reused")
+    finished_at: float = Field(description="unix time the job finished")
+
+    @property
+    def random_weights(self) -> bool:
+        """Decoded with random weights (``decoder.weights: "random"``): the video is noise."""
+        return self.manifest.random_weights
