@@ -30,7 +30,7 @@ from worker.lifecycle.launcher import (
     plan_workers,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize(

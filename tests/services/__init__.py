@@ -1,0 +1,40 @@
+"""Throwaway real servers for tests: redis-server, SeaweedFS (S3) and Celery workers.
+
+Every server listens on loopback only, on ports picked at run time, with its files in a folder
+the caller owns (a pytest temp folder). Each one runs in its own session (process group) so a
+stop signals every process it forked, and dies with the test process if that is killed hard
+(Linux parent-death signal), so a crashed test run leaves no server behind.
+
+All waits are bounded: a server that does not come up raises ``ServiceError`` with the tail of
+its log instead of hanging the suite. Nothing here imports pytest; the fixtures in
+``conftest.py`` decide whether a missing binary skips or fails.
+"""
+
+from tests.services.base import (
+    LOG_TAIL_CHARS,
+    REPO_ROOT,
+    ServiceError,
+    _Process,
+    free_port,
+    free_port_pair,
+    free_ports,
+)
+from tests.services.celery_worker import WorkerFactory, WorkerProcess
+from tests.services.redis_server import REDIS_INSTALL, RedisServer
+from tests.services.s3_server import WEED_INSTALL, S3Server
+
+__all__ = [
+    "LOG_TAIL_CHARS",
+    "REDIS_INSTALL",
+    "REPO_ROOT",
+    "WEED_INSTALL",
+    "RedisServer",
+    "S3Server",
+    "ServiceError",
+    "WorkerFactory",
+    "WorkerProcess",
+    "_Process",
+    "free_port",
+    "free_port_pair",
+    "free_ports",
+]
