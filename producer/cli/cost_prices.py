@@ -12,7 +12,8 @@ import typer
 from rich import box
 from rich.table import Table
 
-from producer.cli.output import console, fail
+from producer.cli.output import fail
+from producer.cli.output import tables as console
 from producer.cost.pricing import Catalog, format_usd, load_catalog, prices_for
 from producer.errors import PricingError
 from producer.settings import get_settings

@@ -23,7 +23,8 @@ from rich.table import Table
 
 from producer.cli.cost_plot import require_matplotlib, write_plot
 from producer.cli.cost_read import parse_duration, read_held, read_results
-from producer.cli.output import console, fail
+from producer.cli.output import fail
+from producer.cli.output import tables as console
 from producer.cost import COST_STAGES
 from producer.cost.fleet import FleetRow, fleet_summary
 from producer.cost.tables import print_report
