@@ -49,7 +49,7 @@ import numpy as np  # noqa: E402
 import redis  # noqa: E402
 
 from bench.queue_probe import EVENTS_KEY, URL_ENV, now  # noqa: E402
-from bench.queue_variants import PATHS, Patch, flags_hook, send_raw, submit_many  # noqa: E402
+from bench.queue_variants import PATHS, Patch, send_raw, submit_many  # noqa: E402
 from producer.client import Client  # noqa: E402
 from producer.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec, VideoSpec  # noqa: E402
 from tests.services import REPO_ROOT, RedisServer, WorkerProcess  # noqa: E402
@@ -215,12 +215,11 @@ def run_throughput(url: str, n: int, n_variant: int, rounds: int, base: JobSpec
     per_path = {key: max(1, (n if i < 2 else n_variant) // rounds)
                 for i, (key, *_) in enumerate(paths)}
     walls: dict[str, list[tuple[float, float, float]]] = {key: [] for key, *_ in paths}
-    with flags_hook():
-        for rnd in range(rounds):
-            order = paths[rnd % len(paths):] + paths[: rnd % len(paths)]
-            for key, _, conf, patches in order:
-                jobs = specs(base, f"{key}-{rnd}", per_path[key])
-                walls[key].append(timed(url, key, conf, patches, jobs))
+    for rnd in range(rounds):
+        order = paths[rnd % len(paths):] + paths[: rnd % len(paths)]
+        for key, _, conf, patches in order:
+            jobs = specs(base, f"{key}-{rnd}", per_path[key])
+            walls[key].append(timed(url, key, conf, patches, jobs))
     out: dict[str, Any] = {"rounds": rounds}
     for key, what, conf, patches in paths:
         wall, cpu, server = (sum(col) for col in zip(*walls[key], strict=True))

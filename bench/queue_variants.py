@@ -7,14 +7,12 @@ unchanged, and every variant but ``raw_send_task`` and ``submit_many`` still run
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-from producer import client as client_module
+from producer import keys
 from producer.app import TASK_NAME, redis_priority
 from producer.client import Client
-from producer.control import SPEC_TTL_S, RedisFlags, flags_for
 from producer.spec import JobSpec
 
 Send = Callable[[JobSpec], Any]
@@ -59,72 +57,19 @@ def kombu_batch(c: Client) -> None:
     c.app.send_task = send_task
 
 
-CLAIM_AND_CLEAR = """
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
-  redis.call('DEL', KEYS[2])
-  return false
-end
-return redis.call('GET', KEYS[1])
-"""
-
-
-class OneTripFlags(RedisFlags):
-    """claim + clear_cancel of a new job_id in one round trip (a Lua script)."""
-
-    script: Any = None
-
-    def __init__(self, client: Any) -> None:
-        super().__init__(client)
-        self.fresh = False
-        if OneTripFlags.script is None:
-            OneTripFlags.script = client.register_script(CLAIM_AND_CLEAR)
-
-    def claim(self, job_id: str, digest: str) -> str | None:
-        old = self.script(keys=[f"framefleet:spec:{job_id}", f"framefleet:cancel:{job_id}"],
-                          args=[digest, SPEC_TTL_S], client=self.r)
-        self.fresh = old is None
-        return old.decode() if isinstance(old, bytes) else old
-
-    def clear_cancel(self, job_id: str) -> None:
-        if not self.fresh:
-            super().clear_cancel(job_id)
-
-
-def one_trip_registry(c: Client) -> None:
-    c.app.bench_one_trip = True  # read by the flags_for stand-in below
-
-
-def _flags_for(app: Any) -> Any:
-    if getattr(app, "bench_one_trip", False):
-        return OneTripFlags(app.backend.client)
-    return flags_for(app)
-
-
-@contextlib.contextmanager
-def flags_hook() -> Iterator[None]:
-    """Let ``one_trip_registry`` reach the ``flags_for`` that Client.submit calls."""
-    client_module.flags_for = _flags_for  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        client_module.flags_for = flags_for
-
-
 def submit_many(c: Client, jobs: list[JobSpec], size: int = 100) -> None:
     """A sketch of a bulk ``Client.submit_many``: per ``size`` jobs, one pipelined round trip
     claims every job_id (the Lua claim) and one pipelined round trip publishes every new job
     with its task-sent event. A job_id already claimed takes the ``submit()`` path after."""
     r = c.app.backend.client
-    if OneTripFlags.script is None:
-        OneTripFlags.script = r.register_script(CLAIM_AND_CLEAR)
+    claim = r.register_script(keys.CLAIM)  # the registry's own claim (clears a stale cancel)
     again = []
     for i in range(0, len(jobs), size):
         chunk = jobs[i:i + size]
         with r.pipeline(transaction=False) as pipe:
             for spec in chunk:
-                OneTripFlags.script(keys=[f"framefleet:spec:{spec.job_id}",
-                                          f"framefleet:cancel:{spec.job_id}"],
-                                    args=[spec.digest(), SPEC_TTL_S], client=pipe)
+                claim(keys=[keys.claim(spec.job_id), keys.cancel(spec.job_id)],
+                      args=[spec.digest(), keys.SPEC_TTL_S, "1"], client=pipe)
             claimed = pipe.execute()
         with c.app.producer_or_acquire() as producer, producer.batch():
             for spec, old in zip(chunk, claimed, strict=True):

@@ -1,0 +1,65 @@
+"""Every benchmark script still runs: the CPU ones at a smoke size (each checks its own
+results before it writes them), the GPU ones as far as ``--help``. Timings are not read here:
+they come from the benchmarks' committed results."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+GPU_ONLY = ["decode.py", "decode_fast.py", "generate.py", "warm_start.py"]
+
+
+def _bench(script: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+@pytest.mark.parametrize("script", GPU_ONLY)
+def test_gpu_benchmarks_answer_help(script: str) -> None:
+    done = _bench(script, "--help", timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage:") and "--out" in done.stdout
+
+
+def test_pipeline_runs_on_the_cpu(tmp_path: Path) -> None:
+    out = tmp_path / "pipeline.json"
+    # diffusers' export needs OpenCV or imageio, which the test extra does not install
+    done = _bench("pipeline.py", "--device", "cpu", "--preset", "tiny", "--sizes", "64x64",
+                  "--frames", "9", "--reps", "1", "--modes", "decode_only,async,sequential",
+                  "--out", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(out.read_text())
+
+
+def test_ttfp_runs_on_the_cpu(tmp_path: Path) -> None:
+    out = tmp_path / "ttfp.json"
+    done = _bench("ttfp.py", "--device", "cpu", "--decoder", "pattern", "--sizes", "64x64",
+                  "--frames", "17", "--reps", "1", "--out", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(out.read_text())
+
+
+def test_fleet_runs_on_cpu_workers(tmp_path: Path) -> None:
+    out = tmp_path / "fleet.json"
+    done = _bench("fleet.py", "--cpu", "1", "--jobs", "2", "--decoder", "pattern", "--size",
+                  "64x64", "--frames", "9", "--out", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(out.read_text())
+
+
+def test_queue_bench_runs_at_a_smoke_size(tmp_path: Path) -> None:
+    out = tmp_path / "queue.json"
+    done = _bench("queue_bench.py", "--latency-jobs", "3", "--warmup-jobs", "1",
+                  "--long-idle-jobs", "0", "--submit-jobs", "40", "--rounds", "1",
+                  "--profile-jobs", "20", "--variant-jobs", "20", "--out", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc = json.loads(out.read_text())
+    assert doc and out.with_suffix(".md").exists()
