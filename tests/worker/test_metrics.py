@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import re
 import secrets
-import sys
 import time
-import types
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,21 +14,17 @@ import redis
 from celery.exceptions import SoftTimeLimitExceeded
 
 from producer import errors
-from producer.app import ENQUEUED_AT_HEADER, QUEUE, TASK_NAME, make_app
+from producer.app import QUEUE, TASK_NAME
 from producer.cli.cost import read_held
 from producer.client import Client, JobHandle
 from producer.cost import job_cost
 from producer.cost.pricing import default_catalog, prices_for
 from producer.errors import JobFailed, SettingsError
-from producer.keys import HELD_PREFIX
 from producer.ops import exporter
 from producer.settings import Settings
 from producer.spec import (
-    InputSpec,
     JobResult,
-    JobSpec,
     Manifest,
-    OutputSpec,
     SegmentInfo,
     StageTimings,
     WorkerInfo,
@@ -39,12 +32,6 @@ from producer.spec import (
 from tests.e2e.helpers import push_undecodable
 from tests.services import free_port
 from worker import labels, metrics
-from worker.concerns.base import Failed
-from worker.concerns.cancel import Revoked
-from worker.concerns.metrics import JobMetrics
-from worker.concerns.retries import Requeue, Retry
-from worker.metrics import WORKER_REGISTRY
-from worker.run import Run
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
@@ -119,15 +106,6 @@ def make_result(tenant: str, *, reused: bool = False) -> JobResult:
         reused=reused,
         finished_at=time.time(),
     )
-
-
-@pytest.fixture
-def metrics_port() -> Iterator[int]:
-    port = metrics.start_metrics_server(free_port(), addr="127.0.0.1")
-    try:
-        yield port
-    finally:
-        metrics.stop_metrics_server()
 
 
 def test_port_zero_means_off() -> None:
@@ -273,79 +251,6 @@ def test_metric_names_cover_every_family() -> None:
         assert name in names
 
 
-# --- sampler ----------------------------------------------------------------------------------
-
-
-def _nvml_works() -> bool:
-    try:
-        import pynvml
-    except ImportError:
-        return False
-    try:
-        pynvml.nvmlInit()
-        pynvml.nvmlShutdown()
-        return True
-    except pynvml.NVMLError:
-        return False
-
-
-def test_sampler_thread_stops_promptly_and_reads_torch_only_if_initialised(
-    monkeypatch: pytest.MonkeyPatch, metrics_port: int
-) -> None:
-    # Given a torch module that this process "already imported" with CUDA initialised
-    # (a stand-in: the sampler must never import torch itself).
-    initialised = False
-    cuda = types.SimpleNamespace(
-        is_initialized=lambda: initialised,
-        device_count=lambda: 1,
-        memory_allocated=lambda i: 123_456_789,
-    )
-    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
-    sampler = metrics.NvmlSampler(interval_s=30.0)
-    sampler.sample_once()
-    assert (
-        value(scrape(metrics_port), "framefleet_torch_vram_allocated_bytes", device="cuda:0") == 0
-    )
-    initialised = True
-    sampler.sample_once()
-    assert (
-        value(scrape(metrics_port), "framefleet_torch_vram_allocated_bytes", device="cuda:0")
-        == 123_456_789
-    )
-    # When run as a thread with a long interval, stop() still returns at once.
-    sampler.start()
-    started = time.monotonic()
-    sampler.stop(timeout=5)
-    assert not sampler.is_alive() and time.monotonic() - started < 5
-
-
-def test_sampler_without_nvidia_driver_leaves_gpu_series_absent(metrics_port: int) -> None:
-    if _nvml_works():
-        pytest.skip("this machine has a working NVIDIA driver")
-    sampler = metrics.NvmlSampler()
-    sampler.sample_once()
-    assert not sampler.nvml_available
-    sampler.close()
-    names = {name for name, _ in scrape(metrics_port)}
-    assert "framefleet_gpu_utilization_ratio" not in names
-    assert "framefleet_gpu_memory_used_bytes" not in names
-
-
-@pytest.mark.gpu
-def test_sampler_reads_nvml_on_a_gpu_machine(metrics_port: int) -> None:
-    if not _nvml_works():
-        pytest.skip("no NVIDIA driver (NVML) on this machine")
-    sampler = metrics.NvmlSampler(devices=[0])
-    sampler.sample_once()
-    assert sampler.nvml_available
-    sampler.close()
-    samples = scrape(metrics_port)
-    used = [v for (n, _), v in samples.items() if n == "framefleet_gpu_memory_used_bytes"]
-    util = [v for (n, _), v in samples.items() if n == "framefleet_gpu_utilization_ratio"]
-    assert used and used[0] > 0
-    assert util and 0.0 <= util[0] <= 1.0
-
-
 # --- a real worker ----------------------------------------------------------------------------
 
 
@@ -409,79 +314,3 @@ def test_a_real_worker_counts_every_end_its_reason_queue_wait_and_held_time(
     assert exporter.EXPORTER_REGISTRY.get_sample_value(jobs, undecoded) == 1
     client.app.close()
     r.close()
-
-
-# --- the task layer's concern -----------------------------------------------------------------
-
-
-def _metrics(app: Any, tenant: str, **request: Any) -> JobMetrics:
-    """The concern for a run of a task stand-in: Celery's request fields the concern reads,
-    a real app."""
-    fields = {"retries": 0, "delivery_info": {}, "headers": None, "hostname": "gpu0@h",
-              **request}  # fmt: skip
-    task = types.SimpleNamespace(request=types.SimpleNamespace(**fields), app=app)
-    spec = JobSpec(job_id=f"j-{secrets.token_hex(4)}", tenant=tenant,
-                   input=InputSpec(uri="file:///in/z.npy"), output=OutputSpec(uri="file:///out"))
-    settings = Settings(metrics_tenants=tenant)
-    return JobMetrics(Run(spec=spec, settings=settings), task)  # type: ignore[arg-type]
-
-
-def _waits(tenant: str) -> float:
-    count = WORKER_REGISTRY.get_sample_value("framefleet_queue_wait_seconds_count",
-                                             {"tenant": tenant})
-    return count or 0.0
-
-
-def test_queue_wait_is_observed_on_a_first_delivery_only() -> None:
-    tenant = f"t{secrets.token_hex(4)}"
-    stamp = {ENQUEUED_AT_HEADER: time.time() - 5}
-    _metrics(None, tenant, headers=stamp)
-    assert _waits(tenant) == 1
-    sum_ = WORKER_REGISTRY.get_sample_value("framefleet_queue_wait_seconds_sum",
-                                            {"tenant": tenant})
-    assert sum_ is not None and 5 <= sum_ < 60
-    # A retry carries the first stamp: its wait would include the first run. Not observed,
-    # nor a redelivery, nor a message without a stamp (or with one that is not a number).
-    _metrics(None, tenant, headers=stamp, retries=1)
-    _metrics(None, tenant, headers=stamp, delivery_info={"redelivered": True})
-    _metrics(None, tenant)
-    _metrics(None, tenant, headers={ENQUEUED_AT_HEADER: "yesterday"})
-    assert _waits(tenant) == 1
-
-
-def test_retries_requeues_and_cancels_are_told_apart_and_leave_held_records(
-    redis_url: str,
-) -> None:
-    tenant = f"t{secrets.token_hex(4)}"
-    app = make_app(broker_url=redis_url, backend_url=redis_url)
-    try:
-        ends = [
-            (Retry(error=errors.StorageError("503")), "retry", "StorageError"),
-            (Requeue(error=errors.DeviceOutOfMemory("oom")), "requeue", "DeviceOutOfMemory"),
-            (Revoked(error=errors.JobCancelled("by the client")), "cancelled", ""),
-            (Failed(error=errors.InputNotFoundError("no such object")), "failure",
-             "InputNotFoundError"),
-        ]  # fmt: skip
-        runs = []
-        for outcome, _, _ in ends:
-            concern = _metrics(app, tenant)
-            concern.on_outcome(outcome)
-            runs.append(concern.run.spec.job_id)
-        sample = WORKER_REGISTRY.get_sample_value
-        retries = "framefleet_job_retries_total"
-        assert sample(retries, {"kind": "retry", "reason": "StorageError", "tenant": tenant}) == 1
-        assert sample(retries, {"kind": "requeue", "reason": "DeviceOutOfMemory",
-                                "tenant": tenant}) == 1
-        assert sample("framefleet_jobs_total", {"status": "cancelled", "reason": "",
-                                                "tenant": tenant}) == 1
-        for _, status, _ in ends:
-            held = sample("framefleet_gpu_held_seconds_total", {"status": status, "tenant": tenant})
-            assert held is not None and held >= 0
-        records = {h.job_id: h for h in read_held(app) if h.tenant == tenant}
-        assert [(records[j].status, records[j].reason) for j in runs] == [
-            (status, reason) for _, status, reason in ends]
-        ttl = app.backend.client.ttl(next(iter(app.backend.client.scan_iter(
-            match=f"{HELD_PREFIX}{runs[0]}:*"))))
-        assert 0 < ttl <= Settings().result_expires_s
-    finally:
-        app.close()
