@@ -24,6 +24,7 @@ from producer.cost.pricing import default_catalog, prices_for
 from producer.ops import exporter
 from producer.spec import JobResult, Manifest, SegmentInfo, StageTimings, WorkerInfo
 from tests.infra.test_observability import (
+    DASHBOARD,
     INSTALL,
     PROMETHEUS_DIR,
     as_grafana_sends,
