@@ -1,5 +1,5 @@
-"""A "host" for chaos tests: ``framefleet worker --cpu 1`` (the launcher and its Celery worker)
-in a process group of its own, under a host name of its own.
+"""A "host" for chaos tests: ``python -m worker --cpu 1`` (what ``framefleet worker`` runs: the
+launcher and its Celery worker) in a process group of its own, under a host name of its own.
 
 Each launcher believes it runs on its own machine: ``socket.gethostname`` answers the name
 given here, so its worker is ``cpu0@<name>``. SIGKILL to the group is a host that loses power:
@@ -16,9 +16,10 @@ from pathlib import Path
 
 from tests.services import REPO_ROOT, _Process
 
-# The launcher's CLI with gethostname() answering the first argument.
+# The worker's entry point with gethostname() answering the first argument (the launcher names
+# its workers in this process; ``framefleet worker`` would exec a new one, without the patch).
 _SHIM = ("import socket, sys; name = sys.argv.pop(1); socket.gethostname = lambda: name; "
-         "from producer.cli.app import main; main()")
+         "from worker.__main__ import main; sys.exit(main(sys.argv[1:]))")
 
 
 class Host(_Process):
@@ -32,7 +33,7 @@ class Host(_Process):
 
     def start(self) -> None:
         env = {**self.env, "PYTHONUNBUFFERED": "1"}
-        self._spawn([sys.executable, "-c", _SHIM, self.host, "worker", "--cpu", "1"], env,
+        self._spawn([sys.executable, "-c", _SHIM, self.host, "--cpu", "1"], env,
                     REPO_ROOT)
 
     def wait_ready(self, timeout: float = 90.0) -> float:
