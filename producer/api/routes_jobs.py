@@ -1,0 +1,60 @@
+"""``/v1/jobs``: the native API. A whole ``JobSpec`` in, the fleet's own states out, with a
+Server-Sent Events stream and the job's files."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Depends, Header, Response
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+
+from producer.api.context import GatewayDep, TenantDep
+from producer.api.events import job_events
+from producer.api.files import serve
+from producer.api.registry import Record
+from producer.api.submit import submit_job
+from producer.api.video import job_object
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+_SPEC_DOC = ("A JobSpec (producer/spec.py) without tenant and output, which the gateway sets; "
+             "job_id is the key's own id; generate.model and decoder.weights are model names "
+             "of the gateway's map; input URIs lie under the key's input prefix.")
+
+
+@router.post("", summary="Submit a JobSpec")
+def create_job(gw: GatewayDep, tenant: TenantDep,
+               spec: Annotated[dict[str, Any], Body(description=_SPEC_DOC)]) -> dict[str, Any]:
+    return job_object(submit_job(gw, tenant, spec))
+
+
+@router.get("/{job_id}", summary="A job's state, progress and result")
+def get_job(job_id: str, gw: GatewayDep, tenant: TenantDep) -> dict[str, Any]:
+    return job_object(gw.view(gw.lookup(tenant, job_id, "job")))
+
+
+@router.delete("/{job_id}", summary="Cancel a job")
+def cancel_job(job_id: str, gw: GatewayDep, tenant: TenantDep) -> dict[str, Any]:
+    rec = gw.lookup(tenant, job_id, "job")
+    state = gw.client.cancel(rec.job_id)
+    return {"id": rec.id, "object": "framefleet.job.cancel", "was": state}
+
+
+def _record(job_id: str, gw: GatewayDep, tenant: TenantDep) -> Record:
+    # A dependency: an unknown id is a 404 before the stream starts.
+    return gw.lookup(tenant, job_id, "job")
+
+
+@router.get("/{job_id}/events", response_class=EventSourceResponse,
+            summary="Server-Sent Events: state, segment, end")
+async def events(gw: GatewayDep,
+                 rec: Annotated[Record, Depends(_record)]) -> AsyncIterator[ServerSentEvent]:
+    async for e in job_events(gw, rec):
+        yield e
+
+
+@router.get("/{job_id}/files/{name}", response_class=Response,
+            summary="A file of the job: index.m3u8, segment-NNNNN.mp4, full.mp4, manifest.json")
+def job_file(job_id: str, name: str, gw: GatewayDep, tenant: TenantDep,
+             range_header: Annotated[str | None, Header(alias="range")] = None) -> Response:
+    return serve(gw, gw.lookup(tenant, job_id, "job"), name, range_header)
