@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import ipaddress
 import time
-from collections.abc import Awaitable, Callable
 
 from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from producer.api.errors import not_found
 from producer.api.store import parse
@@ -35,18 +35,36 @@ class Metrics:
                                  buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10))
 
 
-def install_metrics(app: FastAPI) -> None:
-    metrics = app.state.metrics = Metrics()
+class _Count:
+    """Pure ASGI (Starlette's BaseHTTPMiddleware would wrap errors raised while a handler
+    reads the body, such as the body limit's, in task groups)."""
 
-    @app.middleware("http")
-    async def _count(request: Request,
-                     call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        start = time.perf_counter()
-        response = await call_next(request)
-        route = getattr(request.scope.get("route"), "path", "unmatched")
-        metrics.requests.labels(route, request.method, str(response.status_code)).inc()
-        metrics.latency.labels(route).observe(time.perf_counter() - start)
-        return response
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start, status = time.perf_counter(), 500
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            self.metrics.requests.labels(route, scope["method"], str(status)).inc()
+            self.metrics.latency.labels(route).observe(time.perf_counter() - start)
+
+
+def install_metrics(app: FastAPI) -> None:
+    app.state.metrics = Metrics()
+    app.add_middleware(_Count, metrics=app.state.metrics)
 
 
 @router.get("/healthz")

@@ -3,10 +3,12 @@ Server-Sent Events stream and the job's files."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Header, Response
+from fastapi import APIRouter, Depends, Header, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from producer.api.context import GatewayDep, TenantDep
@@ -15,6 +17,7 @@ from producer.api.files import serve
 from producer.api.registry import Record
 from producer.api.submit import submit_job
 from producer.api.video import job_object
+from producer.errors import ApiRequestError
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 _SPEC_DOC = ("A JobSpec (producer/spec.py) without tenant and output, which the gateway sets; "
@@ -22,10 +25,18 @@ _SPEC_DOC = ("A JobSpec (producer/spec.py) without tenant and output, which the 
              "of the gateway's map; input URIs lie under the key's input prefix.")
 
 
-@router.post("", summary="Submit a JobSpec")
-def create_job(gw: GatewayDep, tenant: TenantDep,
-               spec: Annotated[dict[str, Any], Body(description=_SPEC_DOC)]) -> dict[str, Any]:
-    return job_object(submit_job(gw, tenant, spec))
+@router.post("", summary="Submit a JobSpec", openapi_extra={"requestBody": {
+    "required": True, "description": _SPEC_DOC,
+    "content": {"application/json": {"schema": {"type": "object"}}}}})
+async def create_job(request: Request, gw: GatewayDep, tenant: TenantDep) -> dict[str, Any]:
+    # Read here, not through a Body parameter: FastAPI turns any error while reading a body
+    # into a 400, and an over-long body must stay the 413 that the limit raises.
+    try:
+        spec = json.loads(await request.body() or b"null")
+    except ValueError:
+        raise ApiRequestError(400, "invalid_json", "the body is not JSON") from None
+    view = await run_in_threadpool(submit_job, gw, tenant, spec)
+    return job_object(view)
 
 
 @router.get("/{job_id}", summary="A job's state, progress and result")
