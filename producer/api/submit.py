@@ -134,6 +134,11 @@ def _models(gw: Gateway, data: dict[str, Any]) -> None:
         data["decoder"] = {**decoder, "weights": gw.catalog.models[weights].folder + "/vae"}
 
 
+def _decoder_name(data: dict[str, Any]) -> str:
+    decoder = data.get("decoder")
+    return str(decoder.get("name", "wan2.1-vae")) if isinstance(decoder, dict) else "wan2.1-vae"
+
+
 def submit_job(gw: Gateway, tenant: Tenant, data: Any) -> View:
     """A whole ``JobSpec`` (native API), its places decided by the gateway."""
     if not isinstance(data, dict):
@@ -154,6 +159,6 @@ def submit_job(gw: Gateway, tenant: Tenant, data: Any) -> View:
     gen = data.get("generate") if isinstance(data.get("generate"), dict) else None
     rec = Record(id=public, job_id=job_id, tenant=tenant.name, api="jobs",
                  created_at=time.time(), output=f"{gw.output_prefix}/{tenant.name}/{job_id}",
-                 model=str(name) if name else None, generate=gen is not None,
+                 model=str(name) if name else _decoder_name(data), generate=gen is not None,
                  prompt=gen.get("prompt") if gen else None)
     return _send(gw, tenant, rec, data)
