@@ -25,7 +25,7 @@ $(VENV)/.installed: pyproject.toml | $(PY)
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
-	$(PIP) install -q -e ".[worker,test,dev,ops]"
+	$(PIP) install -q -e ".[worker,test,dev,ops,api]"
 	touch $@
 
 install: $(VENV)/.installed

@@ -23,6 +23,7 @@ The tree::
     ├── JobFailed                 the client's view of a job that ended in FAILURE
     ├── UnknownJobError           (LookupError) a job_id that was never submitted
     ├── SettingsError             (ValueError) a FRAMEFLEET_* value is invalid; names it
+    ├── ApiRequestError           an HTTP request the gateway refuses (status, code, field)
     └── BrokerError               (ConnectionError) the client cannot use Redis
         ├── BrokerUnavailable     nothing answers: refused, timed out, unknown host
         └── BrokerAuthError       the server refused the password, or wants one
@@ -128,3 +129,18 @@ class BrokerUnavailable(BrokerError):
 
 class BrokerAuthError(BrokerError):
     """The server refused the credentials of the URL, or requires a password it lacks."""
+
+
+class ApiRequestError(FramefleetError):
+    """A request ``framefleet api`` refuses: the HTTP ``status``, a machine-readable ``code``
+    and, where one field is at fault, its name (``param``); the gateway answers it as JSON in
+    the OpenAI error shape. ``headers`` go out with it (``Retry-After``)."""
+
+    def __init__(self, status: int, code: str, message: str, param: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.param = param
+        self.headers = headers or {}

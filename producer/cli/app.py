@@ -1,4 +1,4 @@
-"""``framefleet``: submit, status, wait, cancel, worker, demo, doctor (typer + rich).
+"""``framefleet``: submit, status, wait, cancel, worker, demo, doctor, api (typer + rich).
 
 Errors are one line on stderr (``error: …``) and a non-zero exit status: 1 for an error,
 124 for ``wait`` running out of time; never a traceback for a condition the user can fix.
@@ -313,6 +313,22 @@ def exporter(
 
     s = get_settings()
     run_exporter(s.broker_url, s.exporter_port, cloudwatch, interval)
+
+
+@cli.command()
+def api() -> None:
+    """HTTP gateway: /v1/videos (the OpenAI Videos shape), /v1/jobs with Server-Sent Events,
+    and a page at / to watch jobs. Listens on FRAMEFLEET_API_ADDR:FRAMEFLEET_API_PORT
+    (127.0.0.1:8080 unless set); needs FRAMEFLEET_API_KEYS_FILE, FRAMEFLEET_API_MODELS_FILE
+    and an s3:// FRAMEFLEET_OUTPUT_PREFIX, and the api extra (pip install 'framefleet[api]')."""
+    from producer.settings import get_settings
+
+    try:
+        from producer.api.serve import serve
+    except ImportError as e:
+        _fail(f"framefleet api needs the api extra (pip install 'framefleet[api]'): {e}")
+    with _errors():
+        serve(get_settings())
 
 
 @cli.command()

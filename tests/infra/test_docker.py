@@ -134,7 +134,10 @@ def test_producer_image_is_slim_and_has_no_torch() -> None:
     steps = instructions(DOCKER / "Dockerfile.producer")
     for word, args in steps:
         if word == "FROM":
-            assert re.fullmatch(r"python:3\.\d+(\.\d+)?-slim\S*", args.split()[0]), args
+            image = args.split()[0]
+            # Python stages, and one node stage that only fetches hls.js for the API's page.
+            assert re.fullmatch(r"python:3\.\d+(\.\d+)?-slim\S*", image) or (
+                args.endswith(" AS hlsjs") and re.fullmatch(r"node:\d+-\S*slim", image)), args
     final = dict(final_stage(DOCKER / "Dockerfile.producer"))
     assert final["USER"] not in {"root", "0"}
     assert final["ENTRYPOINT"] == '["framefleet"]'
@@ -300,3 +303,34 @@ def test_mounted_configuration_exists(services: dict[str, Any]) -> None:
         (DOCKER / "grafana-provisioning/dashboards/framefleet.yaml").read_text()
     )
     assert provider["providers"][0]["options"]["path"] in mounts
+
+
+def test_the_api_image_serves_the_pinned_hls_js() -> None:
+    # The page's hls.js is the npm file the tests play with: one version in both places.
+    pinned = re.search(r"HLS_JS_VERSION=(\S+)", (REPO / "scripts/install-system-deps.sh")
+                       .read_text())
+    assert pinned is not None
+    runs = [a for w, a in instructions(DOCKER / "Dockerfile.producer") if w == "RUN"]
+    assert any(f"hls.js@{pinned.group(1)}" in a for a in runs), runs
+    final = dict(final_stage(DOCKER / "Dockerfile.producer"))
+    path = re.search(r"FRAMEFLEET_API_HLS_JS=(\S+)", final["ENV"])
+    assert path is not None and f"hlsjs /hls/node_modules/hls.js/dist/hls.min.js {path.group(1)}" \
+        in final["COPY"]
+    assert "api" in installed_extras(DOCKER / "Dockerfile.producer")
+
+
+def test_the_api_service_listens_for_the_host_on_loopback_only(
+        services: dict[str, Any]) -> None:
+    api = services["api"]
+    assert api["command"] == ["api"]
+    env = api["environment"]
+    s = settings_of(env)
+    assert str(s.api_addr) == "0.0.0.0"  # inside its container; published on loopback only
+    assert api["ports"] == [f"127.0.0.1:8080:{s.api_port}/tcp"]
+    assert api["volumes"] == [f"{DOCKER / 'api'}:/etc/framefleet/api:ro"]
+    assert env["FRAMEFLEET_API_MODELS_FILE"].startswith("/etc/framefleet/api/")
+    assert (DOCKER / "api" / Path(env["FRAMEFLEET_API_MODELS_FILE"]).name).is_file()
+    # The keys file is the operator's and is never committed.
+    ignored = (REPO / ".gitignore").read_text().splitlines()
+    assert "docker/api/keys.toml" in ignored
+    assert (s.output_prefix or "").startswith("s3://")

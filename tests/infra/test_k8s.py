@@ -79,7 +79,7 @@ def test_every_overlay_renders_into_the_framefleet_namespace(objects: list[dict[
     assert {"Namespace", "ServiceAccount", "Deployment", "PodDisruptionBudget",
             "NetworkPolicy", "ServiceMonitor"} <= kinds
     assert {d["metadata"]["name"] for d in of_kind(objects, "Deployment")} >= {
-        "framefleet-worker", "framefleet-exporter", "flower"}
+        "framefleet-worker", "framefleet-exporter", "flower", "framefleet-api"}
     for o in objects:
         if o["kind"] != "Namespace":
             assert o["metadata"].get("namespace") == "framefleet", o["metadata"]["name"]
@@ -402,7 +402,8 @@ def test_the_hpa_alternative_scales_on_the_exporters_queue_depth() -> None:
 
     objects = render("hpa")
     assert not of_kind(objects, "ScaledObject")
-    (hpa,) = of_kind(objects, "HorizontalPodAutoscaler")
+    (hpa,) = [h for h in of_kind(objects, "HorizontalPodAutoscaler")
+              if h["spec"]["scaleTargetRef"]["name"] != "framefleet-api"]
     assert hpa["spec"]["scaleTargetRef"]["name"] == worker(objects)["metadata"]["name"]
     (metric,) = hpa["spec"]["metrics"]
     assert metric["type"] == "External"
@@ -514,10 +515,10 @@ def test_self_contained_backends_answer_their_clients_only() -> None:
     objects = render("self-contained")
     redis_labels, redis_c = pod_of(objects, "framefleet-redis")
     s3_labels, s3_c = pod_of(objects, "seaweedfs")
-    for client in ("framefleet-worker", "framefleet-exporter", "flower"):
+    for client in ("framefleet-worker", "framefleet-exporter", "flower", "framefleet-api"):
         labels, _ = pod_of(objects, client)
         assert allowed(objects, (labels, "framefleet"), (redis_labels, redis_c, None), 6379)
-        may_s3 = client == "framefleet-worker"
+        may_s3 = client in ("framefleet-worker", "framefleet-api")
         assert allowed(objects, (labels, "framefleet"), (s3_labels, s3_c, None), 8333) == may_s3
     assert not allowed(objects, (None, "default"), (redis_labels, redis_c, None), 6379)
 
@@ -542,3 +543,62 @@ def test_eks_workers_reach_redis_s3_and_the_spot_notice() -> None:
     values = {v.lower() for t in terms["nodeSelectorTerms"] for e in t["matchExpressions"]
               for v in e["values"]}
     assert values == {s.capacity}
+
+
+# --- the API gateway -------------------------------------------------------------------------
+
+
+INGRESS = ({"app.kubernetes.io/name": "ingress-nginx"}, "ingress-nginx")
+
+
+def test_only_the_ingress_reaches_the_api(objects: list[dict[str, Any]]) -> None:
+    api_labels, api_c = pod_of(objects, "framefleet-api")
+    port = port_number(api_c, "http")
+    assert allowed(objects, INGRESS, (api_labels, api_c, None), port)
+    assert not allowed(objects, INGRESS, (api_labels, api_c, None), port + 1)
+    assert not allowed(objects, (None, "default"), (api_labels, api_c, None), port)
+    assert not allowed(objects, PROMETHEUS, (api_labels, api_c, None), port)
+    for other in ("framefleet-worker", "flower", "framefleet-exporter"):
+        labels, _ = pod_of(objects, other)
+        assert not allowed(objects, (labels, "framefleet"), (api_labels, api_c, None), port)
+    # and the API reaches no worker, exporter or Flower port
+    worker_labels, worker_c = pod_of(objects, "framefleet-worker")
+    assert not allowed(objects, (api_labels, "framefleet"), (worker_labels, worker_c, None),
+                       port_number(worker_c, "metrics"))
+
+
+def test_the_api_reaches_redis_and_s3_only() -> None:
+    objects = render("self-contained")
+    api_labels, _ = pod_of(objects, "framefleet-api")
+    src = (api_labels, "framefleet")
+    assert not allowed(objects, src, (None, None, "anywhere"), 443)
+    objects = render("eks-production")
+    api_labels, _ = pod_of(objects, "framefleet-api")
+    src = (api_labels, "framefleet")
+    assert allowed(objects, src, (None, None, "in-block"), 6379)
+    assert allowed(objects, src, (None, None, "anywhere"), 443)  # S3 and STS: HTTPS
+    assert not allowed(objects, src, (None, None, "anywhere"), 80)
+    assert not allowed(objects, src, (None, None, "anywhere"), 6379)
+
+
+def test_the_api_runs_its_settings_probes_and_scaler(objects: list[dict[str, Any]]) -> None:
+    deployment = one(objects, "Deployment", "framefleet-api")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["args"] == ["api"] and "replicas" not in deployment["spec"]
+    s = settings_of(container_env(objects, container))
+    assert str(s.api_addr) == "0.0.0.0" and (s.output_prefix or "").startswith("s3://")
+    assert port_number(container, "http") == s.api_port
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    keys_dir = str(Path(str(s.api_keys_file)).parent)
+    assert volumes[mounts[keys_dir]]["secret"]["secretName"] == "framefleet-api-keys"
+    models = volumes[mounts[str(Path(str(s.api_models_file)).parent)]]["configMap"]["name"]
+    config = [c for c in of_kind(objects, "ConfigMap") if c["metadata"]["name"] == models]
+    assert config and Path(str(s.api_models_file)).name in config[0]["data"]
+    (hpa,) = [h for h in of_kind(objects, "HorizontalPodAutoscaler")
+              if h["spec"]["scaleTargetRef"]["name"] == "framefleet-api"]
+    assert hpa["spec"]["minReplicas"] >= 2  # one replica lost still serves
+    assert "create secret generic framefleet-api-keys" in (REPO / "docs/api.md").read_text()

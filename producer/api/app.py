@@ -1,0 +1,36 @@
+"""The app factory: ``create_app(settings)`` wires the parts, the routes and the errors."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from producer.api import errors, ops, page, routes_jobs, routes_videos
+from producer.api.bodylimit import BodyLimit
+from producer.api.context import Gateway
+from producer.client import Client
+from producer.settings import Settings, get_settings
+
+DESCRIPTION = """framefleet's HTTP gateway. `/v1/videos` speaks the OpenAI Videos API shape
+(the `openai` SDK's `client.videos.*` work unmodified); `/v1/jobs` takes whole JobSpecs and
+streams their events. Every route but `/`, `/healthz`, `/readyz` and `/metrics` needs
+`Authorization: Bearer KEY`; the key names the tenant."""
+
+
+def create_app(settings: Settings | None = None, client: Client | None = None) -> FastAPI:
+    """A gateway app for ``settings`` (default: the environment's); raises ``SettingsError``
+    naming the variable when the keys file, the model map or the output prefix is missing."""
+    settings = settings or get_settings()
+    gateway = Gateway(settings, client)
+    app = FastAPI(title="framefleet", version="1", description=DESCRIPTION, docs_url=None,
+                  redoc_url=None)
+    app.state.gateway = gateway
+    errors.install(app)
+    ops.install_metrics(app)
+    app.add_middleware(BodyLimit, max_body=settings.api_max_body_bytes,
+                       max_upload=max(settings.api_max_upload_bytes + 64 * 1024,
+                                      settings.api_max_body_bytes))
+    app.include_router(routes_videos.router)
+    app.include_router(routes_jobs.router)
+    app.include_router(ops.router)
+    app.include_router(page.router)
+    return app

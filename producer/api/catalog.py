@@ -1,0 +1,173 @@
+"""Models by name: the one config file (``FRAMEFLEET_API_MODELS_FILE``) that maps a request's
+``model`` to a server-side folder, its defaults and its limits.
+
+A client names a model; it never names a path. ``size`` (``WxH``) and ``seconds`` become
+width, height and frames by the model family's rules: Wan makes ``4k+1`` frames (``seconds ×
+fps`` must be a multiple of 4; the first frame is extra) at sizes that are multiples of
+``size_multiple`` (16: the VAE's 8× times the transformer's 2× patch; 32 for Wan2.2-TI2V-5B's
+16× VAE). Anything else is a 400 naming the field.
+
+Example (TOML)::
+
+    [models.wan2.1-t2v-1.3b]
+    folder = "/models/Wan2.1-T2V-1.3B-Diffusers"
+    fps = 16
+    size = "832x480"
+    seconds = "5"
+    steps = 50
+    guidance = 5.0
+    tier = "exact"
+    [models.wan2.1-t2v-1.3b.limits]
+    sizes = ["832x480", "480x832"]
+    max_seconds = 10
+    max_steps = 50
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from producer.api.config import load
+from producer.errors import ApiRequestError
+
+SIZE_RE = re.compile(r"^([1-9][0-9]{0,4})x([1-9][0-9]{0,4})$")
+NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
+
+
+class Limits(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sizes: tuple[str, ...] = Field(default=(), description="allowed WxH; empty: any in bounds")
+    max_pixels: int = Field(default=1280 * 720, ge=64)
+    max_seconds: float = Field(default=10.0, gt=0, le=3600)
+    max_steps: int = Field(default=50, ge=1, le=10_000)
+
+    @field_validator("sizes")
+    @classmethod
+    def _sizes(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for s in v:
+            if not SIZE_RE.match(s):
+                raise ValueError(f"size {s!r} is not WxH")
+        return v
+
+
+class ModelEntry(BaseModel):
+    """One model the API serves."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    folder: str = Field(description="local diffusers folder on the workers (path or file://)")
+    family: Literal["wan"] = "wan"
+    fps: float = Field(default=16.0, gt=0, le=240)
+    size: str = Field(default="832x480", description="default WxH")
+    seconds: str = Field(default="5", description="default duration")
+    steps: int = Field(default=50, ge=1, le=10_000)
+    guidance: float = Field(default=5.0, ge=0, le=100)
+    guidance_2: float | None = Field(default=None, ge=0, le=100)
+    tier: str = Field(default="exact", max_length=64,
+                      description="the speed tier label the job's object carries")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    size_multiple: int = Field(default=16, ge=1, le=256)
+    image_to_video: bool = Field(default=False, description="accepts input_reference")
+    limits: Limits = Limits()
+
+    @field_validator("folder")
+    @classmethod
+    def _folder(cls, v: str) -> str:
+        path = v.removeprefix("file://")
+        if not path.startswith("/") or ".." in Path(path).parts or "://" in path:
+            raise ValueError(f"folder must be an absolute local path, got {v!r}")
+        return Path(path).as_uri()
+
+    @model_validator(mode="after")
+    def _defaults_fit(self) -> ModelEntry:
+        # The defaults must pass the entry's own rules, or every default request would 400.
+        try:
+            shape(self, None, None, None)
+        except ApiRequestError as e:
+            raise ValueError(f"the defaults break the entry's rules: {e.message}") from None
+        return self
+
+
+class Catalog(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    models: dict[str, ModelEntry] = Field(min_length=1)
+
+    @field_validator("models")
+    @classmethod
+    def _names(cls, v: dict[str, ModelEntry]) -> dict[str, ModelEntry]:
+        for name in v:
+            if not re.match(NAME_RE, name):
+                raise ValueError(f"model name {name!r} must match {NAME_RE}")
+        return v
+
+    def get(self, name: str | None) -> tuple[str, ModelEntry]:
+        """The entry of ``name`` (the first listed when None), or a 400 naming ``model``."""
+        if name is None:
+            name = next(iter(self.models))
+        entry = self.models.get(name)
+        if entry is None:
+            raise ApiRequestError(400, "unknown_model",
+                                  f"model {name[:64]!r} is not served here (one of "
+                                  f"{', '.join(sorted(self.models))})", "model")
+        return name, entry
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a request's size, seconds and steps become for one model."""
+
+    width: int
+    height: int
+    frames: int
+    size: str
+    seconds: str
+    steps: int
+
+
+def _bad(param: str, message: str) -> ApiRequestError:
+    return ApiRequestError(400, "invalid_value", f"{param}: {message}", param)
+
+
+def shape(entry: ModelEntry, size: str | None, seconds: str | None,
+          steps: int | None) -> Shape:
+    """Map ``size``/``seconds``/``steps`` (None: the model's defaults) by its rules."""
+    size = entry.size if size is None else size.strip()
+    match = SIZE_RE.match(size)
+    if match is None:
+        raise _bad("size", f"expected WIDTHxHEIGHT such as {entry.size}, got {size[:32]!r}")
+    width, height = int(match[1]), int(match[2])
+    limits, multiple = entry.limits, entry.size_multiple
+    if limits.sizes and size not in limits.sizes:
+        raise _bad("size", f"{size} is not one of this model's sizes: {', '.join(limits.sizes)}")
+    if width % multiple or height % multiple:
+        raise _bad("size", f"{size}: width and height must be multiples of {multiple}")
+    if width * height > limits.max_pixels:
+        raise _bad("size", f"{size} is over this model's {limits.max_pixels} pixels")
+    text = entry.seconds if seconds is None else str(seconds).strip()
+    try:
+        value = Decimal(text)
+    except InvalidOperation:
+        raise _bad("seconds", f"expected a number of seconds, got {text[:32]!r}") from None
+    if not value.is_finite() or value <= 0 or value > Decimal(str(limits.max_seconds)):
+        raise _bad("seconds", f"{text} is not in (0, {limits.max_seconds:g}]")
+    intervals = value * Decimal(str(entry.fps))
+    if intervals != intervals.to_integral_value() or int(intervals) % 4:
+        step = Decimal(4) / Decimal(str(entry.fps))
+        raise _bad("seconds", f"{text} s at {entry.fps:g} fps: this model makes 4k+1 frames, "
+                   f"so seconds must be a multiple of {step.normalize()}")
+    n_steps = entry.steps if steps is None else steps
+    if not 1 <= n_steps <= limits.max_steps:
+        raise _bad("steps", f"{n_steps} is not in [1, {limits.max_steps}]")
+    return Shape(width, height, int(intervals) + 1, size, text, n_steps)
+
+
+def load_catalog(path: str) -> Catalog:
+    return load(path, Catalog, "FRAMEFLEET_API_MODELS_FILE")

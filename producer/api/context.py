@@ -1,0 +1,118 @@
+"""The gateway's parts, built once per process from the settings, and the request's tenant.
+
+``Gateway`` holds the producer client (the only way to the fleet), the registry of records,
+the store, the keys and the models. ``tenant`` is the dependency every keyed route takes: the
+key names the tenant, then the tenant's rate limit is spent (Redis, shared by every replica).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable
+from typing import Annotated
+
+import redis
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from limits import RateLimitItemPerMinute
+from limits.storage import RedisStorage
+from limits.strategies import MovingWindowRateLimiter
+
+from producer.api import keys
+from producer.api.auth import KeyRing, Tenant
+from producer.api.catalog import load_catalog
+from producer.api.errors import not_found
+from producer.api.registry import Record, Registry
+from producer.api.store import Store
+from producer.api.video import View
+from producer.client import Client
+from producer.errors import ApiRequestError, SettingsError
+from producer.jobstate import FINISHED
+from producer.settings import Settings
+
+
+class Gateway:
+    """Everything a request needs; one per process, shared by its threads."""
+
+    def __init__(self, settings: Settings, client: Client | None = None) -> None:
+        if not settings.api_keys_file:
+            raise SettingsError("FRAMEFLEET_API_KEYS_FILE: the API needs a keys file")
+        if not settings.api_models_file:
+            raise SettingsError("FRAMEFLEET_API_MODELS_FILE: the API needs a model map")
+        if not (settings.output_prefix or "").startswith("s3://"):
+            raise SettingsError("FRAMEFLEET_OUTPUT_PREFIX: the API writes jobs under an "
+                                "s3:// output prefix; set one")
+        self.settings = settings
+        self.keyring = KeyRing(settings.api_keys_file, settings.api_rate_per_minute,
+                               settings.api_max_in_flight)
+        self.catalog = load_catalog(settings.api_models_file)
+        self.client = client or Client(settings=settings)
+        self.redis = redis.Redis.from_url(settings.backend_url, socket_timeout=5,
+                                          socket_connect_timeout=5, health_check_interval=30)
+        self.registry = Registry(self.redis)
+        self.store = Store(settings)
+        # A moving window: exact (each hit is kept for a minute), and it says when the oldest
+        # hit leaves it, which is the honest Retry-After.
+        self.limiter = MovingWindowRateLimiter(RedisStorage(
+            settings.backend_url, connection_pool=self.redis.connection_pool,
+            key_prefix=keys.RATE_PREFIX))
+
+    @property
+    def output_prefix(self) -> str:
+        assert self.settings.output_prefix is not None
+        return self.settings.output_prefix.rstrip("/")
+
+    def authorize(self, authorization: str | None) -> Tenant:
+        """The key's tenant, once its rate limit allows this request (else a 429)."""
+        tenant = self.keyring.tenant(authorization)
+        item = RateLimitItemPerMinute(tenant.rate_per_minute)
+        if not self.limiter.hit(item, tenant.name):
+            reset = self.limiter.get_window_stats(item, tenant.name).reset_time
+            wait = max(1, math.ceil(reset - time.time()))
+            raise ApiRequestError(429, "rate_limit_exceeded",
+                                  f"over {tenant.rate_per_minute} requests per minute",
+                                  headers={"Retry-After": str(wait)})
+        return tenant
+
+    def lookup(self, tenant: Tenant, public_id: str, what: str = "video") -> Record:
+        """The tenant's record, or the same 404 for unknown, foreign and malformed ids."""
+        rec = self.registry.get(tenant.name, public_id)
+        if rec is None:
+            raise not_found(what)
+        return rec
+
+    def view(self, rec: Record) -> View:
+        """Read the fleet's state (and the result of a job that succeeded)."""
+        js = self.client.state(rec.job_id)
+        result = None
+        if js.state == "SUCCESS":
+            result = self.client.get(rec.job_id).result()
+        completed = None
+        if js.finished:
+            completed = self.registry.completed_at(rec)
+            self.registry.release(rec.tenant, rec.job_id)
+        return View(rec, js, result, completed)
+
+    def finished(self, job_ids: Iterable[str]) -> list[str]:
+        """Of ``job_ids``, those that ended (or that the fleet forgot)."""
+        return [j for j in job_ids
+                if self.client.state(j).state in FINISHED | {"UNKNOWN"}]
+
+
+def _gateway(request: Request) -> Gateway:
+    gw: Gateway = request.app.state.gateway
+    return gw
+
+
+GatewayDep = Annotated[Gateway, Depends(_gateway)]
+# Declared for the OpenAPI schema ("bearer" security on every keyed route); checked below.
+_bearer = HTTPBearer(auto_error=False, description="an API key: Authorization: Bearer KEY")
+
+
+def _tenant(gw: GatewayDep, request: Request,
+            _: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> Tenant:
+    return gw.authorize(request.headers.get("authorization"))
+
+
+TenantDep = Annotated[Tenant, Depends(_tenant)]

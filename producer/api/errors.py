@@ -1,0 +1,95 @@
+"""Every error the gateway answers, in one JSON shape: OpenAI's, so its SDKs parse it.
+
+``{"error": {"message": ..., "type": ..., "param": <field or null>, "code": ...}}``. The
+``openai`` SDK raises ``BadRequestError``, ``AuthenticationError``, ``NotFoundError``,
+``RateLimitError`` … from it with ``.code`` and ``.param`` set. Errors of the fleet
+(``producer.errors``) map onto statuses here, once.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from producer.errors import (
+    ApiRequestError,
+    BrokerError,
+    FramefleetError,
+    InvalidJobError,
+    JobConflictError,
+    UnknownJobError,
+)
+
+#: OpenAI's error ``type`` per status.
+TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+         404: "invalid_request_error", 409: "invalid_request_error", 413: "invalid_request_error",
+         416: "invalid_request_error", 429: "rate_limit_error", 501: "invalid_request_error"}
+CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large",
+         416: "range_not_satisfiable"}
+# "generate.num_frames: must be 4k+1" or "invalid job spec: time_limit_s: ...": the field.
+_FIELD = re.compile(r"^(?:invalid job spec: )?([A-Za-z_][\w.\[\]]*): ")
+
+
+def body(status: int, code: str, message: str, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": TYPES.get(status, "server_error"),
+                      "param": param, "code": code}}
+
+
+def respond(e: ApiRequestError) -> JSONResponse:
+    return JSONResponse(body(e.status, e.code, e.message, e.param), e.status, headers=e.headers)
+
+
+def not_found(what: str = "video") -> ApiRequestError:
+    """The one answer for an unknown id, another tenant's id and a malformed id alike."""
+    return ApiRequestError(404, "not_found", f"no such {what}")
+
+
+def from_fleet(e: FramefleetError) -> ApiRequestError:
+    """A fleet error raised while serving a request, as the status it means."""
+    if isinstance(e, ApiRequestError):
+        return e
+    text = " ".join(str(e).split())
+    if isinstance(e, InvalidJobError):
+        match = _FIELD.match(text)
+        return ApiRequestError(400, "invalid_value", text, match.group(1) if match else None)
+    if isinstance(e, JobConflictError):
+        return ApiRequestError(409, "conflict", text)
+    if isinstance(e, UnknownJobError):
+        return not_found("job")
+    if isinstance(e, BrokerError):
+        return ApiRequestError(503, "fleet_unavailable", "the fleet's Redis does not answer")
+    return ApiRequestError(500, "internal_error", text)
+
+
+def _param(loc: tuple[Any, ...]) -> str | None:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    return ".".join(parts) or None
+
+
+def install(app: FastAPI) -> None:
+    """Route every error through the one shape."""
+
+    @app.exception_handler(FramefleetError)
+    async def _fleet(request: Request, e: FramefleetError) -> JSONResponse:
+        return respond(from_fleet(e))
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, e: RequestValidationError) -> JSONResponse:
+        errors = e.errors()
+        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+        param = _param(tuple(first.get("loc", ())))
+        message = "; ".join(f"{_param(tuple(x.get('loc', ()))) or 'request'}: {x.get('msg')}"
+                            for x in errors) or "invalid request"
+        return respond(ApiRequestError(400, "invalid_value", message, param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        code = CODES.get(e.status_code, "http_error")
+        message = "no such route" if e.status_code == 404 else str(e.detail)
+        return respond(ApiRequestError(e.status_code, code, message,
+                                       headers=dict(e.headers or {})))

@@ -1,0 +1,71 @@
+"""``GET /v1/jobs/{id}/events``: the job's Server-Sent Events, until its final state.
+
+Events, each with a rising ``id``:
+
+- ``state``: the native job object, whenever the state or the progress changed;
+- ``segment``: ``{index, url}`` for each segment that joined the live playlist (counted by
+  the worker's progress; the manifest's segments on success), in order, each once;
+- ``end``: the final job object (SUCCESS, FAILURE or REVOKED); then the stream closes.
+
+The state is read every ``FRAMEFLEET_API_EVENTS_POLL_S`` in a worker thread (the client is
+blocking), so an open stream holds no thread between reads. A comment line every
+``KEEPALIVE_S`` keeps proxies from closing a quiet stream.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+from fastapi.sse import ServerSentEvent
+
+from producer.api.context import Gateway
+from producer.api.registry import Record
+from producer.api.video import job_object
+from producer.spec import segment_name
+
+KEEPALIVE_S = 15.0
+
+
+async def job_events(gw: Gateway, rec: Record) -> AsyncIterator[ServerSentEvent]:
+    seq, sent_segments, last_key = 0, 0, None
+    quiet_since = time.monotonic()
+
+    def event(kind: str, data: Any) -> ServerSentEvent:
+        nonlocal seq, quiet_since
+        seq += 1
+        quiet_since = time.monotonic()
+        return ServerSentEvent(event=kind, data=data, id=str(seq))
+
+    def segments(upto: int) -> list[ServerSentEvent]:
+        nonlocal sent_segments
+        out = []
+        for index in range(sent_segments, upto):
+            url = f"/v1/jobs/{rec.id}/files/{segment_name(index)}"
+            out.append(event("segment", {"index": index, "url": url}))
+        sent_segments = max(sent_segments, upto)
+        return out
+
+    while True:
+        view = await anyio.to_thread.run_sync(gw.view, rec)
+        js = view.state
+        obj = job_object(view)
+        key = (js.state, obj["percent"], obj["progress"])
+        if key != last_key:
+            last_key = key
+            yield event("state", obj)
+        if js.progress is not None:
+            for e in segments(js.progress.segments_done):
+                yield e
+        if js.finished:
+            if view.result is not None:
+                for e in segments(len(view.result.manifest.segments)):
+                    yield e
+            yield event("end", obj)
+            return
+        if time.monotonic() - quiet_since > KEEPALIVE_S:
+            quiet_since = time.monotonic()
+            yield ServerSentEvent(comment="keep-alive")
+        await anyio.sleep(gw.settings.api_events_poll_s)

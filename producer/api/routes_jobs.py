@@ -1,0 +1,71 @@
+"""``/v1/jobs``: the native API. A whole ``JobSpec`` in, the fleet's own states out, with a
+Server-Sent Events stream and the job's files."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+
+from producer.api.context import GatewayDep, TenantDep
+from producer.api.events import job_events
+from producer.api.files import serve
+from producer.api.registry import Record
+from producer.api.submit import submit_job
+from producer.api.video import job_object
+from producer.errors import ApiRequestError
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+_SPEC_DOC = ("A JobSpec (producer/spec.py) without tenant and output, which the gateway sets; "
+             "job_id is the key's own id; generate.model and decoder.weights are model names "
+             "of the gateway's map; input URIs lie under the key's input prefix.")
+
+
+@router.post("", summary="Submit a JobSpec", openapi_extra={"requestBody": {
+    "required": True, "description": _SPEC_DOC,
+    "content": {"application/json": {"schema": {"type": "object"}}}}})
+async def create_job(request: Request, gw: GatewayDep, tenant: TenantDep) -> dict[str, Any]:
+    # Read here, not through a Body parameter: FastAPI turns any error while reading a body
+    # into a 400, and an over-long body must stay the 413 that the limit raises.
+    try:
+        spec = json.loads(await request.body() or b"null")
+    except ValueError:
+        raise ApiRequestError(400, "invalid_json", "the body is not JSON") from None
+    view = await run_in_threadpool(submit_job, gw, tenant, spec)
+    return job_object(view)
+
+
+@router.get("/{job_id}", summary="A job's state, progress and result")
+def get_job(job_id: str, gw: GatewayDep, tenant: TenantDep) -> dict[str, Any]:
+    return job_object(gw.view(gw.lookup(tenant, job_id, "job")))
+
+
+@router.delete("/{job_id}", summary="Cancel a job")
+def cancel_job(job_id: str, gw: GatewayDep, tenant: TenantDep) -> dict[str, Any]:
+    rec = gw.lookup(tenant, job_id, "job")
+    state = gw.client.cancel(rec.job_id)
+    return {"id": rec.id, "object": "framefleet.job.cancel", "was": state}
+
+
+def _record(job_id: str, gw: GatewayDep, tenant: TenantDep) -> Record:
+    # A dependency: an unknown id is a 404 before the stream starts.
+    return gw.lookup(tenant, job_id, "job")
+
+
+@router.get("/{job_id}/events", response_class=EventSourceResponse,
+            summary="Server-Sent Events: state, segment, end")
+async def events(gw: GatewayDep,
+                 rec: Annotated[Record, Depends(_record)]) -> AsyncIterator[ServerSentEvent]:
+    async for e in job_events(gw, rec):
+        yield e
+
+
+@router.get("/{job_id}/files/{name}", response_class=Response,
+            summary="A file of the job: index.m3u8, segment-NNNNN.mp4, full.mp4, manifest.json")
+def job_file(job_id: str, name: str, gw: GatewayDep, tenant: TenantDep,
+             range_header: Annotated[str | None, Header(alias="range")] = None) -> Response:
+    return serve(gw, gw.lookup(tenant, job_id, "job"), name, range_header)

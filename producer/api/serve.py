@@ -1,0 +1,22 @@
+"""``framefleet api``: run the gateway under uvicorn, on ``FRAMEFLEET_API_ADDR`` (loopback
+unless set) and ``FRAMEFLEET_API_PORT``.
+
+One process per replica: the app is stateless, so replicas scale out behind a load balancer
+(compose, a Kubernetes Deployment with an HPA). uvicorn trusts ``X-Forwarded-For`` only from
+loopback (its default), so ``/metrics`` stays a loopback-only route behind a proxy too.
+"""
+
+from __future__ import annotations
+
+from producer.settings import Settings
+
+
+def serve(settings: Settings) -> None:
+    """Build the app (failing fast on a bad keys file, model map or prefix) and serve it."""
+    import uvicorn
+
+    from producer.api.app import create_app
+
+    app = create_app(settings)
+    uvicorn.run(app, host=str(settings.api_addr), port=settings.api_port, log_level="info",
+                server_header=False, timeout_graceful_shutdown=10)

@@ -1,0 +1,115 @@
+// framefleet's page: list the key's jobs, play one live with hls.js, download its MP4.
+// The key stays in this tab's sessionStorage and goes only into Authorization headers to
+// this origin. Every value from the API is put in the page as text, never as HTML.
+"use strict";
+(function () {
+  const KEY = "framefleet.key";
+  const $ = (id) => document.getElementById(id);
+  const rows = $("jobs").querySelector("tbody");
+  // What the player did, for people (the log) and for tests (window.framefleet).
+  const state = window.framefleet = { events: [], frames: 0, playing: null, jobs: [] };
+  let hls = null, timer = null;
+
+  function key() { return sessionStorage.getItem(KEY); }
+  function auth() { return { Authorization: "Bearer " + key() }; }
+  function say(text) { $("status").textContent = text; }
+  function log(name, detail) {
+    const entry = { t: Date.now(), name: name, detail: detail || null };
+    state.events.push(entry);
+    $("log").textContent += name + (detail ? " " + JSON.stringify(detail) : "") + "\n";
+  }
+
+  function cell(text) { const td = document.createElement("td"); td.textContent = text; return td; }
+
+  function render(videos) {
+    rows.replaceChildren();
+    for (const v of videos) {
+      const tr = document.createElement("tr");
+      tr.dataset.id = v.id;
+      if (v.id === state.playing) tr.classList.add("active");
+      const ff = v.framefleet || {};
+      const bar = document.createElement("progress");
+      bar.max = 100; bar.value = v.progress;
+      const p = cell(" " + v.progress + "%"); p.prepend(bar);
+      tr.append(cell(v.id), cell(v.model), cell(v.status + (ff.state ? " (" + ff.state + ")" : "")),
+                p, cell(ff.cost_usd == null ? "" : "$" + ff.cost_usd.toFixed(6)),
+                cell(new Date(v.created_at * 1000).toLocaleString()));
+      tr.addEventListener("click", () => play(v));
+      rows.append(tr);
+    }
+  }
+
+  async function refresh() {
+    if (!key()) { rows.replaceChildren(); return; }
+    try {
+      const r = await fetch("/v1/videos?limit=50", { headers: auth() });
+      const body = await r.json();
+      if (!r.ok) { say(body.error ? body.error.message : "HTTP " + r.status); return; }
+      state.jobs = body.data;
+      say("");
+      render(body.data);
+    } catch (e) { say(String(e)); }
+  }
+
+  function play(v) {
+    state.playing = v.id;
+    $("player").hidden = false;
+    $("playing").textContent = v.id;
+    $("note").textContent = v.status === "completed" ? "" : "live: the job is " + v.status;
+    $("log").textContent = "";
+    state.events = []; state.frames = 0;
+    if (hls) hls.destroy();
+    const video = $("video");
+    const src = "/v1/jobs/" + encodeURIComponent(v.id) + "/files/index.m3u8";
+    hls = new Hls({ enableWorker: false, xhrSetup: (xhr) => {
+      xhr.setRequestHeader("Authorization", "Bearer " + key()); } });
+    let retries = 0;
+    const E = Hls.Events;
+    for (const name of [E.MANIFEST_PARSED, E.LEVEL_LOADED, E.FRAG_LOADED, E.FRAG_BUFFERED]) {
+      hls.on(name, (_, d) => log(name, name === E.LEVEL_LOADED
+        ? { live: d.details.live, fragments: d.details.fragments.length }
+        : name === E.FRAG_LOADED || name === E.FRAG_BUFFERED ? { sn: d.frag.sn } : null));
+    }
+    hls.on(E.ERROR, (_, d) => {
+      log(E.ERROR, { type: d.type, details: d.details, fatal: d.fatal });
+      // No playlist yet (the job is still queued): look again, for a while.
+      if (d.fatal && d.type === Hls.ErrorTypes.NETWORK_ERROR && retries++ < 60) {
+        setTimeout(() => hls.loadSource(src), 2000);
+      }
+    });
+    hls.on(E.MANIFEST_PARSED, () => video.play().catch((e) => log("play-error", String(e))));
+    hls.loadSource(src);
+    hls.attachMedia(video);
+    const onFrame = () => { state.frames++; video.requestVideoFrameCallback(onFrame); };
+    video.requestVideoFrameCallback(onFrame);
+    video.onplaying = () => log("playing");
+    video.onended = () => log("ended");
+    refresh();
+  }
+
+  async function download() {
+    const id = state.playing;
+    const r = await fetch("/v1/videos/" + encodeURIComponent(id) + "/content", { headers: auth() });
+    if (!r.ok) { const b = await r.json(); say(b.error.message); return; }
+    const url = URL.createObjectURL(await r.blob());
+    const a = document.createElement("a");
+    a.href = url; a.download = id + ".mp4";
+    document.body.append(a); a.click(); a.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 60000);
+  }
+
+  $("key-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    const value = $("key").value.trim();
+    if (value) sessionStorage.setItem(KEY, value);
+    $("key").value = "";
+    refresh();
+  });
+  $("forget").addEventListener("click", () => {
+    sessionStorage.removeItem(KEY); state.jobs = []; rows.replaceChildren(); say("key forgotten");
+  });
+  $("download").addEventListener("click", download);
+  refresh();
+  timer = setInterval(refresh, 2000);
+  window.addEventListener("pagehide", () => clearInterval(timer));
+})();

@@ -1,0 +1,164 @@
+"""Turn a request into a ``JobSpec`` and submit it through the producer client.
+
+Both APIs end here: a ``/v1/videos`` request is built from the model map; a native
+``/v1/jobs`` spec is taken whole, but what could name a place is the gateway's to say: the
+tenant is the key's, the output folder is the fleet's prefix, the job id is derived from the
+tenant's (``registry.fleet_id``), a model is a name from the map, and an input must lie under
+the tenant's own input prefix. Then ``Client.submit`` checks the spec as it checks any other.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from producer.api.auth import Tenant
+from producer.api.catalog import shape
+from producer.api.context import Gateway
+from producer.api.registry import Record, fleet_id, new_video_id, valid_public_id
+from producer.api.store import under
+from producer.api.uploads import discard, image_fields, input_root, store_upload
+from producer.api.video import View
+from producer.errors import ApiRequestError
+from producer.spec import RANDOM_WEIGHTS, parse_spec
+
+#: A full tenant waits for one of its jobs to end; it cannot know when, so: look again soon.
+IN_FLIGHT_RETRY_S = 5
+
+
+class VideoCreate(BaseModel):
+    """``POST /v1/videos``, as JSON or as multipart form fields (plus ``input_reference``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str = Field(min_length=1, max_length=20_000)
+    model: str | None = Field(default=None, max_length=64)
+    seconds: str | None = Field(default=None, max_length=16, coerce_numbers_to_str=True)
+    size: str | None = Field(default=None, max_length=16)
+    negative_prompt: str = Field(default="", max_length=20_000)
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    steps: int | None = Field(default=None, ge=1, le=10_000)
+
+
+def _bad(param: str, message: str) -> ApiRequestError:
+    return ApiRequestError(400, "invalid_value", f"{param}: {message}", param)
+
+
+def _reserve(gw: Gateway, tenant: Tenant, job_id: str) -> None:
+    if not gw.registry.reserve(tenant.name, job_id, tenant.max_in_flight, gw.finished):
+        raise ApiRequestError(429, "too_many_in_flight",
+                              f"{tenant.max_in_flight} jobs of this key are still running",
+                              headers={"Retry-After": str(IN_FLIGHT_RETRY_S)})
+
+
+def _send(gw: Gateway, tenant: Tenant, rec: Record, spec_data: dict[str, Any]) -> View:
+    spec = parse_spec(spec_data)
+    _reserve(gw, tenant, spec.job_id)
+    rec = gw.registry.create(rec)
+    try:
+        gw.client.submit(spec)
+    except BaseException:
+        gw.registry.release(tenant.name, spec.job_id)
+        if rec.api == "videos":  # a fresh id nobody has seen: leave nothing behind
+            gw.registry.forget(rec)
+        raise
+    return gw.view(rec)
+
+
+def submit_video(gw: Gateway, tenant: Tenant, req: VideoCreate,
+                 upload: bytes | None) -> View:
+    """A prompt (and an image) for a model of the map."""
+    name, entry = gw.catalog.get(req.model)
+    dims = shape(entry, req.size, req.seconds, req.steps)
+    if upload is not None and not entry.image_to_video:
+        raise _bad("input_reference", f"model {name} takes no input image")
+    public = new_video_id()
+    job_id = fleet_id(tenant.name, public)
+    generate: dict[str, Any] = {
+        "model": entry.folder, "prompt": req.prompt, "negative_prompt": req.negative_prompt,
+        "width": dims.width, "height": dims.height, "num_frames": dims.frames,
+        "num_inference_steps": dims.steps, "guidance_scale": entry.guidance,
+        "guidance_scale_2": entry.guidance_2, "dtype": entry.dtype,
+        "seed": req.seed if req.seed is not None else secrets.randbelow(2**31),
+    }
+    image_uri = None
+    if upload is not None:
+        image_uri = store_upload(gw.store, gw.settings, tenant.name, public, upload)
+        try:
+            generate |= image_fields(image_uri)
+        except ApiRequestError:
+            discard(gw.store, image_uri)
+            raise
+    rec = Record(id=public, job_id=job_id, tenant=tenant.name, api="videos",
+                 created_at=time.time(), output=f"{gw.output_prefix}/{tenant.name}/{job_id}",
+                 model=name, size=dims.size, seconds=dims.seconds, prompt=req.prompt,
+                 tier=entry.tier, input_uri=image_uri)
+    return _send(gw, tenant, rec, {
+        "job_id": job_id, "tenant": tenant.name, "generate": generate,
+        "video": {"fps": entry.fps, "stitch": True}, "output": {"uri": gw.output_prefix},
+    })
+
+
+def _inputs(gw: Gateway, tenant: Tenant, data: dict[str, Any]) -> None:
+    """Every input URI a native spec names must lie under the tenant's input prefix."""
+    found: list[tuple[str, Any]] = []
+    if isinstance(data.get("input"), dict):
+        found.append(("input.uri", data["input"].get("uri")))
+    gen = data.get("generate")
+    if isinstance(gen, dict):
+        found += [(f"generate.{k}", gen[k]) for k in ("image", "last_image") if k in gen]
+        for i, lora in enumerate(gen.get("loras") or []):
+            found.append((f"generate.loras[{i}].uri", lora.get("uri")
+                          if isinstance(lora, dict) else lora))
+    for field, uri in found:
+        root = input_root(gw.settings, tenant.name)
+        if not isinstance(uri, str) or not under(uri, root):
+            raise _bad(field, f"must be an s3:// object under this key's input prefix {root}/")
+
+
+def _models(gw: Gateway, data: dict[str, Any]) -> None:
+    """Model and decoder weights by name: the map's folder, never a client's path."""
+    gen = data.get("generate")
+    if isinstance(gen, dict) and "model" in gen:
+        _, entry = gw.catalog.get(str(gen["model"]))  # 400 naming "model" if unknown
+        data["generate"] = {**gen, "model": entry.folder}
+    decoder = data.get("decoder")
+    weights = decoder.get("weights") if isinstance(decoder, dict) else None
+    if weights is not None and weights != RANDOM_WEIGHTS:
+        if not isinstance(weights, str) or weights not in gw.catalog.models:
+            raise _bad("decoder.weights", '"random" or a model name of this gateway')
+        assert isinstance(decoder, dict)
+        data["decoder"] = {**decoder, "weights": gw.catalog.models[weights].folder + "/vae"}
+
+
+def _decoder_name(data: dict[str, Any]) -> str:
+    decoder = data.get("decoder")
+    return str(decoder.get("name", "wan2.1-vae")) if isinstance(decoder, dict) else "wan2.1-vae"
+
+
+def submit_job(gw: Gateway, tenant: Tenant, data: Any) -> View:
+    """A whole ``JobSpec`` (native API), its places decided by the gateway."""
+    if not isinstance(data, dict):
+        raise _bad("spec", "expected a JSON object (a JobSpec)")
+    data = dict(data)
+    public = data.get("job_id")
+    if not isinstance(public, str) or not valid_public_id(public):
+        raise _bad("job_id", "required: [A-Za-z0-9_-][A-Za-z0-9._-]{0,99}, no '..'")
+    if data.get("tenant", tenant.name) != tenant.name:
+        raise _bad("tenant", "the tenant is the API key's; leave it out")
+    if data.get("output", {"uri": gw.output_prefix}) != {"uri": gw.output_prefix}:
+        raise _bad("output", "the gateway writes under the fleet's output prefix; leave it out")
+    _inputs(gw, tenant, data)
+    name = data["generate"].get("model") if isinstance(data.get("generate"), dict) else None
+    _models(gw, data)
+    job_id = fleet_id(tenant.name, public)
+    data |= {"job_id": job_id, "tenant": tenant.name, "output": {"uri": gw.output_prefix}}
+    gen = data.get("generate") if isinstance(data.get("generate"), dict) else None
+    rec = Record(id=public, job_id=job_id, tenant=tenant.name, api="jobs",
+                 created_at=time.time(), output=f"{gw.output_prefix}/{tenant.name}/{job_id}",
+                 model=str(name) if name else _decoder_name(data), generate=gen is not None,
+                 prompt=gen.get("prompt") if gen else None)
+    return _send(gw, tenant, rec, data)

@@ -1,0 +1,108 @@
+"""One small fleet for the API's end-to-end tests: a real Celery worker (the tiny Wan
+pipeline for prompts, a paced pattern decoder for latents) and ``framefleet api`` as a real
+uvicorn process, both on the session's Redis and SeaweedFS."""
+
+from __future__ import annotations
+
+import io
+import secrets
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+
+from tests.gateway import HLS_JS, GatewayProcess, Key, write_keys, write_models
+from tests.generate.tiny import save_tiny_model
+from tests.services import S3Server, WorkerProcess
+
+#: Seconds per pattern chunk (4 frames): a 40-latent-frame job runs ~6 s.
+CHUNK_S = 0.15
+
+
+class PacedWorker(WorkerProcess):
+    def argv(self) -> list[str]:
+        argv = super().argv()
+        argv[argv.index("-A") + 1] = "tests.e2e.paced_worker"
+        return argv
+
+
+@dataclass
+class ApiFleet:
+    gateway: GatewayProcess
+    keys: dict[str, Key]
+    bucket: str
+    s3: S3Server
+    worker: WorkerProcess
+
+    @property
+    def input_prefix(self) -> str:
+        return f"s3://{self.bucket}/in"
+
+    def put_latents(self, tenant: str, name: str, latent_frames: int, h: int = 8,
+                    w: int = 12) -> str:
+        """Zeros (the pattern decoder ignores values) under the tenant's input prefix."""
+        buf = io.BytesIO()
+        np.save(buf, np.zeros((16, latent_frames, h, w), np.float32))
+        key = f"in/{tenant}/{name}.npy"
+        self.s3.client().put_object(Bucket=self.bucket, Key=key, Body=buf.getvalue())
+        return f"s3://{self.bucket}/{key}"
+
+    def pattern_job(self, job_id: str, uri: str, **video: Any) -> dict[str, Any]:
+        return {"job_id": job_id, "input": {"uri": uri}, "decoder": {"name": "pattern"},
+                "video": {"segment_frames": 8, **video}}
+
+
+@pytest.fixture(scope="module")
+def api_fleet(tmp_path_factory: pytest.TempPathFactory, redis_url: str,
+              s3: S3Server) -> Iterator[ApiFleet]:
+    tmp = tmp_path_factory.mktemp("api")
+    redis.Redis.from_url(redis_url).flushdb()
+    model = save_tiny_model(tmp / "tiny-wan")
+    bucket = f"ff-api-{secrets.token_hex(4)}"
+    s3.client().create_bucket(Bucket=bucket)
+    keys = write_keys(tmp / "keys.toml", {"acme": {"delete_outputs": True}, "evil": {},
+                                          "slow": {"rate_per_minute": 3}})
+    models = write_models(tmp / "models.json", {
+        "tiny": {"folder": str(model), "size": "48x32", "seconds": "0.5", "steps": 2,
+                 "dtype": "float32", "tier": "exact"},
+        "tiny-slow": {"folder": str(model), "size": "48x32", "seconds": "0.5", "steps": 400,
+                      "dtype": "float32", "limits": {"max_steps": 400}},
+    })
+    common = {"FRAMEFLEET_BROKER_URL": redis_url, "FRAMEFLEET_RESULT_BACKEND": redis_url,
+              "FRAMEFLEET_S3_ENDPOINT_URL": s3.endpoint_url, "FRAMEFLEET_S3_REGION": s3.region,
+              "AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key,
+              "FRAMEFLEET_OUTPUT_PREFIX": f"s3://{bucket}/out"}
+    worker = PacedWorker("api-w1", tmp / "workers", {
+        **common, "FRAMEFLEET_DEVICE": "cpu", "OMP_NUM_THREADS": "1",
+        "FRAMEFLEET_METRICS_PORT": "0", "FRAMEFLEET_FILE_ROOTS": str(tmp),
+        "FRAMEFLEET_WARMUP_MODEL": str(model), "FRAMEFLEET_MAX_DENOISE_STEPS": "1000",
+        "FRAMEFLEET_TEST_CHUNK_S": str(CHUNK_S)})
+    gateway = GatewayProcess(tmp, {
+        **common, "FRAMEFLEET_API_KEYS_FILE": str(tmp / "keys.toml"),
+        "FRAMEFLEET_API_MODELS_FILE": str(models),
+        "FRAMEFLEET_API_INPUT_PREFIX": f"s3://{bucket}/in",
+        "FRAMEFLEET_API_HLS_JS": str(HLS_JS), "FRAMEFLEET_API_EVENTS_POLL_S": "0.1"})
+    try:
+        worker.start()
+        gateway.start()
+        worker.wait_ready(120)
+        yield ApiFleet(gateway, keys, bucket, s3, worker)
+    finally:
+        gateway.stop()
+        worker.stop()
+
+
+def wait_for(probe: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while (value := probe()) is None:
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        time.sleep(0.1)
+    return value
+
+
+__all__ = ["ApiFleet", "Path", "api_fleet", "wait_for"]

@@ -1,0 +1,29 @@
+"""The worker app with a pattern decoder paced to ``FRAMEFLEET_TEST_CHUNK_S`` per chunk: a
+stand-in for decode time, so a job is still running while a test watches it (SSE, a live
+player, a cancel). Celery loads it with ``-A tests.e2e.paced_worker``; everything else is the
+real worker."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+import torch
+
+from worker.decoders import pattern
+from worker.main import app
+
+_stream = pattern.PatternDecoder.stream
+
+
+def _paced(self: pattern.PatternDecoder, latents: torch.Tensor) -> Iterator[torch.Tensor]:
+    pause = float(os.environ.get("FRAMEFLEET_TEST_CHUNK_S", "0"))
+    for chunk in _stream(self, latents):
+        time.sleep(pause)
+        yield chunk
+
+
+pattern.PatternDecoder.stream = _paced  # type: ignore[method-assign]
+
+__all__ = ["app"]
