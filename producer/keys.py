@@ -13,7 +13,10 @@ framefleet's own keys (``framefleet:`` prefix):
   ``losses`` and ``lost_on`` (runs whose worker died), ``started`` (a worker received it);
 - ``lease:{job}``: the one run allowed at a time (``SET NX PX``, renewed while it runs);
 - ``held:{job}:{token}``: a ``HeldRun``, GPU time of a run that ended without a result;
-- ``undecodable_total``: messages on the queue that no worker could decode.
+- ``undecodable_total``: messages on the queue that no worker could decode;
+- ``api:job:{job}``, ``api:jobs:{tenant}``, ``api:inflight:{tenant}``, ``api:rate:…``: the HTTP
+  gateway's records of the jobs it submitted, each tenant's listing and jobs in flight, and
+  the rate limiter's windows.
 
 Keys of Celery and kombu that framefleet reads: ``celery-task-meta-{task_id}`` (a result),
 ``unacked`` / ``unacked_index`` (kombu's messages delivered and not acknowledged), and a
@@ -63,6 +66,28 @@ def lease(job_id: str) -> str:
 
 def held(job_id: str, token: str) -> str:
     return f"{HELD_PREFIX}{job_id}:{token}"
+
+
+def api_job(job_id: str) -> str:
+    """Hash: the gateway's record of a fleet job (field ``record``: JSON with its owner tenant,
+    public id, model, size; field ``completed_at``: first time seen finished)."""
+    return f"{PREFIX}api:job:{job_id}"
+
+
+def api_listing(tenant: str) -> str:
+    """Sorted set: the tenant's public ids, scored by creation time in ms (newest last)."""
+    return f"{PREFIX}api:jobs:{tenant}"
+
+
+def api_in_flight(tenant: str) -> str:
+    """Sorted set: the tenant's fleet job ids not yet seen finished, scored by submit time."""
+    return f"{PREFIX}api:inflight:{tenant}"
+
+
+#: Key prefix of the ``limits`` library's rate-limit windows (it appends its own parts).
+API_RATE_PREFIX = PREFIX + "api:rate"
+#: How long the gateway remembers a job (the job registry keeps a claim this long).
+API_RECORD_TTL_S = SPEC_TTL_S
 
 
 def result(task_id: str) -> str:
@@ -177,4 +202,16 @@ redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('RPUSH', KEYS[3], ARGV[4])
 return 'restored'
+"""
+
+# --- Lua: the HTTP gateway (producer.api) ----------------------------------------------------
+
+#: Count a job as in flight unless the tenant has the limit already. KEYS: in-flight set.
+#: ARGV: job id, now (ms), limit, TTL. Returns 1 when counted (or counted already), else 0.
+API_RESERVE = """
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 1 end
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+return 1
 """

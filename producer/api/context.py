@@ -19,7 +19,7 @@ from limits import RateLimitItemPerMinute
 from limits.storage import RedisStorage
 from limits.strategies import MovingWindowRateLimiter
 
-from producer.api import keys
+from producer import keys
 from producer.api.auth import KeyRing, Tenant
 from producer.api.catalog import load_catalog
 from producer.api.errors import not_found
@@ -27,8 +27,8 @@ from producer.api.registry import Record, Registry
 from producer.api.store import Store
 from producer.api.video import View
 from producer.client import Client
+from producer.client.jobstate import FINISHED
 from producer.errors import ApiRequestError, SettingsError
-from producer.jobstate import FINISHED
 from producer.settings import Settings
 
 
@@ -56,7 +56,7 @@ class Gateway:
         # hit leaves it, which is the honest Retry-After.
         self.limiter = MovingWindowRateLimiter(RedisStorage(
             settings.backend_url, connection_pool=self.redis.connection_pool,
-            key_prefix=keys.RATE_PREFIX))
+            key_prefix=keys.API_RATE_PREFIX))
 
     @property
     def output_prefix(self) -> str:

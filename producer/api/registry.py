@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from producer.api import keys
+from producer import keys
 from producer.errors import ApiRequestError
 
 #: Public ids: what a client may name (the digest suffix keeps the fleet id within 128).
@@ -26,15 +26,6 @@ PUBLIC_ID_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}$")
 DIGEST_HEX = 24
 
 # Reserve a slot in the tenant's in-flight set, unless it is full (atomic across replicas).
-_RESERVE = """
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 1 end
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
-redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
-redis.call('EXPIRE', KEYS[1], ARGV[4])
-return 1
-"""
-
-
 def valid_public_id(value: str) -> bool:
     return bool(PUBLIC_ID_RE.fullmatch(value)) and ".." not in value
 
@@ -80,51 +71,51 @@ class Registry:
 
     def __init__(self, r: Any) -> None:
         self.r = r
-        self._reserve = r.register_script(_RESERVE)
+        self._reserve = r.register_script(keys.API_RESERVE)
 
     def create(self, rec: Record) -> Record:
         """Write ``rec`` unless its fleet id has a record: then return that one (the same
         tenant's job: the id's digest names the tenant)."""
-        key = keys.job(rec.job_id)
+        key = keys.api_job(rec.job_id)
         pipe = self.r.pipeline()
-        pipe.hsetnx(key, "record", rec.dumps()).expire(key, keys.RECORD_TTL_S)
+        pipe.hsetnx(key, "record", rec.dumps()).expire(key, keys.API_RECORD_TTL_S)
         created, _ = pipe.execute()
         if not created:
             existing = self.get(rec.tenant, rec.id)
             if existing is None:
                 raise ApiRequestError(409, "conflict", "the job id is taken")
             return existing
-        listing = keys.listing(rec.tenant)
+        listing = keys.api_listing(rec.tenant)
         now_ms = time.time() * 1000
         (self.r.pipeline().zadd(listing, {rec.id: int(rec.created_at * 1000)})
-         .zremrangebyscore(listing, "-inf", now_ms - keys.RECORD_TTL_S * 1000)
-         .expire(listing, keys.RECORD_TTL_S).execute())
+         .zremrangebyscore(listing, "-inf", now_ms - keys.API_RECORD_TTL_S * 1000)
+         .expire(listing, keys.API_RECORD_TTL_S).execute())
         return rec
 
     def get(self, tenant: str, public_id: str) -> Record | None:
         """The tenant's job ``public_id``, or None: unknown, another tenant's, or not an id."""
         if not valid_public_id(public_id):
             return None
-        raw = self.r.hget(keys.job(fleet_id(tenant, public_id)), "record")
+        raw = self.r.hget(keys.api_job(fleet_id(tenant, public_id)), "record")
         if raw is None:
             return None
         rec = Record.loads(raw)
         return rec if rec.tenant == tenant and rec.id == public_id else None
 
     def forget(self, rec: Record) -> None:
-        (self.r.pipeline().delete(keys.job(rec.job_id)).zrem(keys.listing(rec.tenant), rec.id)
-         .zrem(keys.in_flight(rec.tenant), rec.job_id).execute())
+        (self.r.pipeline().delete(keys.api_job(rec.job_id)).zrem(keys.api_listing(rec.tenant), rec.id)
+         .zrem(keys.api_in_flight(rec.tenant), rec.job_id).execute())
 
     def completed_at(self, rec: Record) -> float:
         """When a replica first saw the job finished (the same answer on every replica)."""
-        key = keys.job(rec.job_id)
+        key = keys.api_job(rec.job_id)
         self.r.hsetnx(key, "completed_at", repr(time.time()))
         return float(self.r.hget(key, "completed_at"))
 
     def page(self, tenant: str, after: str | None, limit: int,
              order: Literal["asc", "desc"]) -> tuple[list[Record], bool]:
         """Up to ``limit`` records after the id ``after``, newest first for ``desc``."""
-        listing = keys.listing(tenant)
+        listing = keys.api_listing(tenant)
         start = 0
         if after is not None:
             rank = (self.r.zrevrank if order == "desc" else self.r.zrank)(listing, after) \
@@ -137,7 +128,7 @@ class Registry:
                for i in fetch(listing, start, start + limit)]
         pipe = self.r.pipeline()
         for public in ids[:limit]:
-            pipe.hget(keys.job(fleet_id(tenant, public)), "record")
+            pipe.hget(keys.api_job(fleet_id(tenant, public)), "record")
         records, gone = [], []
         for public, raw in zip(ids[:limit], pipe.execute(), strict=True):
             if raw is None:
@@ -154,13 +145,13 @@ class Registry:
 
         ``finished`` names, of the ids counted now, those that ended: they are dropped first.
         """
-        key = keys.in_flight(tenant)
+        key = keys.api_in_flight(tenant)
         members = [m.decode() if isinstance(m, bytes) else m for m in self.r.zrange(key, 0, -1)]
         done = finished(m for m in members if m != job_id)
         if done:
             self.r.zrem(key, *done)
         return bool(self._reserve(keys=[key], args=[job_id, int(time.time() * 1000), limit,
-                                                    keys.RECORD_TTL_S]))
+                                                    keys.API_RECORD_TTL_S]))
 
     def release(self, tenant: str, job_id: str) -> None:
-        self.r.zrem(keys.in_flight(tenant), job_id)
+        self.r.zrem(keys.api_in_flight(tenant), job_id)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from producer.api.registry import Record
-from producer.jobstate import JobState
+from producer.client.jobstate import JobState
 from producer.spec import JobResult
 
 DENOISE_SHARE = 80

@@ -326,7 +326,7 @@ def api() -> None:
     try:
         from producer.api.serve import serve
     except ImportError as e:
-        _fail(f"framefleet api needs the api extra (pip install 'framefleet[api]'): {e}")
+        fail(f"framefleet api needs the api extra (pip install 'framefleet[api]'): {e}")
     with _errors():
         serve(get_settings())
 

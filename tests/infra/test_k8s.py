@@ -13,27 +13,17 @@ network policies that let through only what must talk.
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
-import yaml
 
-from producer.ports import metrics_port_for
 from producer.settings import Settings
 from tests.infra.k8s_models import MODELS
-from tests.infra.k8s_netpol import allowed, pod_of, port_number, selects
 from tests.infra.k8s_render import (
-    OVERLAYS,
     REPO,
-    asg_backlog_target,
-    consumed_lists,
-    consumed_queue,
     container_env,
     containers,
     of_kind,
@@ -44,9 +34,7 @@ from tests.infra.k8s_render import (
     walk_strings,
     worker,
 )
-from tests.require import missing, require_binary
-from tests.services import REDIS_INSTALL, RedisServer
-from worker.lifecycle.launcher import plan_workers
+from tests.require import missing
 
 KEDA_OVERLAYS = ("eks-production", "self-contained")
 VALIDATE = "kubernetes-validate (pip install kubernetes-validate: the test extra)"
@@ -57,10 +45,6 @@ SECRETISH = re.compile(r"PASSWORD|SECRET|TOKEN|CREDENTIAL|_KEY$|_KEY_ID$|AUTH", 
 # scheme://user:password@ with a password that is not a reference ($(VAR), {{ .tpl }}).
 URL_PASSWORD = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s:@]*:(?!\$\(|\{\{)[^@\s/]+@", re.IGNORECASE)
 
-
-@pytest.fixture(params=OVERLAYS)
-def objects(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
-    return render(request.param)
 
 
 # --- render and validate ----------------------------------------------------------------------
@@ -318,287 +302,3 @@ def test_every_container_runs_as_non_root(objects: list[dict[str, Any]]) -> None
         host = {k for k in ("hostNetwork", "hostPID", "hostIPC") if pod["spec"].get(k)}
         assert not host, name
         assert not [v for v in pod["spec"].get("volumes", []) if "hostPath" in v], name
-
-
-# --- scaling on the queue ---------------------------------------------------------------------
-
-
-def test_the_queue_the_workers_consume_is_what_the_exporter_counts() -> None:
-    from producer.app import QUEUE
-    from producer.keys import queue_lists as queue_names
-    from producer.ops.exporter import run_exporter
-
-    _, queue = consumed_queue()
-    assert queue == QUEUE
-    assert queue in inspect.signature(run_exporter).parameters["queues"].default
-    assert consumed_lists() <= set(queue_names(queue))
-    assert len(consumed_lists()) == 10  # priorities 0..9 are ten distinct lists
-
-
-def test_kombu_fills_exactly_those_lists_on_a_real_redis(tmp_path: Path) -> None:
-    # One message per priority step, sent as a producer sends (kombu, the app's transport
-    # options): the lists that then exist in Redis are the ones KEDA must count.
-    from celery.app.utils import find_app
-    from kombu import Connection, Queue
-
-    module, queue = consumed_queue()
-    options = find_app(module).conf.broker_transport_options
-    server = RedisServer(require_binary("redis-server", REDIS_INSTALL), tmp_path)
-    server.start()
-    try:
-        with Connection(server.url, transport_options=options) as conn:
-            producer = conn.Producer(serializer="json")
-            for step in options["priority_steps"]:
-                producer.publish({"step": step}, routing_key=queue, priority=step,
-                                 declare=[Queue(queue, routing_key=queue)], retry=False)
-        client = redis.Redis.from_url(server.url)
-        try:
-            lists = {k.decode() if isinstance(k, bytes) else k: client.llen(k)
-                     for k in client.keys("*") if client.type(k) == b"list"}
-        finally:
-            client.close()
-    finally:
-        server.stop()
-    assert set(lists) == consumed_lists(), lists
-    assert set(lists.values()) == {1}
-    scaled = one(render("eks-production"), "ScaledObject", "framefleet-worker")
-    assert {t["metadata"]["listName"] for t in scaled["spec"]["triggers"]} == set(lists)
-
-
-@pytest.mark.parametrize("overlay", KEDA_OVERLAYS)
-def test_keda_counts_every_list_the_workers_consume(overlay: str) -> None:
-    objects = render(overlay)
-    scaled = one(objects, "ScaledObject", "framefleet-worker")
-    spec = scaled["spec"]
-    assert spec["scaleTargetRef"]["name"] == worker(objects)["metadata"]["name"]
-    assert spec["minReplicaCount"] == 0
-    triggers = spec["triggers"]
-    assert {t["type"] for t in triggers} == {"redis"}
-    lists = [t["metadata"]["listName"] for t in triggers]
-    assert sorted(lists) == sorted(consumed_lists()), lists
-    # One metric: the sum of every list, each once, per GPU (= per pod), as the ASG tracks.
-    modifiers = spec["advanced"]["scalingModifiers"]
-    terms = [term.strip() for term in modifiers["formula"].split("+")]
-    assert sorted(terms) == sorted(t["name"] for t in triggers)
-    assert modifiers["metricType"] == "AverageValue"
-    assert modifiers["target"] == asg_backlog_target()
-    # The database the workers use: the broker URL's /N.
-    made = of_kind(objects, "ExternalSecret")
-    if made:
-        broker = made[0]["spec"]["target"]["template"]["data"]["broker-url"]
-    else:
-        match = re.search(r"--from-literal=broker-url=(\S+)", (REPO / "README.md").read_text())
-        assert match is not None
-        broker = match.group(1)
-    db = re.search(r":\d+/(\d+)", broker)
-    assert db is not None
-    assert {t["metadata"].get("databaseIndex", "0") for t in triggers} == {db.group(1)}
-    auths = {a["metadata"]["name"] for a in of_kind(objects, "TriggerAuthentication")}
-    assert {t["authenticationRef"]["name"] for t in triggers} <= auths
-
-
-def test_the_hpa_alternative_scales_on_the_exporters_queue_depth() -> None:
-    from producer.ops.exporter import QUEUE_DEPTH
-
-    objects = render("hpa")
-    assert not of_kind(objects, "ScaledObject")
-    (hpa,) = [h for h in of_kind(objects, "HorizontalPodAutoscaler")
-              if h["spec"]["scaleTargetRef"]["name"] != "framefleet-api"]
-    assert hpa["spec"]["scaleTargetRef"]["name"] == worker(objects)["metadata"]["name"]
-    (metric,) = hpa["spec"]["metrics"]
-    assert metric["type"] == "External"
-    assert metric["external"]["metric"]["name"] == QUEUE_DEPTH._name
-    assert metric["external"]["metric"]["selector"]["matchLabels"] == {
-        "queue": consumed_queue()[1]}
-    assert metric["external"]["target"] == {"type": "AverageValue",
-                                            "averageValue": asg_backlog_target()}
-
-
-# --- metrics ports: one rule with compose -----------------------------------------------------
-
-
-def test_the_launcher_follows_the_port_rule() -> None:
-    for base in (9400, 19400, 0):
-        slots = plan_workers([0, 1, 5], cpu=2, metrics_port=base)
-        expected = [metrics_port_for(base, gpu=i) for i in (0, 1, 5)]
-        expected += [metrics_port_for(base, cpu=j) for j in (0, 1)]
-        assert [int(s.env["FRAMEFLEET_METRICS_PORT"]) for s in slots] == expected
-
-
-
-def _scraped_port(objects: list[dict[str, Any]], deployment: str) -> tuple[str, int]:
-    """(job, container port) that the ServiceMonitor scrapes for ``deployment``'s pods."""
-    pod = one(objects, "Deployment", deployment)["spec"]["template"]
-    (container,) = pod["spec"]["containers"]
-    labels = pod["metadata"]["labels"]
-    (service,) = [s for s in of_kind(objects, "Service")
-                  if s["spec"]["selector"].items() <= labels.items()]
-    (monitor,) = [m for m in of_kind(objects, "ServiceMonitor")
-                  if m["spec"]["selector"]["matchLabels"].items()
-                  <= service["metadata"]["labels"].items()]
-    (endpoint,) = monitor["spec"]["endpoints"]
-    (port,) = [p for p in service["spec"]["ports"] if p["name"] == endpoint["port"]]
-    (job,) = [r["replacement"] for r in endpoint["relabelings"] if r["targetLabel"] == "job"]
-    number = port_number(container, port["targetPort"])
-    assert pod["metadata"]["annotations"]["prometheus.io/port"] == str(number)
-    return job, number
-
-
-def test_scrape_targets_follow_the_metrics_port_rule(objects: list[dict[str, Any]]) -> None:
-    # A pod owns one GPU, which it sees as index 0: it serves on metrics_port_for(base, gpu=0).
-    (container,) = worker(objects)["spec"]["template"]["spec"]["containers"]
-    s = settings_of(container_env(objects, container))
-    job, port = _scraped_port(objects, "framefleet-worker")
-    assert port == metrics_port_for(s.metrics_port, gpu=0) != 0
-    (exporter,) = one(objects, "Deployment", "framefleet-exporter")["spec"]["template"]["spec"][
-        "containers"]
-    exporter_job, exporter_port = _scraped_port(objects, "framefleet-exporter")
-    assert exporter_port == settings_of(container_env(objects, exporter)).exporter_port
-    (flower,) = one(objects, "Deployment", "flower")["spec"]["template"]["spec"]["containers"]
-    flower_job, flower_port = _scraped_port(objects, "flower")
-    assert f"--port={flower_port}" in flower["args"]
-    # The same three jobs, by name, as the compose Prometheus: alerts and dashboards carry over.
-    compose_jobs = {c["job_name"] for c in _prometheus_config()["scrape_configs"]}
-    assert {job, exporter_job, flower_job} == compose_jobs
-
-
-def _prometheus_config() -> dict[str, Any]:
-    config: dict[str, Any] = yaml.safe_load((REPO / "infra/prometheus/prometheus.yml").read_text())
-    return config
-
-
-def test_compose_scrape_targets_follow_the_same_rule() -> None:
-    services = yaml.safe_load((REPO / "docker/compose.yaml").read_text())["services"]
-    (workers,) = [c for c in _prometheus_config()["scrape_configs"]
-                  if c["job_name"] == "framefleet-worker"]
-    scraped = {name: sd["port"] for sd in workers["dns_sd_configs"] for name in sd["names"]}
-    checked = 0
-    for name, service in services.items():
-        command = service.get("command", ["worker", "--gpus", "all"])
-        if not name.startswith("worker-") or command[0] != "worker":
-            continue
-        base = int(service["environment"]["FRAMEFLEET_METRICS_PORT"])
-        if "--cpu" in command:
-            ports = [metrics_port_for(base, cpu=j)
-                     for j in range(int(command[command.index("--cpu") + 1]))]
-        else:  # the container is given one GPU, which it sees as index 0
-            ports = [metrics_port_for(base, gpu=0)]
-        assert [scraped[name]] == ports, (name, scraped.get(name), ports)
-        checked += 1
-    assert checked == 9
-
-
-# --- network policies -------------------------------------------------------------------------
-
-
-PROMETHEUS = ({"app.kubernetes.io/name": "prometheus"}, "monitoring")
-
-
-def test_network_policies_deny_by_default(objects: list[dict[str, Any]]) -> None:
-    deny = [p for p in of_kind(objects, "NetworkPolicy") if p["spec"]["podSelector"] == {}
-            and set(p["spec"]["policyTypes"]) == {"Ingress", "Egress"}
-            and not p["spec"].get("ingress") and not p["spec"].get("egress")]
-    assert len(deny) == 1
-    worker_labels, worker_c = pod_of(objects, "framefleet-worker")
-    flower_labels, flower_c = pod_of(objects, "flower")
-    exporter_labels, _ = pod_of(objects, "framefleet-exporter")
-    metrics = port_number(worker_c, "metrics")
-    assert allowed(objects, PROMETHEUS, (worker_labels, worker_c, None), metrics)
-    assert not allowed(objects, PROMETHEUS, (worker_labels, worker_c, None), metrics + 1)
-    assert not allowed(objects, (flower_labels, "framefleet"), (worker_labels, worker_c, None),
-                       metrics)
-    assert not allowed(objects, (None, "default"), (flower_labels, flower_c, None), 5555)
-    assert not allowed(objects, (exporter_labels, "framefleet"), (None, None, "anywhere"), 443)
-
-
-def test_self_contained_backends_answer_their_clients_only() -> None:
-    objects = render("self-contained")
-    redis_labels, redis_c = pod_of(objects, "framefleet-redis")
-    s3_labels, s3_c = pod_of(objects, "seaweedfs")
-    for client in ("framefleet-worker", "framefleet-exporter", "flower", "framefleet-api"):
-        labels, _ = pod_of(objects, client)
-        assert allowed(objects, (labels, "framefleet"), (redis_labels, redis_c, None), 6379)
-        may_s3 = client in ("framefleet-worker", "framefleet-api")
-        assert allowed(objects, (labels, "framefleet"), (s3_labels, s3_c, None), 8333) == may_s3
-    assert not allowed(objects, (None, "default"), (redis_labels, redis_c, None), 6379)
-
-
-def test_eks_workers_reach_redis_s3_and_the_spot_notice() -> None:
-    objects = render("eks-production")
-    labels, container = pod_of(objects, "framefleet-worker")
-    s = settings_of(container_env(objects, container))
-    assert s.spot_watch is True
-    worker_src = (labels, "framefleet")
-    assert allowed(objects, worker_src, (None, None, "in-block"), 6379)
-    assert allowed(objects, worker_src, (None, None, "anywhere"), 443)
-    imds = [r for p in of_kind(objects, "NetworkPolicy")
-            if selects(p["spec"]["podSelector"], labels) for r in p["spec"].get("egress", [])
-            if any(t.get("ipBlock", {}).get("cidr") == "169.254.169.254/32" for t in r["to"])]
-    assert imds and imds[0]["ports"] == [{"protocol": "TCP", "port": 80}]
-    assert s.imds_url == "http://169.254.169.254"
-    # The price in cost reports is that of the only instance type and capacity allowed.
-    pod = worker(objects)["spec"]["template"]["spec"]
-    assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": s.instance_type}
-    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-    values = {v.lower() for t in terms["nodeSelectorTerms"] for e in t["matchExpressions"]
-              for v in e["values"]}
-    assert values == {s.capacity}
-
-
-# --- the API gateway -------------------------------------------------------------------------
-
-
-INGRESS = ({"app.kubernetes.io/name": "ingress-nginx"}, "ingress-nginx")
-
-
-def test_only_the_ingress_reaches_the_api(objects: list[dict[str, Any]]) -> None:
-    api_labels, api_c = pod_of(objects, "framefleet-api")
-    port = port_number(api_c, "http")
-    assert allowed(objects, INGRESS, (api_labels, api_c, None), port)
-    assert not allowed(objects, INGRESS, (api_labels, api_c, None), port + 1)
-    assert not allowed(objects, (None, "default"), (api_labels, api_c, None), port)
-    assert not allowed(objects, PROMETHEUS, (api_labels, api_c, None), port)
-    for other in ("framefleet-worker", "flower", "framefleet-exporter"):
-        labels, _ = pod_of(objects, other)
-        assert not allowed(objects, (labels, "framefleet"), (api_labels, api_c, None), port)
-    # and the API reaches no worker, exporter or Flower port
-    worker_labels, worker_c = pod_of(objects, "framefleet-worker")
-    assert not allowed(objects, (api_labels, "framefleet"), (worker_labels, worker_c, None),
-                       port_number(worker_c, "metrics"))
-
-
-def test_the_api_reaches_redis_and_s3_only() -> None:
-    objects = render("self-contained")
-    api_labels, _ = pod_of(objects, "framefleet-api")
-    src = (api_labels, "framefleet")
-    assert not allowed(objects, src, (None, None, "anywhere"), 443)
-    objects = render("eks-production")
-    api_labels, _ = pod_of(objects, "framefleet-api")
-    src = (api_labels, "framefleet")
-    assert allowed(objects, src, (None, None, "in-block"), 6379)
-    assert allowed(objects, src, (None, None, "anywhere"), 443)  # S3 and STS: HTTPS
-    assert not allowed(objects, src, (None, None, "anywhere"), 80)
-    assert not allowed(objects, src, (None, None, "anywhere"), 6379)
-
-
-def test_the_api_runs_its_settings_probes_and_scaler(objects: list[dict[str, Any]]) -> None:
-    deployment = one(objects, "Deployment", "framefleet-api")
-    pod = deployment["spec"]["template"]["spec"]
-    (container,) = pod["containers"]
-    assert container["args"] == ["api"] and "replicas" not in deployment["spec"]
-    s = settings_of(container_env(objects, container))
-    assert str(s.api_addr) == "0.0.0.0" and (s.output_prefix or "").startswith("s3://")
-    assert port_number(container, "http") == s.api_port
-    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
-    volumes = {v["name"]: v for v in pod["volumes"]}
-    keys_dir = str(Path(str(s.api_keys_file)).parent)
-    assert volumes[mounts[keys_dir]]["secret"]["secretName"] == "framefleet-api-keys"
-    models = volumes[mounts[str(Path(str(s.api_models_file)).parent)]]["configMap"]["name"]
-    config = [c for c in of_kind(objects, "ConfigMap") if c["metadata"]["name"] == models]
-    assert config and Path(str(s.api_models_file)).name in config[0]["data"]
-    (hpa,) = [h for h in of_kind(objects, "HorizontalPodAutoscaler")
-              if h["spec"]["scaleTargetRef"]["name"] == "framefleet-api"]
-    assert hpa["spec"]["minReplicas"] >= 2  # one replica lost still serves
-    assert "create secret generic framefleet-api-keys" in (REPO / "docs/api.md").read_text()
