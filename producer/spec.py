@@ -45,7 +45,9 @@ from producer.wire import SCHEMA_VERSION, Frozen
 __all__ = [
     "DECODER_FPS",
     "DECODER_PRESETS",
+    "DEFAULT_TENANT",
     "ID_RE",
+    "KEY_SEP",
     "RANDOM_WEIGHTS",
     "RESULT_SCHEMA_VERSION",
     "SCHEMA_VERSION",
@@ -72,8 +74,10 @@ __all__ = [
     "check_id",
     "check_stage_fields",
     "check_uri",
+    "job_key",
     "parse_spec",
     "segment_name",
+    "split_key",
 ]
 
 #: Identifiers that become object-key components: no slash, no "." / ".." (path traversal).
@@ -87,6 +91,34 @@ def check_id(value: str, field: str) -> str:
     if not ID_RE.fullmatch(value) or value in {".", ".."}:
         raise ValueError(f"{field} must match [A-Za-z0-9._-]{{1,128}} and not be '.' or '..'")
     return value
+
+
+#: The tenant of a spec that names none.
+DEFAULT_TENANT = "default"
+#: Between a tenant and a job_id in a job's key; never inside an id (``ID_RE``).
+KEY_SEP = ":"
+
+
+def job_key(tenant: str, job_id: str) -> str:
+    """A job's identity across the fleet: ``tenant:job_id``, and plain ``job_id`` for the
+    default tenant. It is the Celery task id and names every Redis record of the job, so two
+    tenants' jobs of one job_id never meet: ``:`` is in no id, and so no other tenant's key can
+    equal a default-tenant key (which keeps the form jobs had before tenants were scoped)."""
+    return job_id if tenant == DEFAULT_TENANT else f"{tenant}{KEY_SEP}{job_id}"
+
+
+def split_key(key: str, tenant: str | None = None) -> tuple[str, str]:
+    """(tenant, job_id) of a job key (``tenant:job_id`` or ``job_id``), both checked.
+
+    A bare job_id belongs to ``tenant`` (default: the default tenant). Raises ``ValueError``
+    naming what is wrong."""
+    if KEY_SEP in key:
+        owner, _, job_id = key.partition(KEY_SEP)
+        if tenant is not None and tenant != owner:
+            raise ValueError(f"job {key!r} belongs to tenant {owner!r}, not {tenant!r}")
+    else:
+        owner, job_id = tenant or DEFAULT_TENANT, key
+    return check_id(owner, "tenant"), check_id(job_id, "job_id")
 
 
 def check_uri(value: str, *, field: str) -> str:
@@ -312,7 +344,7 @@ class JobSpec(Frozen):
 
     schema_version: Literal[1] = SCHEMA_VERSION
     job_id: str
-    tenant: str = "default"
+    tenant: str = DEFAULT_TENANT
     input: InputSpec | None = None
     generate: GenerateSpec | None = None
     decoder: DecoderSpec = DecoderSpec()
@@ -360,6 +392,12 @@ class JobSpec(Frozen):
     @property
     def output_prefix(self) -> str:
         return f"{self.output.uri}/{self.tenant}/{self.job_id}"
+
+    @property
+    def key(self) -> str:
+        """The job's identity across the fleet (``job_key``): its Celery task id and the name
+        of its registry records."""
+        return job_key(self.tenant, self.job_id)
 
 
 def _unset_additions(spec: JobSpec) -> dict[str, Any]:

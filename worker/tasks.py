@@ -1,6 +1,10 @@
-"""The Celery task ``framefleet.decode_video``: parse → claim → lease → run → result.
+"""The Celery task ``framefleet.decode_video``: parse → check → claim → lease → run → result.
 
-- Fatal errors (bad spec, bad input, conflicts) → FAILURE at once, with the message; no retry.
+- Fatal errors (bad spec, bad input) → FAILURE at once, with the message; no retry.
+- A message that is not the job its task id names (its spec's key differs, or it reuses a
+  job's key with another spec, or it is not a job at all and its id is a known job's) is
+  dropped with a critical log, and nothing is stored under that id: no sender can overwrite
+  another job's result. The key is ``tenant:job_id`` (``producer.spec.job_key``).
 - A duplicate delivery of a job that already succeeded is dropped.
 - A job that another worker runs right now (its lease is held) waits in the queue: a requeue,
   counted apart from the retries of errors (``worker.concerns.retries``).
@@ -15,7 +19,7 @@ Nothing is registered at import: ``register(app)`` adds the task to an app built
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, NoReturn
 
 from celery import Celery, Task
 from celery.exceptions import Ignore
@@ -68,22 +72,13 @@ def decode_video(self: Task, payload: Any, tiled: bool = False, error_retries: i
     """Run one job; ``tiled`` is set by the OOM fallback's requeue, the two counters by every
     send after the first (``worker.concerns.retries``)."""
     settings = get_settings()
-    try:
-        spec = _parse(payload, settings)
-    except InvalidJobError as e:  # it never runs, and still ends: count it
-        failed_before_run(e, None, settings)
-        raise
     flags = flags_for(self.app, settings)
-    try:
-        _claim(self.app, flags, spec)
-    except JobConflictError as e:
-        failed_before_run(e, spec, settings)
-        raise
-    lease = JobLease(getattr(self.app.backend, "client", None), spec.job_id,
+    spec = _received(self, payload, settings, flags)
+    lease = JobLease(getattr(self.app.backend, "client", None), spec.key,
                      str(self.request.hostname))
     if not lease.acquire():
         # Another worker runs this job right now: look again later instead of running twice.
-        requeue_now(self, spec.job_id, int(requeues), settings, countdown=LEASE_RETRY_S,
+        requeue_now(self, spec.key, int(requeues), settings, countdown=LEASE_RETRY_S,
                     why="its lease is held by another run")
     try:
         run = Run(spec=spec, settings=settings, node=str(self.request.hostname), tiled=tiled,
@@ -91,6 +86,36 @@ def decode_video(self: Task, payload: Any, tiled: bool = False, error_retries: i
         return run_concerns(run, self, CONCERNS, lambda: run_job(spec, decoders(), run))
     finally:
         lease.release()
+
+
+def _received(task: Task, payload: Any, settings: Settings, flags: Flags) -> JobSpec:
+    """The spec of this message, checked and claimed; a job that cannot run ends here.
+
+    An error raised here is stored as the FAILURE of the message's task id, so a message
+    that is not the job its id names (a raw message aimed at another tenant's job, say) is
+    dropped instead, with a critical log: its sender must not overwrite that job's result."""
+    task_id = str(task.request.id)
+    try:
+        spec = _parse(payload, settings)
+    except InvalidJobError as e:  # it never runs, and still ends: count it
+        failed_before_run(e, None, settings)
+        if flags.registered(task_id) is not None:
+            _foreign(task_id, f"a message that is not a job ({e}) names the job {task_id}")
+        raise
+    if spec.key != task_id:
+        failed_before_run(InvalidJobError("task id"), spec, settings)
+        _foreign(task_id, f"its spec is job {spec.key}, not {task_id}")
+    try:
+        _claim(task.app, flags, spec)
+    except JobConflictError as e:
+        failed_before_run(e, spec, settings)
+        _foreign(task_id, str(e))
+    return spec
+
+
+def _foreign(task_id: str, why: str) -> NoReturn:
+    log.critical("message for task %s dropped, nothing stored: %s", task_id, why)
+    raise Ignore()
 
 
 def _parse(payload: Any, settings: Settings) -> JobSpec:
@@ -102,19 +127,21 @@ def _parse(payload: Any, settings: Settings) -> JobSpec:
 
 
 def _claim(app: Celery, flags: Flags, spec: JobSpec) -> None:
-    """Register the job_id → spec digest; refuse a reused job_id, drop a finished duplicate."""
-    digest = spec.digest()
-    registered = flags.claim(spec.job_id, digest)
+    """Register the job's key → spec digest; refuse a reused job_id (another spec), drop a
+    finished duplicate."""
+    digest, key = spec.digest(), spec.key
+    registered = flags.claim(key, digest)
     if registered is not None and registered != digest:
-        raise JobConflictError(f"job_id {spec.job_id!r} was already used by a different spec")
+        raise JobConflictError(f"job_id {spec.job_id!r} of tenant {spec.tenant!r} was already "
+                               "used by a different spec")
     # Received: from now on, a PENDING state of this job means its result expired (the
     # client's resubmit then sends it again, see producer.client).
-    flags.mark_started(spec.job_id)
-    meta = app.backend.get_task_meta(spec.job_id)
+    flags.mark_started(key)
+    meta = app.backend.get_task_meta(key)
     result = meta.get("result")
     manifest = result.get("manifest") if isinstance(result, dict) else None
     if (meta.get("status") == "SUCCESS" and isinstance(manifest, dict)
             and manifest.get("spec_digest") == digest):
         # A duplicate delivery (kombu restores unacked messages after a lost connection).
-        log.warning("job %s already succeeded: duplicate delivery dropped", spec.job_id)
+        log.warning("job %s already succeeded: duplicate delivery dropped", key)
         raise Ignore()

@@ -84,20 +84,20 @@ class Gateway:
 
     def view(self, rec: Record) -> View:
         """Read the fleet's state (and the result of a job that succeeded)."""
-        js = self.client.state(rec.job_id)
+        js = self.client.state(rec.job_id, rec.tenant)
         result = None
         if js.state == "SUCCESS":
-            result = self.client.get(rec.job_id).result()
+            result = self.client.get(rec.job_id, rec.tenant).result()
         completed = None
         if js.finished:
             completed = self.registry.completed_at(rec)
             self.registry.release(rec.tenant, rec.job_id)
         return View(rec, js, result, completed)
 
-    def finished(self, job_ids: Iterable[str]) -> list[str]:
-        """Of ``job_ids``, those that ended (or that the fleet forgot)."""
+    def finished(self, tenant: str, job_ids: Iterable[str]) -> list[str]:
+        """Of ``tenant``'s ``job_ids``, those that ended (or that the fleet forgot)."""
         return [j for j in job_ids
-                if self.client.state(j).state in FINISHED | {"UNKNOWN"}]
+                if self.client.state(j, tenant).state in FINISHED | {"UNKNOWN"}]
 
 
 def _gateway(request: Request) -> Gateway:

@@ -103,7 +103,8 @@ class Registry:
         return rec if rec.tenant == tenant and rec.id == public_id else None
 
     def forget(self, rec: Record) -> None:
-        (self.r.pipeline().delete(keys.api_job(rec.job_id)).zrem(keys.api_listing(rec.tenant), rec.id)
+        (self.r.pipeline().delete(keys.api_job(rec.job_id))
+         .zrem(keys.api_listing(rec.tenant), rec.id)
          .zrem(keys.api_in_flight(rec.tenant), rec.job_id).execute())
 
     def completed_at(self, rec: Record) -> float:

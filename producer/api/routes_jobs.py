@@ -47,7 +47,7 @@ def get_job(job_id: str, gw: GatewayDep, tenant: TenantDep) -> dict[str, Any]:
 @router.delete("/{job_id}", summary="Cancel a job")
 def cancel_job(job_id: str, gw: GatewayDep, tenant: TenantDep) -> dict[str, Any]:
     rec = gw.lookup(tenant, job_id, "job")
-    state = gw.client.cancel(rec.job_id)
+    state = gw.client.cancel(rec.job_id, rec.tenant)
     return {"id": rec.id, "object": "framefleet.job.cancel", "was": state}
 
 

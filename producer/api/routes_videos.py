@@ -97,7 +97,7 @@ def delete(video_id: str, gw: GatewayDep, tenant: TenantDep) -> dict[str, Any]:
     rec = gw.lookup(tenant, video_id)
     view = gw.view(rec)
     if not view.state.finished:
-        gw.client.cancel(rec.job_id)
+        gw.client.cancel(rec.job_id, rec.tenant)
         return {"id": rec.id, "object": "video.deleted", "deleted": False}
     if not tenant.delete_outputs:
         raise ApiRequestError(403, "delete_not_allowed",

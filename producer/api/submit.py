@@ -48,7 +48,8 @@ def _bad(param: str, message: str) -> ApiRequestError:
 
 
 def _reserve(gw: Gateway, tenant: Tenant, job_id: str) -> None:
-    if not gw.registry.reserve(tenant.name, job_id, tenant.max_in_flight, gw.finished):
+    if not gw.registry.reserve(tenant.name, job_id, tenant.max_in_flight,
+                               lambda ids: gw.finished(tenant.name, ids)):
         raise ApiRequestError(429, "too_many_in_flight",
                               f"{tenant.max_in_flight} jobs of this key are still running",
                               headers={"Retry-After": str(IN_FLIGHT_RETRY_S)})

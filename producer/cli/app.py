@@ -99,7 +99,10 @@ def print_result(result: JobResult) -> None:
                       f"(${result.cost.usd_per_video_minute:.5f} per video-minute)")
 
 
-JobIdArg = Annotated[str, typer.Argument(metavar="JOB_ID", help="the job's id")]
+JobIdArg = Annotated[str, typer.Argument(
+    metavar="JOB", help="the job: its job_id, or TENANT:JOB_ID (what submit prints)")]
+TenantOpt = Annotated[Optional[str], typer.Option(
+    metavar="NAME", help="the tenant of a bare job_id (default: 'default')")]
 TimeoutOpt = Annotated[float, typer.Option(
     metavar="SECONDS", help="give up after this long (exit status 124); 0: no limit")]
 
@@ -142,7 +145,8 @@ def submit(
         "--wait", help="wait for the job with a progress bar, then print its result")] = False,
     timeout: TimeoutOpt = WAIT_TIMEOUT_S,
 ) -> None:
-    """Submit one job; print its job_id."""
+    """Submit one job; print its key (its job_id, as TENANT:JOB_ID for a tenant other than
+    'default')."""
     with _errors():
         if spec is not None:
             try:
@@ -166,17 +170,17 @@ def submit(
                 "priority": priority,
             })
         handle = _client().submit(job)
-        console.print(job.job_id, markup=False)
+        console.print(job.key, markup=False)  # what status, wait and cancel take
         if wait:
             print_result(_wait(handle, timeout, progress=True))
 
 
 @cli.command()
-def status(job_id: JobIdArg) -> None:
+def status(job_id: JobIdArg, tenant: TenantOpt = None) -> None:
     """Print a job's state: UNKNOWN (exit status 1), QUEUED, STARTED, PROGRESS, RETRY,
     SUCCESS, FAILURE or REVOKED, with the frames done, the worker or the reason."""
     with _errors():
-        js = _client().state(job_id)
+        js = _client().state(job_id, tenant)
     detail = js.detail()
     console.print(f"{job_id}: {js.state}" + (f" ({detail})" if detail else ""),
                   markup=False, highlight=False)
@@ -187,6 +191,7 @@ def status(job_id: JobIdArg) -> None:
 @cli.command("wait")
 def wait_cmd(
     job_id: JobIdArg,
+    tenant: TenantOpt = None,
     timeout: TimeoutOpt = WAIT_TIMEOUT_S,
     json_out: Annotated[bool, typer.Option(
         "--json", help="print the JobResult as JSON (no progress bar)")] = False,
@@ -196,7 +201,7 @@ def wait_cmd(
     Exit status 0 when it succeeded, 1 when it failed, was cancelled or is unknown, 124 when
     it is still running after the timeout."""
     with _errors():
-        result = _wait(_client().get(job_id), timeout, progress=not json_out)
+        result = _wait(_client().get(job_id, tenant), timeout, progress=not json_out)
     if json_out:
         sys.stdout.write(result.model_dump_json(indent=2) + "\n")
     else:
@@ -204,13 +209,13 @@ def wait_cmd(
 
 
 @cli.command()
-def cancel(job_id: JobIdArg) -> None:
+def cancel(job_id: JobIdArg, tenant: TenantOpt = None) -> None:
     """Cancel a job: it stops between chunks, writes no manifest and ends REVOKED.
 
     Refused for an id that was never submitted. Submitting the same spec again after a
     cancel runs it again."""
     with _errors():
-        state = _client().cancel(job_id)
+        state = _client().cancel(job_id, tenant)
     if state in FINISHED:
         console.print(f"{job_id}: already {state}; nothing to cancel", markup=False)
     else:

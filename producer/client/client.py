@@ -16,10 +16,10 @@ from producer.client.connection import bound_client_app
 from producer.client.handle import JobHandle, _io, _unknown
 from producer.client.jobstate import FINISHED, JobState
 from producer.control import flags_for
-from producer.errors import JobConflictError
+from producer.errors import InvalidJobError, JobConflictError
 from producer.rules import check_spec
 from producer.settings import Settings, get_settings
-from producer.spec import JobSpec
+from producer.spec import JobSpec, job_key, split_key
 
 # Resubmitting a job that ended without an output runs it again: FAILURE, and REVOKED too.
 # A cancel stops a run; it does not retire the job_id, which names the job's output folder,
@@ -64,57 +64,60 @@ class Client:
     def _submit(self, spec: JobSpec) -> JobHandle:
         check_spec(spec, self.settings)  # the worker checks again on receipt
         payload = spec.model_dump(mode="json")
-        digest = spec.digest()
+        digest, key = spec.digest(), spec.key
         flags = flags_for(self.app, self.settings)
-        existing = flags.claim(spec.job_id, digest, clear_cancel=True)
-        handle = JobHandle(self.app, spec.job_id, flags)
+        existing = flags.claim(key, digest, clear_cancel=True)
+        handle = JobHandle(self.app, key, flags)
         if existing is not None:
             if existing != digest:
                 raise JobConflictError(
-                    f"job_id {spec.job_id!r} was already submitted with a different spec"
+                    f"job_id {spec.job_id!r} of tenant {spec.tenant!r} was already submitted "
+                    "with a different spec"
                 )
             state = handle.status()
             if state in RERUNNABLE:
-                flags.reset_runs(spec.job_id)
-                AsyncResult(spec.job_id, app=self.app).forget()
-            elif not (state == "PENDING" and flags.take_started(spec.job_id)):
-                if state not in FINISHED and flags.cancelled(spec.job_id):
+                flags.reset_runs(key)
+                AsyncResult(key, app=self.app).forget()
+            elif not (state == "PENDING" and flags.take_started(key)):
+                if state not in FINISHED and flags.cancelled(key):
                     # Cancelled, not stopped yet: submitting again means "run it after all".
-                    flags.clear_cancel(spec.job_id)
+                    flags.clear_cancel(key)
                 return handle  # queued, running or finished: the existing job
             # else a worker received it and its result has expired since: send it again (the
             # worker returns the output still stored as ``reused``, or runs it if it is gone).
-            flags.clear_cancel(spec.job_id)
+            flags.clear_cancel(key)
         try:
             self.app.send_task(
                 TASK_NAME,
                 args=[payload],
-                task_id=spec.job_id,
+                task_id=key,
                 priority=redis_priority(spec.priority),
                 soft_time_limit=spec.time_limit_s,
                 time_limit=spec.time_limit_s + 60,
                 # Events and logs name the job, not its whole spec (and not its URIs).
-                argsrepr=f"[<JobSpec {spec.job_id}>]",
+                argsrepr=f"[<JobSpec {key}>]",
                 kwargsrepr="{}",
                 headers={ENQUEUED_AT_HEADER: time.time()},  # queue wait and oldest age
             )
         except BaseException:
             # Nothing was queued: free the job_id, or a resubmission would wait forever.
             if existing is None:
-                flags.release(spec.job_id)
+                flags.release(key)
             else:  # the next resubmit must send it again
-                flags.mark_started(spec.job_id)
+                flags.mark_started(key)
             raise
         return handle
 
-    def get(self, job_id: str) -> JobHandle:
-        return JobHandle(self.app, job_id, flags_for(self.app, self.settings))
+    def get(self, job: str, tenant: str | None = None) -> JobHandle:
+        """The handle of a submitted job: ``job`` is its key (``tenant:job_id``, or a bare
+        ``job_id`` of ``tenant``, by default the default tenant)."""
+        return JobHandle(self.app, _key(job, tenant), flags_for(self.app, self.settings))
 
-    def state(self, job_id: str) -> JobState:
-        """``get(job_id).state()``: UNKNOWN, QUEUED, STARTED, PROGRESS, RETRY, SUCCESS, …"""
-        return self.get(job_id).state()
+    def state(self, job: str, tenant: str | None = None) -> JobState:
+        """``get(job, tenant).state()``: UNKNOWN, QUEUED, STARTED, PROGRESS, RETRY, SUCCESS, …"""
+        return self.get(job, tenant).state()
 
-    def cancel(self, job_id: str) -> str:
+    def cancel(self, job: str, tenant: str | None = None) -> str:
         """Cooperative cancel: the worker stops between chunks, writes no manifest, and the
         job ends REVOKED; a job still queued ends so when a worker receives it.
 
@@ -123,15 +126,24 @@ class Client:
         """
         with _io(self.app):
             flags = flags_for(self.app, self.settings)
-            handle = JobHandle(self.app, job_id, flags)
+            handle = JobHandle(self.app, _key(job, tenant), flags)
             state = handle.status()
             if state == "PENDING" and not handle.registered():
-                raise _unknown(job_id)
+                raise _unknown(handle.key)
             if state not in FINISHED:
-                flags.set_cancel(job_id)
+                flags.set_cancel(handle.key)
             return state
 
     def ping(self, timeout: float = 1.0) -> list[dict[str, Any]]:
         """Workers that answer a broadcast ping."""
         with _io(self.app):
             return list(self.app.control.ping(timeout=timeout) or [])
+
+
+def _key(job: str, tenant: str | None) -> str:
+    """The key of ``job`` (a key, or a job_id of ``tenant``); ``InvalidJobError`` naming
+    what is wrong."""
+    try:
+        return job_key(*split_key(job, tenant))
+    except ValueError as e:
+        raise InvalidJobError(str(e)) from None

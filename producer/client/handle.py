@@ -17,7 +17,7 @@ from producer.client.connection import broker_errors
 from producer.client.jobstate import JobState, from_meta
 from producer.control import Flags, flags_for
 from producer.errors import JobCancelled, JobFailed, UnknownJobError
-from producer.spec import JobResult, Progress
+from producer.spec import JobResult, Progress, split_key
 
 #: How long ``JobHandle.wait`` lets an id stay unknown before it says so.
 UNKNOWN_GRACE_S = 5.0
@@ -34,16 +34,20 @@ def _unknown(job_id: str) -> UnknownJobError:
 
 
 class JobHandle:
-    """One submitted job. Cheap to create; every call asks the result backend."""
+    """One submitted job. Cheap to create; every call asks the result backend.
 
-    def __init__(self, app: Celery, job_id: str, flags: Flags | None = None) -> None:
+    ``key`` is the job's identity (``producer.spec.job_key``: ``tenant:job_id``, a bare
+    ``job_id`` for the default tenant); ``tenant`` and ``job_id`` are its parts."""
+
+    def __init__(self, app: Celery, key: str, flags: Flags | None = None) -> None:
         self.app = app
-        self.job_id = job_id
+        self.key = key
+        self.tenant, self.job_id = split_key(key)
         self._flags = flags
         self._known = False  # the registry has the id (it never forgets one while it lives)
 
     def _async(self) -> AsyncResult:
-        return AsyncResult(self.job_id, app=self.app)
+        return AsyncResult(self.key, app=self.app)
 
     def status(self) -> str:
         """Celery's state: PENDING (unknown or queued alike: ``state()`` tells them apart),
@@ -54,7 +58,7 @@ class JobHandle:
     def _meta(self) -> tuple[str, Any]:
         # One read of state and payload together: two reads could straddle a state change.
         with _io(self.app):
-            meta = self.app.backend.get_task_meta(self.job_id)
+            meta = self.app.backend.get_task_meta(self.key)
         return str(meta.get("status", "PENDING")), meta.get("result")
 
     def registered(self) -> bool:
@@ -62,13 +66,13 @@ class JobHandle:
         if not self._known:
             with _io(self.app):
                 flags = self._flags or flags_for(self.app)
-                self._known = flags.registered(self.job_id) is not None
+                self._known = flags.registered(self.key) is not None
         return self._known
 
     def state(self) -> JobState:
         """The job's state, UNKNOWN and QUEUED told apart, with progress, worker or reason."""
         status, info = self._meta()
-        return from_meta(self.job_id, status, info, status == "PENDING" and self.registered())
+        return from_meta(self.key, status, info, status == "PENDING" and self.registered())
 
     def progress(self) -> Progress | None:
         state, info = self._meta()
@@ -87,11 +91,11 @@ class JobHandle:
         if state == "SUCCESS":
             return JobResult.model_validate(ar.result)
         if state == "REVOKED":
-            raise JobCancelled(f"job {self.job_id} was cancelled")
+            raise JobCancelled(f"job {self.key} was cancelled")
         if state == "FAILURE":
             exc = ar.result
-            raise JobFailed(self.job_id, type(exc).__name__, str(exc))
-        raise TimeoutError(f"job {self.job_id} is not finished (state {state})")
+            raise JobFailed(self.key, type(exc).__name__, str(exc))
+        raise TimeoutError(f"job {self.key} is not finished (state {state})")
 
     def wait(
         self, timeout: float | None = None, progress: bool = False, poll_s: float = 0.05,
@@ -107,12 +111,12 @@ class JobHandle:
         """
         start = time.monotonic()
         deadline = None if timeout is None else start + timeout
-        bar = _Bar(self.job_id) if progress else None
+        bar = _Bar(self.key) if progress else None
         try:
             while True:
                 js = self.state()
                 if js.state == "UNKNOWN" and time.monotonic() - start >= unknown_grace_s:
-                    raise _unknown(self.job_id)
+                    raise _unknown(self.key)
                 if js.finished:
                     result = self.result()
                     if bar is not None:
@@ -124,7 +128,7 @@ class JobHandle:
                 if bar is not None:
                     bar.show(js)
                 if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(f"job {self.job_id} still {js.state} after {timeout:g} s")
+                    raise TimeoutError(f"job {self.key} still {js.state} after {timeout:g} s")
                 time.sleep(poll_s)
         finally:
             if bar is not None:

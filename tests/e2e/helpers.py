@@ -16,6 +16,7 @@ from safetensors.torch import save
 
 from producer.app import QUEUE, TASK_NAME
 from producer.spec import (
+    DEFAULT_TENANT,
     DecoderSpec,
     InputSpec,
     JobResult,
@@ -43,7 +44,7 @@ def put_latents(s3: Any, bucket: str, key: str, latent_frames: int, h: int = 8, 
 
 
 def pattern_spec(job_id: str, input_uri: str, bucket: str, segment_frames: int = 12,
-                 tenant: str = "e2e", **kw: Any) -> JobSpec:
+                 tenant: str = DEFAULT_TENANT, **kw: Any) -> JobSpec:
     return JobSpec(
         job_id=job_id, tenant=tenant, input=InputSpec(uri=input_uri),
         decoder=DecoderSpec(name="pattern"), video=VideoSpec(segment_frames=segment_frames),

@@ -108,7 +108,7 @@ def run_concerns(
         try:
             concern.on_outcome(outcome)
         except Exception:
-            log.exception("job %s: %s.on_outcome failed", run.spec.job_id,
+            log.exception("job %s: %s.on_outcome failed", run.spec.key,
                           type(concern).__name__)
     return outcome.settle(run, task)
 

@@ -39,7 +39,7 @@ class CancelAndPreempt(Concern):
 
     def before_run(self) -> None:
         self.run.cancel_checks.append(self.poll)
-        job_id = self.run.spec.job_id
+        job_id = self.run.spec.key
         if self.flags.cancelled(job_id):
             raise JobCancelled(f"job {job_id} was cancelled before it started")
 
@@ -48,9 +48,9 @@ class CancelAndPreempt(Concern):
             return False
         try:
             self.preempted = self.flags.preempted(self.node)
-            return self.preempted or self.flags.cancelled(self.run.spec.job_id)
+            return self.preempted or self.flags.cancelled(self.run.spec.key)
         except REDIS_DOWN as e:  # read again at the next poll
-            log.warning("job %s: cancel flags not read: %s", self.run.spec.job_id, e)
+            log.warning("job %s: cancel flags not read: %s", self.run.spec.key, e)
             return False
 
     def on_error(self, error: BaseException) -> Outcome | None:
@@ -58,7 +58,7 @@ class CancelAndPreempt(Concern):
             return None
         if self.preempted:
             # Back to the queue at once for another worker (this one no longer consumes).
-            log.warning("job %s handed back: node %s is being reclaimed", self.run.spec.job_id,
+            log.warning("job %s handed back: node %s is being reclaimed", self.run.spec.key,
                         self.node)
             return requeue(self.run, error)
         log.info("%s", error)

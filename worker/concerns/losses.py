@@ -43,7 +43,7 @@ class WorkerLosses(Concern):
         self.recorded = False
 
     def before_run(self) -> None:
-        job_id, cap = self.run.spec.job_id, self.run.settings.max_worker_losses
+        job_id, cap = self.run.spec.key, self.run.settings.max_worker_losses
         try:
             losses, lost_on = self.flags.start_run(job_id, self.holder)
         except REDIS_DOWN as e:  # not counted this once; a Redis blip must fail no job
@@ -66,7 +66,7 @@ class WorkerLosses(Concern):
         if not self.recorded:
             return
         try:
-            self.flags.end_run(self.run.spec.job_id, self.holder,
+            self.flags.end_run(self.run.spec.key, self.holder,
                                    final=outcome.status != "retry")
         except REDIS_DOWN as e:  # the next run counts this one as lost: one too many, safe
-            log.warning("job %s: end of run not recorded: %s", self.run.spec.job_id, e)
+            log.warning("job %s: end of run not recorded: %s", self.run.spec.key, e)

@@ -103,11 +103,11 @@ class JobMetrics(Concern):
             device=_device(self.run.settings), started_at=self.started_at,
             finished_at=self.started_at + held, gpu_seconds=held, prices=_prices(),
         )
-        key = keys.held(spec.job_id, secrets.token_hex(6))
+        key = keys.held(spec.key, secrets.token_hex(6))
         try:
             client.set(key, record.model_dump_json(), ex=self.run.settings.result_expires_s)
         except redis.RedisError as e:
-            log.warning("job %s: held time not recorded: %s", spec.job_id, e)
+            log.warning("job %s: held time not recorded: %s", spec.key, e)
 
 
 def _redelivered(request: Any) -> bool:

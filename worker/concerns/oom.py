@@ -26,5 +26,5 @@ class OomFallback(Concern):
         if self.run.tiled:
             return Failed(cause=error, error=FatalJobError(
                 f"{error}; the smaller working set did not fit either"))
-        log.warning("job %s: %s; retrying with tiled decode", self.run.spec.job_id, error)
+        log.warning("job %s: %s; retrying with tiled decode", self.run.spec.key, error)
         return requeue(self.run, error, kwargs={"tiled": True})

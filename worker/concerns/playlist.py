@@ -28,5 +28,5 @@ class EndPlaylist(Concern):
         # the job is decided already.
         uri = playlist.end_early()
         if uri is not None:
-            log.info("job %s: live playlist %s ended early (%s)", self.run.spec.job_id, uri,
+            log.info("job %s: live playlist %s ended early (%s)", self.run.spec.key, uri,
                      outcome.status)

@@ -35,4 +35,4 @@ class ProgressReport(Concern):
         try:
             self.task.update_state(state="PROGRESS", meta=p.model_dump())
         except REDIS_DOWN as e:
-            log.warning("job %s: progress not stored: %s", self.run.spec.job_id, e)
+            log.warning("job %s: progress not stored: %s", self.run.spec.key, e)

@@ -70,7 +70,7 @@ def requeue_now(task: Task, job_id: str, requeues: int, settings: Settings, why:
 def requeue(run: Run, error: BaseException, *, countdown: float = 0.0,
             kwargs: dict[str, Any] | None = None) -> Outcome:
     """A ``Requeue`` of ``run``'s job, or FAILURE once it was requeued too often."""
-    refused = requeue_refused(run.spec.job_id, run.requeues, run.settings, error)
+    refused = requeue_refused(run.spec.key, run.requeues, run.settings, error)
     if refused is not None:
         return Failed(error=refused, cause=error)
     return Requeue(error=error, countdown=countdown, kwargs=kwargs)
@@ -112,6 +112,6 @@ class Retries(Concern):
         if retries >= self.run.settings.retry_max:
             return Failed(error=error)
         delay = backoff(retries, self.run.settings)
-        log.warning("job %s: %s; retry %d in %.1f s", self.run.spec.job_id, error, retries + 1,
+        log.warning("job %s: %s; retry %d in %.1f s", self.run.spec.key, error, retries + 1,
                     delay)
         return Retry(error=error, countdown=delay)

@@ -2,7 +2,8 @@
 
 - A well-formed envelope whose body cannot be decoded (not JSON, or a refused content type
   such as pickle): Celery logs and acks it; we also mark its task id FAILURE with a message
-  saying why, so the submitter sees a clear error instead of a job PENDING forever.
+  saying why, so the submitter sees a clear error instead of a job PENDING forever, unless
+  that id is a submitted job's (the registry knows it): its result is never overwritten.
 - An item that is not even a kombu envelope (raw bytes pushed onto the Redis list by hand):
   kombu's Redis channel raises while decoding it and Celery stops the whole worker
   ("Unrecoverable error"). ``install_brpop_guard()`` drops such an item with a critical log
@@ -20,6 +21,7 @@ from typing import Any
 from celery.worker.consumer import Consumer
 from kombu.transport import redis as kombu_redis
 
+from producer.control import flags_for
 from producer.errors import InvalidJobError
 from producer.ops.exporter import count_undecodable
 
@@ -33,6 +35,16 @@ class FramefleetConsumer(Consumer):  # type: ignore[misc]
         task_id = (message.headers or {}).get("id")
         if not task_id:
             return
+        count_undecodable(self.app.conf.broker_url)  # the fleet exporter serves the count
+        try:
+            known = flags_for(self.app).registered(str(task_id)) is not None
+        except Exception:  # noqa: BLE001 - Redis away: store nothing rather than overwrite
+            known = True
+        if known:
+            # A submitted job's id on a message that is not that job: never overwrite it.
+            log.critical("undecodable message names the job %s: dropped, nothing stored",
+                         task_id)
+            return
         error = InvalidJobError(
             f"message could not be decoded (content type {message.content_type!r}; "
             f"framefleet accepts JSON only): {exc}"
@@ -41,7 +53,6 @@ class FramefleetConsumer(Consumer):  # type: ignore[misc]
             self.app.backend.mark_as_failure(task_id, error)
         except Exception:
             log.exception("could not record FAILURE for undecodable message %s", task_id)
-        count_undecodable(self.app.conf.broker_url)  # the fleet exporter serves the count
 
     def on_decode_error(self, message: Any, exc: Exception) -> None:
         self._fail(message, exc)

@@ -60,7 +60,8 @@ def _db(client: redis.Redis) -> int:
 
 
 def spec_digest(payload: dict[str, Any]) -> tuple[str, str] | None:
-    """(job_id, spec digest) of a kombu message of ``framefleet.decode_video``; None if not."""
+    """(job key, spec digest) of a kombu message of ``framefleet.decode_video`` whose spec is
+    the job its task id names; None if not."""
     from producer.spec import parse_spec
 
     headers = payload.get("headers") or {}
@@ -71,9 +72,12 @@ def spec_digest(payload: dict[str, Any]) -> tuple[str, str] | None:
         if (payload.get("properties") or {}).get("body_encoding") == "base64":
             body = base64.b64decode(body)
         args = json.loads(body)[0]
-        return str(headers["id"]), parse_spec(args[0]).digest()
+        spec = parse_spec(args[0])
     except Exception:  # noqa: BLE001 - not a job a worker would run: left to kombu
         return None
+    if spec.key != str(headers["id"]):
+        return None  # not the job its id names: a worker drops it, kombu may restore it
+    return spec.key, spec.digest()
 
 
 @dataclass(frozen=True)

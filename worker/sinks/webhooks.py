@@ -341,7 +341,7 @@ class JobEvents:
                 now = time.monotonic()
                 for target in self.targets:
                     self.notifier.submit(Delivery(
-                        target, (self.spec.job_id, target.url), event, delivery_id, body, now,
+                        target, (self.spec.key, target.url), event, delivery_id, body, now,
                     ))
         except Exception:  # a notification must never fail the job
             log.exception("job %s: %s event not sent", self.spec.job_id, event)

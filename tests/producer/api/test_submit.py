@@ -29,9 +29,11 @@ def queued_spec(settings: Settings, job_id: str) -> JobSpec:
     for name in queue_names(QUEUE):
         for raw in r.lrange(name, 0, -1) if r.type(name) == b"list" else []:
             body = json.loads(raw)
-            if body["headers"]["id"] == job_id:
-                args = json.loads(base64.b64decode(body["body"]))[0]
-                return JobSpec.model_validate(args[0])
+            args = json.loads(base64.b64decode(body["body"]))[0]
+            spec = JobSpec.model_validate(args[0])
+            if spec.job_id == job_id:
+                assert body["headers"]["id"] == spec.key  # the task id is the tenant's key
+                return spec
     raise AssertionError(f"{job_id} is not queued")
 
 

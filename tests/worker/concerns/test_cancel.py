@@ -21,14 +21,14 @@ def test_cancel_before_start_is_revoked_and_runs_nothing(
     app: Celery, tmp_path: Path, tenant: str
 ) -> None:
     spec = job_spec(tmp_path, tenant)
-    flags_for(app).set_cancel(spec.job_id)
+    flags_for(app).set_cancel(spec.key)
 
     def work(run: Run, attempt: int) -> JobResult:
         raise AssertionError("a cancelled job must not run")
 
     scripted = Scripted(app, spec, Settings(file_roots=str(tmp_path)), work)
-    scripted.apply(spec.job_id)
-    meta = app.backend.get_task_meta(spec.job_id)
+    scripted.apply(spec.key)
+    meta = app.backend.get_task_meta(spec.key)
     assert meta["status"] == "REVOKED"
     assert "cancelled before it started" in str(meta["result"])
     assert counts(tenant) == {"success": 0, "failure": 0, "retry": 0, "cancelled": 1}
@@ -40,15 +40,15 @@ def test_cancel_mid_run_is_polled_and_revoked(app: Celery, tmp_path: Path, tenan
 
     def work(run: Run, attempt: int) -> JobResult:
         polls.append(run.cancelled())
-        flags_for(app).set_cancel(run.spec.job_id)
+        flags_for(app).set_cancel(run.spec.key)
         polls.append(run.cancelled())
         raise JobCancelled(f"job {run.spec.job_id} was cancelled")
 
     scripted = Scripted(app, spec, Settings(file_roots=str(tmp_path), cancel_poll_s=0), work)
-    scripted.apply(spec.job_id)
+    scripted.apply(spec.key)
     assert polls == [False, True]
     assert scripted.attempts == 1
-    assert app.backend.get_task_meta(spec.job_id)["status"] == "REVOKED"
+    assert app.backend.get_task_meta(spec.key)["status"] == "REVOKED"
     assert counts(tenant)["cancelled"] == 1
 
 
@@ -72,7 +72,7 @@ def test_preemption_requeues_outside_the_budget(
     settings = Settings(file_roots=str(tmp_path), retry_max=0, cancel_poll_s=0)
     scripted = Scripted(app, spec, settings, work)
     # When the task runs
-    result = scripted.apply(spec.job_id)
+    result = scripted.apply(spec.key)
     # Then the job went back to the queue (not REVOKED, not failed) and its next run succeeded
     assert scripted.attempts == 2
     assert result.state == "SUCCESS"

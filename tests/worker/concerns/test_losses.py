@@ -29,14 +29,14 @@ def test_a_job_that_lost_its_worker_too_often_fails_naming_the_node(
 ) -> None:
     # Given a job whose worker died under it three times, the last on gpu7@lost
     spec = job_spec(tmp_path, tenant)
-    _lost_runs(app, spec.job_id, ["gpu1@a", "gpu2@b", "gpu7@lost"])
+    _lost_runs(app, spec.key, ["gpu1@a", "gpu2@b", "gpu7@lost"])
 
     def work(run: Run, attempt: int) -> JobResult:
         raise AssertionError("a job over the cap must not run")
 
     scripted = Scripted(app, spec, Settings(file_roots=str(tmp_path), max_worker_losses=3), work)
     # When it is delivered again
-    result = scripted.apply(spec.job_id)
+    result = scripted.apply(spec.key)
     # Then it fails at once, saying so and naming the node, and is not retried
     assert result.state == "FAILURE"
     assert isinstance(result.result, FatalJobError)
@@ -51,18 +51,18 @@ def test_a_job_under_the_loss_cap_runs_and_its_end_resets_the_count(
 ) -> None:
     # Given a job whose worker died under it once
     spec = job_spec(tmp_path, tenant)
-    _lost_runs(app, spec.job_id, ["gpu1@a"])
+    _lost_runs(app, spec.key, ["gpu1@a"])
     real = real_run(DecoderCache(torch.device("cpu")))
     seen: list[dict[bytes, bytes]] = []
     r = redis.Redis.from_url(redis_url)
-    key = keys.runs(spec.job_id)
+    key = keys.runs(spec.key)
 
     def work(run: Run, attempt: int) -> JobResult:
         seen.append(r.hgetall(key))
         return real(run)
 
     settings = Settings(file_roots=str(tmp_path), max_worker_losses=3)
-    result = Scripted(app, spec, settings, work).apply(spec.job_id)
+    result = Scripted(app, spec, settings, work).apply(spec.key)
     # Then it ran (recorded as running, one loss on gpu1@a), and its success cleared the count
     assert result.state == "SUCCESS"
     assert seen[0][b"losses"] == b"1" and seen[0][b"lost_on"].startswith(b"gpu1@a ")

@@ -92,7 +92,7 @@ def test_retries_requeues_and_cancels_are_told_apart_and_leave_held_records(
         assert [(records[j].status, records[j].reason) for j in runs] == [
             (status, reason) for _, status, reason in ends]
         ttl = app.backend.client.ttl(next(iter(app.backend.client.scan_iter(
-            match=f"{HELD_PREFIX}{runs[0]}:*"))))
+            match=f"{HELD_PREFIX}{tenant}:{runs[0]}:*"))))
         assert 0 < ttl <= Settings().result_expires_s
     finally:
         app.close()

@@ -51,7 +51,7 @@ def test_out_of_memory_runs_again_tiled_outside_the_budget(
     settings = Settings(file_roots=str(tmp_path), retry_max=0)
     scripted = Scripted(app, spec, settings, real_work(_Cache(fits_tiled)))
     # When the task runs with no retry budget at all
-    result = scripted.apply(spec.job_id)
+    result = scripted.apply(spec.key)
     # Then it ran once more at once, tiled; a tiled OOM is fatal, naming both attempts
     assert scripted.attempts == 2
     assert [run.tiled for run in scripted.runs] == [False, True]
@@ -77,7 +77,7 @@ def test_decode_video_registered_on_one_app_runs_a_job(
         other = make_app("memory://", "cache+memory://")
         spec = job_spec(tmp_path, tenant)
         # When it runs (eagerly, through Celery's retry)
-        result = task.apply(args=[spec.model_dump(mode="json")], task_id=spec.job_id)
+        result = task.apply(args=[spec.model_dump(mode="json")], task_id=spec.key)
     finally:
         get_settings.cache_clear()
     # Then the job succeeded tiled, and the other app never got the task

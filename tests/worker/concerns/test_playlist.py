@@ -56,7 +56,7 @@ def test_a_job_that_ends_without_its_video_ends_its_live_playlist(
 
     retry_max = 1 if end == "retried" else 0
     scripted = Scripted(app, spec, Settings(file_roots=str(tmp_path), retry_max=retry_max), work)
-    result = scripted.apply(spec.job_id)
+    result = scripted.apply(spec.key)
     text = playlist.read_text()
     names = re.findall(r"^segment-\d+\.mp4$", text, re.M)
     if end == "retried":
@@ -80,7 +80,7 @@ def test_a_job_that_ends_without_its_video_ends_its_live_playlist(
         assert 2 <= len(names) < 5 and text.endswith("#EXT-X-ENDLIST\n"), text
         assert not (playlist.parent / "manifest.json").exists()
         if end == "cancelled":
-            assert app.backend.get_task_meta(spec.job_id)["status"] == "REVOKED"
+            assert app.backend.get_task_meta(spec.key)["status"] == "REVOKED"
         else:
             assert result.state == "FAILURE" and "S3 went away" in str(result.result)
 
@@ -98,7 +98,7 @@ def test_a_run_that_never_decoded_leaves_the_playlist_alone(
     def work(run: Run, attempt: int) -> JobResult:
         raise FatalJobError("refused before the decode")
 
-    result = Scripted(app, spec, Settings(file_roots=str(tmp_path)), work).apply(spec.job_id)
+    result = Scripted(app, spec, Settings(file_roots=str(tmp_path)), work).apply(spec.key)
     # Then the playlist is not ended by it
     assert playlist.read_text() == "#EXTM3U\n"
     assert result.state == "FAILURE"

@@ -23,7 +23,7 @@ def test_progress_is_stored_throttled_and_the_last_always(
     seen: list[Any] = []
 
     def stored() -> Any:
-        meta = app.backend.get_task_meta(spec.job_id)
+        meta = app.backend.get_task_meta(spec.key)
         return meta["status"], (meta["result"] or {}).get("frames_done")
 
     def work(run: Run, attempt: int) -> JobResult:
@@ -35,7 +35,7 @@ def test_progress_is_stored_throttled_and_the_last_always(
         seen.append(stored())
         raise FatalJobError("stop here")
 
-    Scripted(app, spec, Settings(file_roots=str(tmp_path)), work).apply(spec.job_id)
+    Scripted(app, spec, Settings(file_roots=str(tmp_path)), work).apply(spec.key)
     assert seen == [("PROGRESS", 1), ("PROGRESS", 1), ("PROGRESS", 3)]
 
 
@@ -48,7 +48,7 @@ def test_a_new_concern_plugs_in_and_cannot_break_the_outcome(
 
     class Recorder(Concern):
         def before_run(self) -> None:
-            events.append(f"before {self.run.spec.job_id}")
+            events.append(f"before {self.run.spec.key}")
             self.run.progress_hooks.append(lambda p: events.append(f"progress {p.frames_done}"))
 
         def on_error(self, error: BaseException) -> Outcome | None:
@@ -63,10 +63,10 @@ def test_a_new_concern_plugs_in_and_cannot_break_the_outcome(
     scripted = Scripted(app, spec, Settings(file_roots=str(tmp_path)),
                         lambda run, attempt: real(run), concerns=(*CONCERNS, Recorder))
     # When the job runs
-    result = scripted.apply(spec.job_id)
+    result = scripted.apply(spec.key)
     # Then the concern saw the run, its progress and its end, and the job still succeeded
     assert result.state == "SUCCESS"
-    assert events[0] == f"before {spec.job_id}"
+    assert events[0] == f"before {spec.key}"
     assert "progress 13" in events
     assert events[-1] == "outcome success"
     assert not any(e.startswith("error") for e in events)

@@ -37,7 +37,7 @@ def test_a_retryable_error_spends_the_budget_then_fails(
 
     scripted = Scripted(app, spec, Settings(file_roots=str(tmp_path), retry_max=2), work)
     # When the task runs
-    result = scripted.apply(spec.job_id)
+    result = scripted.apply(spec.key)
     # Then it ran three times and failed with the last error
     assert scripted.attempts == 3
     assert result.state == "FAILURE"
@@ -57,7 +57,7 @@ def test_a_retry_that_succeeds_returns_the_result(
         return real(run)
 
     scripted = Scripted(app, spec, Settings(file_roots=str(tmp_path), retry_max=1), work)
-    result = scripted.apply(spec.job_id)
+    result = scripted.apply(spec.key)
     assert result.state == "SUCCESS"
     assert JobResult.model_validate(result.result).manifest.frames == 13
     assert counts(tenant) == {"success": 1, "failure": 0, "retry": 1, "cancelled": 0}
@@ -70,7 +70,7 @@ def test_a_fatal_error_fails_at_once(app: Celery, tmp_path: Path, tenant: str) -
         raise FatalJobError("input.uri: not a latents file")
 
     scripted = Scripted(app, spec, Settings(file_roots=str(tmp_path), retry_max=5), work)
-    result = scripted.apply(spec.job_id)
+    result = scripted.apply(spec.key)
     assert scripted.attempts == 1
     assert result.state == "FAILURE" and "input.uri" in str(result.result)
     assert counts(tenant)["failure"] == 1 and counts(tenant)["retry"] == 0
@@ -89,7 +89,7 @@ def test_requeues_do_not_spend_the_retry_budget(
 
     scripted = Scripted(app, spec, Settings(file_roots=str(tmp_path), retry_max=2), work)
     # When the task runs
-    result = scripted.apply(spec.job_id)
+    result = scripted.apply(spec.key)
     # Then the error still got the whole budget: the requeue, then one try and two retries
     assert scripted.attempts == 4
     assert [(r.requeues, r.error_retries) for r in scripted.runs] == [
@@ -113,7 +113,7 @@ def test_requeues_have_a_cap_of_their_own(
     settings = Settings(file_roots=str(tmp_path), max_requeues=2, cancel_poll_s=0)
     scripted = Scripted(app, spec, settings, work)
     try:
-        result = scripted.apply(spec.job_id)
+        result = scripted.apply(spec.key)
     finally:
         redis.Redis.from_url(redis_url).delete(*(keys.preempted(str(n)) for n in nodes))
     # Then the third requeue is refused: FAILURE naming the setting
@@ -141,7 +141,7 @@ def test_lease_waits_are_requeues_not_retries(
     try:
         task = tasks.register(app)
         spec = job_spec(tmp_path, tenant)
-        result = task.apply(args=[spec.model_dump(mode="json")], task_id=spec.job_id)
+        result = task.apply(args=[spec.model_dump(mode="json")], task_id=spec.key)
     finally:
         get_settings.cache_clear()
     # Then the error got its whole budget after the three lease waits: one run, two retries

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from celery import Celery
 
+from producer.control import flags_for
 from producer.errors import FatalJobError
 from producer.settings import get_settings
+from producer.spec import JobResult
 from tests.worker.concerns.scripted import job_spec
 from worker import tasks
 from worker.run import DecoderCache
@@ -29,7 +33,7 @@ def test_output_outside_the_fleet_prefix_fails_at_once_naming_the_field(
         get_settings.cache_clear()
         try:
             job = spec.model_copy(update={"job_id": f"{spec.job_id}-{len(results)}"})
-            results[prefix] = task.apply(args=[job.model_dump(mode="json")], task_id=job.job_id)
+            results[prefix] = task.apply(args=[job.model_dump(mode="json")], task_id=job.key)
         finally:
             get_settings.cache_clear()
     inside, outside, sibling = results.values()
@@ -39,3 +43,62 @@ def test_output_outside_the_fleet_prefix_fails_at_once_naming_the_field(
         assert isinstance(refused.result, FatalJobError)
         assert str(refused.result).startswith("output.uri: ")
         assert "FRAMEFLEET_OUTPUT_PREFIX" in str(refused.result)
+
+
+@pytest.fixture
+def real_task(app: Celery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The real task on ``app``, with CPU decoders and the temp folder as the file root."""
+    monkeypatch.setattr(tasks, "_decoders", DecoderCache(torch.device("cpu")))
+    monkeypatch.setenv("FRAMEFLEET_FILE_ROOTS", str(tmp_path))
+    get_settings.cache_clear()
+    try:
+        yield tasks.register(app)
+    finally:
+        get_settings.cache_clear()
+
+
+def test_two_tenants_run_one_job_id_each_their_own(
+    app: Celery, tmp_path: Path, real_task: Any
+) -> None:
+    # Given two tenants that both use the job_id "shared-id", with different specs
+    acme = job_spec(tmp_path, "acme").model_copy(update={"job_id": "shared-id"})
+    evil = acme.model_copy(update={"tenant": "evil", "priority": 9})
+    assert acme.key != evil.key and acme.digest() != evil.digest()
+    # When both run
+    results = {s.tenant: real_task.apply(args=[s.model_dump(mode="json")], task_id=s.key)
+               for s in (evil, acme)}
+    # Then each succeeded into its own folder, and each key reads only its own result
+    for spec in (acme, evil):
+        assert results[spec.tenant].state == "SUCCESS", results[spec.tenant].traceback
+        result = JobResult.model_validate(app.backend.get_task_meta(spec.key)["result"])
+        assert (result.manifest.tenant, result.manifest.job_id) == (spec.tenant, "shared-id")
+        assert f"/{spec.tenant}/shared-id/" in result.manifest_uri
+        assert flags_for(app).registered(spec.key) == spec.digest()
+
+
+def test_a_message_whose_id_is_another_jobs_key_is_dropped_and_stores_nothing(
+    app: Celery, tmp_path: Path, real_task: Any
+) -> None:
+    # Given acme's job, failed for good (its result is what acme reads)
+    victim = job_spec(tmp_path, "acme")
+    flags_for(app).claim(victim.key, victim.digest())
+    app.backend.mark_as_failure(victim.key, FatalJobError("acme's own failure"))
+    # When raw messages arrive under acme's key: evil's own spec, a conflicting spec of
+    # acme's job, and a body that is no spec at all
+    evil = job_spec(tmp_path, "evil")
+    conflicting = victim.model_copy(update={"priority": 1})
+    for payload in (evil.model_dump(mode="json"), conflicting.model_dump(mode="json"),
+                    {"not": "a spec"}):
+        real_task.apply(args=[payload], task_id=victim.key)
+    # Then acme's stored result is still acme's failure, and evil's job never ran
+    meta = app.backend.get_task_meta(victim.key)
+    assert meta["status"] == "FAILURE" and "acme's own failure" in str(meta["result"])
+    assert flags_for(app).registered(evil.key) is None
+    assert not (tmp_path / "out" / "evil").exists()
+
+
+def test_a_bad_message_under_an_unknown_id_still_fails_naming_the_field(
+    app: Celery, real_task: Any
+) -> None:
+    result = real_task.apply(args=[{"job_id": "x", "output": {"uri": "nope"}}], task_id="x")
+    assert result.state == "FAILURE" and "output.uri" in str(result.result)

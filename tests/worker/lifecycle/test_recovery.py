@@ -47,8 +47,8 @@ def r(redis_url: str) -> Iterator[redis.Redis]:
 def submit(app: Celery, job_id: str, priority: int = 5) -> None:
     """What Client.submit does: claim the job_id, then send the message."""
     spec = pattern_spec(job_id, "s3://b/in.npy", "b", priority=priority)
-    assert flags_for(app).claim(job_id, spec.digest()) is None
-    app.send_task(TASK_NAME, args=[spec.model_dump(mode="json")], task_id=job_id,
+    assert flags_for(app).claim(spec.key, spec.digest()) is None
+    app.send_task(TASK_NAME, args=[spec.model_dump(mode="json")], task_id=spec.key,
                   priority=redis_priority(priority))
 
 
