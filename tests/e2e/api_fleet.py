@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from tests.gateway import HLS_JS, GatewayProcess, Key, write_keys, write_models
-from tests.generate.tiny import save_tiny_model
+from tests.worker.generate.tiny import save_tiny_model
 from tests.services import S3Server, WorkerProcess
 
 #: Seconds per pattern chunk (4 frames): a 40-latent-frame job runs ~6 s.
