@@ -17,8 +17,8 @@ import pytest
 import redis
 
 from tests.gateway import HLS_JS, GatewayProcess, Key, write_keys, write_models
-from tests.worker.generate.tiny import save_tiny_model
 from tests.services import S3Server, WorkerProcess
+from tests.worker.generate.tiny import save_tiny_model
 
 #: Seconds per pattern chunk (4 frames): a 40-latent-frame job runs ~6 s.
 CHUNK_S = 0.15

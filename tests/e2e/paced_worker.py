@@ -10,9 +10,9 @@ import time
 from collections.abc import Iterator
 
 import torch
-from worker.main import app
 
 from worker.decoders import pattern
+from worker.lifecycle.main import app
 
 _stream = pattern.PatternDecoder.stream
 
