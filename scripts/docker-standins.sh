@@ -123,9 +123,6 @@ for t in "$PYTHON_TAG" "$CUDA_TAG"; do
   if wanted "$t"; then docker tag "$BASE" "$t" && echo "stand-in $t"; fi
 done
 
-# Images left untagged by earlier builds on stand-ins (they inherit the label): disk, nothing else.
-docker image prune --force --filter "label=$LABEL" >/dev/null
-
 empty="$(mktemp -d)"
 trap 'rm -rf "$empty" "${rootfs:-/nonexistent}"' EXIT
 build "$REDIS_TAG" "$empty" <<EOF

@@ -174,13 +174,20 @@ class Fleet:
 
     def logs(self, service: str) -> list[tuple[datetime, str]]:
         """The service's log lines with docker's receive time (UTC, the host's clock)."""
-        out = self.docker_run("logs", "--timestamps", self.container(service))
+        # Celery logs to stderr, which `docker logs` gives back on its own stderr.
+        done = subprocess.run([self.docker, "logs", "--timestamps", self.container(service)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              timeout=60, check=True)
+        out = done.stdout
         lines = []
-        for line in out.splitlines():
+        # "\n" only: a progress bar's "\r" is inside one line of the log.
+        for line in out.split("\n"):
             stamp, _, text = line.partition(" ")
             # RFC 3339 with nanoseconds: Python takes microseconds.
-            stamp = re.sub(r"(\.\d{6})\d*Z$", r"\1+00:00", stamp)
-            lines.append((datetime.fromisoformat(stamp), text))
+            match = re.fullmatch(r"(\S+T[\d:]+)(\.\d{1,6})?\d*Z", stamp)
+            if match:
+                when = datetime.fromisoformat(match[1] + (match[2] or "") + "+00:00")
+                lines.append((when, text))
         return lines
 
     def task_lines(self, service: str, job_id: str, what: str) -> list[datetime]:

@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -51,6 +52,13 @@ OUTPUT = "s3://framefleet/videos"
 LONG = (16, 60, 90, 160)
 #: The sweep's defaults (period 10 s, grace 45 s) bring a lost job back in about 50 s.
 REDELIVERY_LIMIT_S = 120
+
+
+def put_latents(s3: Any, key: str, shape: tuple[int, ...]) -> None:
+    """Seeded noise latents of ``shape`` as .npy into the compose bucket."""
+    buf = io.BytesIO()
+    np.save(buf, np.random.default_rng(0).standard_normal(shape, dtype=np.float32))
+    s3.put_object(Bucket="framefleet", Key=key, Body=buf.getvalue())
 
 
 def host_ca_bundle() -> str | None:
@@ -156,16 +164,19 @@ def test_the_readme_job_runs_and_every_segment_reads_back(fleet: Fleet, tmp_path
 
 
 def test_a_wan_decoder_job_with_random_weights(fleet: Fleet, tmp_path: Path) -> None:
-    # Given the README's latents in S3; when a tiny Wan decoder with random weights decodes them
+    # Given latents in S3 (9 latent frames of 16x24); when a tiny Wan decoder with random
+    # weights decodes them
+    s3 = fleet.s3()
+    put_latents(s3, "latents/small.npy", (16, 9, 16, 24))
     spec = JobSpec(job_id="docker-wan-random", tenant="docker",
-                   input=InputSpec(uri="s3://framefleet/latents/clip.npy"),
+                   input=InputSpec(uri="s3://framefleet/latents/small.npy"),
                    decoder=DecoderSpec(name="wan2.1-vae", preset="tiny", weights="random"),
-                   video=VideoSpec(segment_frames=16), output=OutputSpec(uri=OUTPUT))
+                   video=VideoSpec(segment_frames=12), output=OutputSpec(uri=OUTPUT))
     result = fleet.client().submit(spec).wait(timeout=600)
-    # Then 49 frames of 240x416 come back from S3, and the result says they are noise
-    frames = read_back(fleet.s3(), result, tmp_path)
-    assert result.random_weights and result.manifest.frames == 49
-    assert {f.shape for seg in frames for f in seg} == {(240, 416, 3)}
+    # Then 33 frames of 128x192 come back from S3, and the result says they are noise
+    frames = read_back(s3, result, tmp_path)
+    assert result.random_weights and result.manifest.frames == 33 and len(frames) == 3
+    assert {f.shape for seg in frames for f in seg} == {(128, 192, 3)}
     fleet.figures["wan_random_job"] = {"wall_s": round(result.timings.wall_s, 2),
                                        "segments": len(frames)}
 
@@ -216,9 +227,7 @@ def test_a_worker_killed_mid_job_leaves_it_to_the_other_exactly_once(
     fleet: Fleet, tmp_path: Path
 ) -> None:
     s3, client = fleet.s3(), fleet.client()
-    buf = io.BytesIO()
-    np.save(buf, np.zeros(LONG, dtype=np.float32))
-    s3.put_object(Bucket="framefleet", Key="latents/long.npy", Body=buf.getvalue())
+    put_latents(s3, "latents/long.npy", LONG)
     job_id = "docker-host-loss"
     spec = JobSpec(job_id=job_id, tenant="docker",
                    input=InputSpec(uri="s3://framefleet/latents/long.npy"),
