@@ -168,6 +168,13 @@ class Fleet:
         (cid,) = self.containers(service)
         return cid
 
+    def remove_leftovers(self) -> None:
+        """Remove containers and volumes of this test's compose project (its own name)."""
+        if self.containers():
+            self.docker_run("rm", "--force", "--volumes", *self.containers())
+        if self.volumes():
+            self.docker_run("volume", "rm", *self.volumes())
+
     def volumes(self) -> list[str]:
         label = f"label=com.docker.compose.project={self.project}"
         return self.docker_run("volume", "ls", "-q", "--filter", label).split()
