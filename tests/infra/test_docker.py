@@ -328,3 +328,12 @@ def test_mounted_configuration_exists(services: dict[str, Any]) -> None:
         (DOCKER / "grafana-provisioning/dashboards/framefleet.yaml").read_text()
     )
     assert provider["providers"][0]["options"]["path"] in mounts
+
+
+def test_standin_script_passes_shellcheck() -> None:
+    # scripts/docker-standins.sh runs for real in test_docker_fleet.py; this is its lint.
+    exe = require_binary("shellcheck", "the shellcheck package (apt-get install shellcheck)")
+    script = REPO / "scripts/docker-standins.sh"
+    done = subprocess.run([exe, str(script)], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 0, done.stdout

@@ -68,7 +68,9 @@ def host_ca_bundle() -> str | None:
         return os.environ["PIP_CERT"]
     done = subprocess.run([venv_bin() + "/python", "-m", "pip", "config", "get", "global.cert"],
                           capture_output=True, text=True, timeout=60, check=False)
-    return done.stdout.strip() or None if done.returncode == 0 else None
+    if done.returncode != 0:
+        return None
+    return done.stdout.strip() or None
 
 
 def build_standins(fleet: Fleet) -> None:
@@ -114,8 +116,12 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     work = tmp_path_factory.mktemp("docker")
     started = time.monotonic()
     with docker_engine(work) as docker:
-        for tool in ("docker-compose", "openssl"):
-            require_binary(tool, "docker-compose and openssl (apt-get install docker-compose)")
+        plugin = subprocess.run([docker, "compose", "version"], capture_output=True,
+                                timeout=60, check=False)
+        if plugin.returncode != 0:  # the README's `docker compose` then runs docker-compose
+            require_binary("docker-compose", "the docker-compose package (apt-get install "
+                           "docker-compose), or docker's compose plugin")
+        require_binary("openssl", "the openssl package (apt-get install openssl)")
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("FRAMEFLEET_", "COMPOSE_", "AWS_", "TORCH_"))}
         env |= dict(zip(PORTS, map(str, free_ports(len(PORTS))), strict=True))
@@ -139,11 +145,14 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             yield fleet
         finally:
             t = time.monotonic()
-            fleet.bash(readme_block("--profile cpu down"), "down", timeout=600)
-            fleet.figures["down_s"] = round(time.monotonic() - t, 1)
-            fleet.figures["test_wall_s"] = round(time.monotonic() - started, 1)
-            print(f"\ndocker fleet figures: {fleet.figures}")
-            left = fleet.containers() + fleet.volumes()
+            try:
+                fleet.bash(readme_block("--profile cpu down"), "down", timeout=600)
+            finally:
+                fleet.figures["down_s"] = round(time.monotonic() - t, 1)
+                fleet.figures["test_wall_s"] = round(time.monotonic() - started, 1)
+                print(f"\ndocker fleet figures: {fleet.figures}")
+                left = fleet.containers() + fleet.volumes()
+                fleet.remove_leftovers()
             assert not left, f"down -v left {left}"
 
 
@@ -155,6 +164,7 @@ def test_the_readme_job_runs_and_every_segment_reads_back(fleet: Fleet, tmp_path
     # Then the job succeeded, and its segments in the compose S3 hold frames 0..48 in order
     assert f"SUCCESS {job_id}: 49 frames, 4 segments" in out, out[-2000:]
     result = fleet.client().get(job_id).result()
+    assert not result.reused  # decoded now, not an earlier output found again
     frames = read_back(fleet.s3(), result, tmp_path)
     indices = [read_frame_index(f) for seg in frames for f in seg]
     assert indices == list(range(49))
@@ -175,6 +185,7 @@ def test_a_wan_decoder_job_with_random_weights(fleet: Fleet, tmp_path: Path) -> 
     result = fleet.client().submit(spec).wait(timeout=600)
     # Then 33 frames of 128x192 come back from S3, and the result says they are noise
     frames = read_back(s3, result, tmp_path)
+    assert not result.reused
     assert result.random_weights and result.manifest.frames == 33 and len(frames) == 3
     assert {f.shape for seg in frames for f in seg} == {(128, 192, 3)}
     fleet.figures["wan_random_job"] = {"wall_s": round(result.timings.wall_s, 2),
@@ -196,7 +207,7 @@ def test_a_tiny_generate_job(fleet: Fleet, tmp_path: Path) -> None:
     result = fleet.client().submit(spec).wait(timeout=600)
     # Then its 9 frames of 32x48 are in S3
     frames = read_back(fleet.s3(), result, tmp_path)
-    assert result.manifest.frames == 9 and len(frames) == 3
+    assert not result.reused and result.manifest.frames == 9 and len(frames) == 3
     assert {f.shape for seg in frames for f in seg} == {(32, 48, 3)}
     fleet.figures["generate_job"] = {"wall_s": round(result.timings.wall_s, 2),
                                      "segments": len(frames)}
@@ -250,7 +261,7 @@ def test_a_worker_killed_mid_job_leaves_it_to_the_other_exactly_once(
                         f"{job_id} delivered again to {other}", interval=1)
     delay = (received[0] - killed).total_seconds()
     result = handle.wait(timeout=600)
-    assert result.worker.node == WORKERS[other]
+    assert result.worker.node == WORKERS[other] and not result.reused
     # exactly once: one success, on the survivor; the dead one never finished it
     assert len(fleet.task_lines(other, job_id, "succeeded")) == 1
     assert fleet.task_lines(holder, job_id, "succeeded") == []
