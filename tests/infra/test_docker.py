@@ -31,6 +31,7 @@ SECRETS = {
     "REDIS_PASSWORD": "test-redis-password",
     "S3_ACCESS_KEY": "test-access-key",
     "S3_SECRET_KEY": "test-secret-key",
+    "FLOWER_PASSWORD": "test-flower",
     "GRAFANA_ADMIN_PASSWORD": "test-grafana",
 }
 # Extras that would pull torch or a codec into an image.
@@ -51,6 +52,20 @@ def instructions(dockerfile: Path) -> list[tuple[str, str]]:
         result.append((word.upper(), args.strip()))
         pending = ""
     return result
+
+
+def base_images(dockerfile: Path) -> list[str]:
+    """The images the FROM lines name, stages built on an earlier stage left out."""
+    stages: set[str] = set()
+    images = []
+    for word, args in instructions(dockerfile):
+        if word == "FROM":
+            parts = args.split()
+            if parts[0] not in stages:
+                images.append(parts[0])
+            if len(parts) == 3 and parts[1].upper() == "AS":
+                stages.add(parts[2])
+    return images
 
 
 def final_stage(dockerfile: Path) -> list[tuple[str, str]]:
@@ -116,11 +131,10 @@ def test_dockerfile_passes_hadolint(name: str) -> None:
 
 
 def test_worker_image_is_pinned_cuda_non_root_with_healthcheck() -> None:
-    steps = instructions(DOCKER / "Dockerfile.worker")
-    for word, args in steps:
-        if word == "FROM":
-            image = args.split()[0]
-            assert re.fullmatch(r"nvidia/cuda:\d+\.\d+\.\d+-(cudnn-)?runtime-\S+", image), image
+    images = base_images(DOCKER / "Dockerfile.worker")
+    assert images
+    for image in images:
+        assert re.fullmatch(r"nvidia/cuda:\d+\.\d+\.\d+-(cudnn-)?runtime-\S+", image), image
     final = dict(final_stage(DOCKER / "Dockerfile.worker"))
     assert final["USER"] not in {"root", "0"}
     assert final["HEALTHCHECK"].endswith('CMD ["framefleet", "healthcheck"]')
@@ -131,13 +145,13 @@ def test_worker_image_is_pinned_cuda_non_root_with_healthcheck() -> None:
 
 
 def test_producer_image_is_slim_and_has_no_torch() -> None:
-    steps = instructions(DOCKER / "Dockerfile.producer")
-    for word, args in steps:
-        if word == "FROM":
-            image = args.split()[0]
-            # Python stages, and one node stage that only fetches hls.js for the API's page.
-            assert re.fullmatch(r"python:3\.\d+(\.\d+)?-slim\S*", image) or (
-                args.endswith(" AS hlsjs") and re.fullmatch(r"node:\d+-\S*slim", image)), args
+    images = base_images(DOCKER / "Dockerfile.producer")
+    assert images
+    for image in images:
+        # Python stages, and one node stage that only fetches hls.js for the API's page.
+        assert re.fullmatch(r"python:3\.\d+(\.\d+)?-slim\S*", image) or re.fullmatch(
+            r"node:\d+-\S*slim", image), image
+    assert sum(image.startswith("node:") for image in images) <= 1
     final = dict(final_stage(DOCKER / "Dockerfile.producer"))
     assert final["USER"] not in {"root", "0"}
     assert final["ENTRYPOINT"] == '["framefleet"]'
@@ -237,11 +251,25 @@ def test_stop_grace_period_covers_the_longest_job(services: dict[str, Any]) -> N
         assert grace < s.visibility_timeout, (name, grace, s.visibility_timeout)
 
 
-def test_cpu_profile_needs_no_gpu(services: dict[str, Any]) -> None:
-    cpu = services["worker-cpu"]
-    assert cpu["profiles"] == ["cpu"] and not gpu_ids(cpu)
-    assert cpu["environment"]["FRAMEFLEET_DEVICE"] == "cpu"
-    assert cpu["command"][:2] == ["worker", "--cpu"]
+def test_cpu_profile_runs_two_cpu_workers_from_the_cpu_build(services: dict[str, Any]) -> None:
+    cpu = {n: s for n, s in services.items() if "cpu" in s.get("profiles", [])}
+    assert sorted(cpu) == ["worker-cpu0", "worker-cpu1"]
+    for service in cpu.values():
+        assert service["profiles"] == ["cpu"] and not gpu_ids(service)
+        assert service["environment"]["FRAMEFLEET_DEVICE"] == "cpu"
+        assert service["command"][:2] == ["worker", "--cpu"]
+        # torch's CPU build, under a tag of its own: never mistaken for the CUDA image.
+        assert service["build"]["args"]["TORCH_VERSION"].endswith("+cpu")
+        assert service["image"].endswith("-cpu")
+        assert service["build"]["dockerfile"] == services["worker-gpu0"]["build"]["dockerfile"]
+    assert len({s["hostname"] for s in cpu.values()}) == 2  # distinct Celery node names
+
+
+def test_grafana_starts_with_the_gpu_profiles_and_on_request(services: dict[str, Any]) -> None:
+    # The cpu profile leaves Grafana out (it runs where no Grafana image can be had, such as CI);
+    # every GPU profile keeps it.
+    profiles = services["grafana"]["profiles"]
+    assert set(profiles) == {"gpu1", "gpu2", "gpu4", "gpu8", "dashboards"}
 
 
 def test_redis_persists_and_requires_the_password(services: dict[str, Any]) -> None:
@@ -334,3 +362,12 @@ def test_the_api_service_listens_for_the_host_on_loopback_only(
     ignored = (REPO / ".gitignore").read_text().splitlines()
     assert "docker/api/keys.toml" in ignored
     assert (s.output_prefix or "").startswith("s3://")
+
+
+def test_standin_script_passes_shellcheck() -> None:
+    # scripts/docker-standins.sh runs for real in test_docker_fleet.py; this is its lint.
+    exe = require_binary("shellcheck", "the shellcheck package (apt-get install shellcheck)")
+    script = REPO / "scripts/docker-standins.sh"
+    done = subprocess.run([exe, str(script)], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 0, done.stdout

@@ -200,4 +200,4 @@ def test_compose_scrape_targets_follow_the_same_rule() -> None:
             ports = [metrics_port_for(base, gpu=0)]
         assert [scraped[name]] == ports, (name, scraped.get(name), ports)
         checked += 1
-    assert checked == 9
+    assert checked == 10  # 8 GPU containers, 2 CPU containers

@@ -61,12 +61,16 @@ def test_compose_gives_gpu_container_n_the_base_of_gpu_n() -> None:
         assert metrics_port_for(base, gpu=0) == metrics_port_for(DEFAULT_METRICS_PORT, gpu=index)
 
 
-def test_prometheus_scrapes_the_cpu_worker_above_the_gpu_range() -> None:
-    cpu = _compose()["worker-cpu"]
-    base = int(cpu["environment"].get("FRAMEFLEET_METRICS_PORT", DEFAULT_METRICS_PORT))
+def test_prometheus_scrapes_the_cpu_workers_above_the_gpu_range() -> None:
+    # Each CPU container runs one CPU worker (slot 0) under its own name.
+    cpu = {n: s for n, s in _compose().items() if re.fullmatch(r"worker-cpu\d+", n)}
+    assert len(cpu) == 2
     workers = _scrape_configs()["framefleet-worker"]
     ports = {name: sd["port"] for sd in workers["dns_sd_configs"] for name in sd["names"]}
-    assert ports["worker-cpu"] == metrics_port_for(base, cpu=0) == base + CPU_PORT_OFFSET
+    for name, service in cpu.items():
+        base = int(service["environment"].get("FRAMEFLEET_METRICS_PORT", DEFAULT_METRICS_PORT))
+        assert service["command"] == ["worker", "--cpu", "1"]
+        assert ports[name] == metrics_port_for(base, cpu=0) == base + CPU_PORT_OFFSET
 
 
 def test_prometheus_scrapes_the_exporter_on_the_port_compose_gives_it() -> None:
