@@ -26,10 +26,10 @@ from typing import Any, TypeVar
 
 import boto3
 from botocore.config import Config
-from worker.encode import read_frames_rgb
 
 from producer.client import Client
 from producer.spec import JobResult, Manifest, segment_name
+from worker.pipeline.encode import read_frames_rgb
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]
