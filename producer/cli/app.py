@@ -23,7 +23,7 @@ from producer.cli.output import console, err, fail
 from producer.client.jobstate import FINISHED
 from producer.errors import FramefleetError
 from producer.ports import CPU_PORT_OFFSET, DEFAULT_EXPORTER_PORT, DEFAULT_METRICS_PORT
-from producer.spec import JobResult, parse_spec
+from producer.spec import JobResult, job_key, parse_spec
 
 if TYPE_CHECKING:
     from producer.client import Client
@@ -87,7 +87,8 @@ def _uri(value: Optional[str]) -> Optional[str]:
 
 def print_result(result: JobResult) -> None:
     m = result.manifest
-    console.print(f"[green]SUCCESS[/green] {m.job_id}: {m.frames} frames, "
+    key = job_key(m.tenant, m.job_id)  # what status, wait and cancel take
+    console.print(f"[green]SUCCESS[/green] {key}: {m.frames} frames, "
                   f"{len(m.segments)} segments, {m.width}x{m.height}, "
                   f"wall {result.timings.wall_s:.2f} s")
     console.print(f"manifest: {result.manifest_uri}", markup=False)
