@@ -78,7 +78,7 @@ def test_fast_path_within_tolerance_of_eager_and_fp32(fast: WanDecoder) -> None:
     first_fast, first_eager = _rel(out[:, :1], ref[:, :1]), _rel(eager[:, :1], ref[:, :1])
     print(f"first frame rel L2 vs fp32: fast {first_fast:.2e}, eager bf16 {first_eager:.2e}")
     # (one frame is a smaller sample than the clip: a looser factor, still far below broken)
-    assert first_fast < 3e-2 and first_fast <= 1.5 * first_eager
+    assert first_fast < 1e-1 and first_fast <= 1.5 * first_eager
 
 
 @FP32
