@@ -1,6 +1,12 @@
 """What a piece of GPU work took from the driver: the caching allocator's new segments (each a
 cudaMalloc), with the Python frames that asked for them, so that a failed "no allocation"
-check says where the allocation came from."""
+check says where the allocation came from.
+
+``python -m tests.gpu.alloc CASE`` replays the allocation check as it stood before it measured
+what its name says (eager decoder, a warm job of 4 latent frames, then one of 12 with the latents
+uploaded from the CPU), and the cases that tell its causes apart: ``old``; ``equal`` (the second
+job also 4 frames); ``on-gpu`` (12 frames, latents already on the GPU). One case per process.
+"""
 
 from __future__ import annotations
 
@@ -55,3 +61,39 @@ def count(work: Callable[[], None]) -> Segments:
         reserved_after=after["reserved_bytes.all.current"],
         origins=[_frames(e) for e in events if e.get("action") == "segment_alloc"],
     )
+
+
+def main(case: str) -> None:
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from producer.spec import PipelineSpec, VideoSpec
+    from worker.decoders.wan import WanDecoder, build_vae
+    from worker.pipeline import run_pipeline
+
+    cuda = torch.device("cuda", 0)
+    # The old test ran after test_gpu_fast_decode in one process: cuDNN's benchmark mode on.
+    torch.backends.cudnn.benchmark = True
+    decoder = WanDecoder(build_vae("wan2.1", dtype=torch.bfloat16), cuda)
+    work = Path(tempfile.mkdtemp())
+
+    def job(z: torch.Tensor, name: str) -> None:
+        (work / name).mkdir()
+        run_pipeline(decoder, z, video=VideoSpec(segment_frames=16), pipeline=PipelineSpec(),
+                     scratch=work / name, sink=lambda s: None)
+
+    job(torch.randn(16, 4, 30, 52), "warm")
+    second = torch.randn(16, 4 if case == "equal" else 12, 30, 52)
+    if case == "on-gpu":
+        second = second.to(cuda, torch.bfloat16)
+    got = count(lambda: job(second, "second"))
+    print(json.dumps({"case": case, "new_segments": got.allocated,
+                      "reserved_before": got.reserved_before,
+                      "reserved_after": got.reserved_after, "origins": got.origins}))
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1])
