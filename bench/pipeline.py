@@ -15,8 +15,9 @@ hits every mode alike):
 Per mode: wall (median), ratio to decode_only (of the medians, and the median of per-repetition
 ratios), the tail (last chunk's planes on the host → last segment stored), stage seconds, GPU
 busy fraction inside the decode window, segment bytes, peak GPU memory and host RSS.
-``--weights-study``: the async job again with the weights initialised on the CPU (another
-random network: other frames for the encoder). Writes JSON; prints a markdown table.
+``--weights-study``: the first job's async mode again, alternating with a decoder whose weights
+were initialised on the CPU (another random network: other frames for the encoder). Writes
+JSON; prints a markdown table.
 
   python bench/pipeline.py --device cuda --reps 5 \\
       --jobs wan2.1:1280x720x81,wan2.2:1280x720x81,wan2.2:1280x704x121 --out pipeline.json
@@ -308,7 +309,7 @@ def bench_job(args: argparse.Namespace, job: str, device: torch.device, dtype: t
                 a["wall_s"] / b["wall_s"] for a, b in zip(runs[mode], floor, strict=True))
         entry["modes"].append(row)
     save()
-    if args.weights_study:
+    if args.weights_study and job == results["jobs"][0]["job"]:
         other = make_decoder(preset, device, dtype, args.graphs, torch.device("cpu"))
         study: dict[str, Any] = {"init": "cpu", "warmup": warm(other, lh, lw),
                                  "content": content(other, z)}
