@@ -53,8 +53,10 @@ def child() -> None:
     from worker.runner import default_decoders
 
     t["worker_modules"] = time.time()
-    torch.zeros(1, device="cuda")
-    torch.cuda.synchronize()
+    cuda = os.environ.get("FRAMEFLEET_DEVICE", "cuda") == "cuda"
+    if cuda:
+        torch.zeros(1, device="cuda")
+        torch.cuda.synchronize()
     t["cuda_context"] = time.time()
     # What the decoder build imports first, each timed on its own (the build then finds them):
     # torch.compile's dynamo (diffusers imports it too), then diffusers' own chain.
@@ -77,7 +79,8 @@ def child() -> None:
             pstats.Stats(prof, stream=f).sort_stats("cumulative").print_stats(60)
     else:
         state = warmup.warm_up(decoders, settings)
-    torch.cuda.synchronize()
+    if cuda:
+        torch.cuda.synchronize()
     t["ready"] = time.time()
     first_graph_s = None
     if os.environ.get("BENCH_WAIT_FIRST"):  # the first-chunk graph, built after ready
@@ -93,7 +96,8 @@ def child() -> None:
     phases = {"interpreter": t["start"] - spawn,
               **{b: t[b] - t[a] for a, b in itertools.pairwise(names)}}
     phases["decoder_build"] = state.build_s
-    phases["ready"] -= state.build_s  # what remains of warm_up: the graphs, the short decode
+    # What remains of warm_up: the graphs (their phases per size below), the short decode.
+    phases["graphs"] = phases.pop("ready") - state.build_s
     print(json.dumps({
         "start_to_first_replay_s": t["ready"] - spawn, "phases_s": phases,
         "warm_up_s": state.seconds, "decoder_build_s": state.build_s, "sizes": state.sizes,
@@ -254,6 +258,7 @@ def main() -> None:
                     "dependencies (made once), bytecode kept in DIR")
     ap.add_argument("--wait-first", action="store_true",
                     help="the last run also waits for the first-chunk graph (after ready)")
+    ap.add_argument("--device", default="cuda", help="cpu: a dry run of the orchestration")
     args = ap.parse_args()
     if args.child:
         child()
@@ -295,7 +300,7 @@ def main() -> None:
         fresh_pyc = pycache is not None and not pycache.exists()
         env = {**base_env, **extra, "FRAMEFLEET_WARMUP_DECODER": args.decoder,
                "FRAMEFLEET_WARMUP_LATENT_SIZE": args.sizes, "FRAMEFLEET_COMPILE_CACHE_DIR": cache,
-               "FRAMEFLEET_WORK_DIR": work, "FRAMEFLEET_DEVICE": "cuda",
+               "FRAMEFLEET_WORK_DIR": work, "FRAMEFLEET_DEVICE": args.device,
                "FRAMEFLEET_DECODE_GRAPHS": "2"}
         if profile is not None and i == args.runs:
             env["BENCH_PROFILE"] = str(profile)
@@ -316,7 +321,8 @@ def main() -> None:
     import torch
 
     out = {"command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-           "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
+           "torch": torch.__version__,
            "decoder": args.decoder, "sizes": args.sizes, "weights_folder": args.weights,
            "lean": lean, "runs": runs}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
