@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from worker.decoders.wan import WanDecoder, build_vae
-from worker.decoders.wan_capture import advance_fn, first_chunk_fn
+from worker.decoders.wan_capture import advance_fn
 from worker.decoders.wan_graph import ChunkGraph, ChunkGraphs, _DecoderWeights
 from worker.decoders.wan_step import CACHE_T, WanStep, subpixel_conv, subpixel_kernel, supports
 
