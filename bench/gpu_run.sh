@@ -26,29 +26,30 @@ JOBS=wan2.1:1280x720x81,wan2.2:1280x720x81,wan2.2:1280x704x121
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
+# The tests and the precompiles compile at once: fewer compile workers each than cores.
 mkdir -p /tmp/pre
 i=0
 for job in ${JOBS//,/ }; do
-  timeout 330 python3 bench/pipeline.py --precompile --jobs "$job" --out "/tmp/pre/$i.json" \
-    > "/tmp/pre/$i.log" 2>&1 &
+  TORCHINDUCTOR_COMPILE_THREADS=4 timeout 240 python3 bench/pipeline.py --precompile \
+    --jobs "$job" --out "/tmp/pre/$i.json" > "/tmp/pre/$i.log" 2>&1 &
   i=$((i + 1))
 done
 (for case in old equal on-gpu; do timeout 120 python3 -m tests.gpu.alloc "$case"; done) \
   > "$OUT/alloc-probe.log" 2>&1 &
 
 XDIST=""
-python3 -c "import xdist" 2>/dev/null && XDIST="-n 4 --dist loadgroup"
+python3 -c "import xdist" 2>/dev/null && XDIST="-n 6 --dist loadgroup"
 echo "== GPU tests ($XDIST) at ${SECONDS}s"
 # shellcheck disable=SC2086
-timeout "$(left 190)" python3 -m pytest -m gpu --confcutdir=tests/gpu -p no:cacheprovider -q \
-  -rA $XDIST tests/gpu > "$OUT/gpu-tests.log" 2>&1
+TORCHINDUCTOR_COMPILE_THREADS=4 timeout "$(left 240)" python3 -m pytest -m gpu \
+  --confcutdir=tests/gpu -p no:cacheprovider -q -rA $XDIST tests/gpu > "$OUT/gpu-tests.log" 2>&1
 echo "tests rc=$?"; tail -3 "$OUT/gpu-tests.log"
 wait
 echo "== precompile done at ${SECONDS}s"; cat "$OUT/alloc-probe.log" | cut -c1-600
 
 echo "== benchmark at ${SECONDS}s"
 { for f in /tmp/pre/*.log; do echo "-- $f"; tail -2 "$f"; done; } > "$OUT/bench.log"
-timeout "$(left 75)" python3 bench/pipeline.py --device cuda --reps 3 --jobs "$JOBS" \
+timeout "$(left 95)" python3 bench/pipeline.py --device cuda --reps 3 --jobs "$JOBS" \
   --modes decode_only,async,async_tail4 --weights-study --out "$OUT/pipeline.json" \
   >> "$OUT/bench.log" 2>&1
 echo "bench rc=$?"
@@ -56,7 +57,7 @@ echo "bench rc=$?"
 echo "== warm start at ${SECONDS}s"
 W="--decoder wan2.2-vae --sizes 44x80 --cache $CC"
 # shellcheck disable=SC2086
-timeout "$(left 35)" python3 bench/warm_start.py $W --runs 3 --wait-first --lean /tmp/lean \
+timeout "$(left 32)" python3 bench/warm_start.py $W --runs 3 --wait-first --lean /tmp/lean \
   --out "$OUT/warm-start-lean.json" > "$OUT/warm.log" 2>&1
 # shellcheck disable=SC2086
 timeout "$(left 3)" python3 bench/warm_start.py $W --runs 1 --out "$OUT/warm-start-host.json" \
