@@ -12,8 +12,10 @@ BUDGET=${BUDGET:-1200}
 # Seconds left, keeping $1 for the steps after this one (10 at least: timeout needs > 0).
 left() { local n=$((BUDGET - SECONDS - $1)); echo $((n > 10 ? n : 10)); }
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
-CC=/tmp/ff-compile-cache
-export TORCHINDUCTOR_CACHE_DIR=$CC/inductor TRITON_CACHE_DIR=$CC/triton
+# Not "CC": the image exports CC (the C compiler Triton builds its launcher with), and a shell
+# assignment to an exported name changes it for every child (seen: every compile failed).
+FF_CACHE=/tmp/ff-compile-cache
+export TORCHINDUCTOR_CACHE_DIR=$FF_CACHE/inductor TRITON_CACHE_DIR=$FF_CACHE/triton
 JOBS=wan2.1:1280x720x81,wan2.2:1280x720x81,wan2.2:1280x704x121
 
 {
@@ -22,7 +24,7 @@ JOBS=wan2.1:1280x720x81,wan2.2:1280x720x81,wan2.2:1280x704x121
     --format=csv,noheader
   python3 -c "import sys, torch, av, diffusers; print(sys.version, torch.__version__,
     av.__version__, diffusers.__version__)"
-  env | grep '^PYTHON' || true
+  env | grep -E '^(PYTHON|CC=)' || true
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
@@ -42,10 +44,12 @@ python3 -c "import xdist" 2>/dev/null && XDIST="-n 6 --dist loadgroup"
 echo "== GPU tests ($XDIST) at ${SECONDS}s"
 # shellcheck disable=SC2086
 TORCHINDUCTOR_COMPILE_THREADS=4 timeout "$(left 240)" python3 -m pytest -m gpu \
-  --confcutdir=tests/gpu -p no:cacheprovider -q -rA $XDIST tests/gpu > "$OUT/gpu-tests.log" 2>&1
-echo "tests rc=$?"; tail -3 "$OUT/gpu-tests.log"
+  --confcutdir=tests/gpu -p no:cacheprovider -v -rA --tb=short $XDIST tests/gpu \
+  > "$OUT/gpu-tests.log" 2>&1
+echo "tests rc=$?"; grep -E "(PASSED|FAILED|ERROR) " "$OUT/gpu-tests.log" | cut -c1-150; tail -2 "$OUT/gpu-tests.log"
 wait
-echo "== precompile done at ${SECONDS}s"; cat "$OUT/alloc-probe.log" | cut -c1-600
+echo "== precompile done at ${SECONDS}s"; grep -h "warm-up" /tmp/pre/*.log | cut -c1-300
+cut -c1-600 "$OUT/alloc-probe.log"
 
 echo "== benchmark at ${SECONDS}s"
 { for f in /tmp/pre/*.log; do echo "-- $f"; tail -2 "$f"; done; } > "$OUT/bench.log"
@@ -55,7 +59,7 @@ timeout "$(left 95)" python3 bench/pipeline.py --device cuda --reps 3 --jobs "$J
 echo "bench rc=$?"
 
 echo "== warm start at ${SECONDS}s"
-W="--decoder wan2.2-vae --sizes 44x80 --cache $CC"
+W="--decoder wan2.2-vae --sizes 44x80 --cache $FF_CACHE"
 # shellcheck disable=SC2086
 timeout "$(left 32)" python3 bench/warm_start.py $W --runs 3 --wait-first --lean /tmp/lean \
   --out "$OUT/warm-start-lean.json" > "$OUT/warm.log" 2>&1

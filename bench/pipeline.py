@@ -281,8 +281,11 @@ def bench_job(args: argparse.Namespace, job: str, device: torch.device, dtype: t
     t0 = time.perf_counter()
     decoder = make_decoder(preset, device, dtype, args.graphs, init_on)
     build_s = time.perf_counter() - t0
-    scale = w // decoder.output_size(1, 1)[1]
+    scale = decoder.output_size(1, 1)[1]  # pixels per latent
     lh, lw, lt = h // scale, w // scale, (frames - 1) // 4 + 1
+    if decoder.output_size(lh, lw) != (h, w) or 1 + 4 * (lt - 1) != frames:
+        raise SystemExit(f"{job}: {preset} makes {w}x{h}x{frames} from no latent size "
+                         f"(multiples of {scale} pixels, 4k+1 frames)")
     z = torch.randn(decoder.latent_channels, lt, lh, lw,
                     generator=torch.Generator().manual_seed(0))
     entry: dict[str, Any] = {"job": job, "decoder": decoder.name, "preset": preset,
@@ -292,6 +295,9 @@ def bench_job(args: argparse.Namespace, job: str, device: torch.device, dtype: t
     print(f"== {job}: warm-up {entry['warmup']}", flush=True)
     if args.precompile:
         return
+    if args.graphs and not entry["warmup"].get("graph"):
+        print(f"{job}: no decode graph was captured (see the log): timing the eager decoder",
+              flush=True)
     entry["content"] = content(decoder, z)
     modes = args.modes.split(",")
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}

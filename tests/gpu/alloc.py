@@ -32,6 +32,17 @@ class Segments:
                 f"{self.reserved_after} bytes; allocated by:\n  {where}")
 
 
+def settle(job: Callable[[], None], limit: int = 4) -> int:
+    """Run ``job`` until one run takes no new segment; how many runs that took. The caching
+    allocator's small-block pool can need a run or two to settle (measured on an H200: the
+    second of two equal eager jobs took one more 2 MB segment); a job that takes memory every
+    time, ``limit`` times in a row, allocates per job and fails here."""
+    for runs in range(1, limit + 1):
+        if count(job).allocated == 0:
+            return runs
+    raise AssertionError(f"{limit} equal jobs in a row each took new segments")
+
+
 def _frames(entry: dict[str, Any], limit: int = 6) -> str:
     ours = [f for f in entry.get("frames", []) if "/torch/" not in f.get("filename", "")]
     shown = " <- ".join(f"{f['name']} ({f['filename'].rsplit('/', 2)[-1]}:{f['line']})"
