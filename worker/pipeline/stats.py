@@ -26,6 +26,9 @@ class PipelineStats:
     backpressure_s: float = 0.0
     busy_s: float = 0.0
     window_s: float = 0.0
+    #: From the last chunk's planes on the host to the last segment through the sink: the
+    #: part of the job that no decoding overlaps (the job's tail).
+    tail_s: float = 0.0
     chunks: int = 0
     frames: int = 0
     segments: int = 0
