@@ -9,7 +9,7 @@ result. Re-exported by ``producer.spec``.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -153,6 +153,22 @@ class CostReport(Frozen):
     stages: tuple[StageCost, ...] = Field(
         default=(), description="text_encode, denoise, decode (GPU) and s3: each with its share"
     )
+    tier: str | None = Field(default=None, description="generate jobs: the tier denoised at")
+    cache: str | None = Field(default=None, description="generate jobs: the step cache, or none")
+    denoise_steps: int = Field(default=0, ge=0, description="generate jobs: denoise steps")
+    gpu_seconds_per_denoise_step: float | None = Field(
+        default=None, description="generate jobs: the denoise stage's GPU-seconds per step")
+
+
+class GenerateFacts(Frozen):
+    """What a generate job ran with: its speed settings, so an output says how it was made."""
+
+    tier: str = Field(description="exact or fp8 (GenerateSpec.tier)")
+    cache: str = Field(default="none", description="the step cache's kind, or none")
+    cache_params: dict[str, Any] | None = Field(
+        default=None, description="the step cache's parameters as the job gave them")
+    steps: int = Field(description="denoise steps run")
+    compiled: bool = Field(default=False, description="the transformer ran compiled (CUDA)")
 
 
 class Manifest(Frozen):
@@ -174,6 +190,8 @@ class Manifest(Frozen):
     random_weights: bool = Field(
         default=False, description="decoded with random weights (decoder.weights \"random\"): noise"
     )
+    generate: GenerateFacts | None = Field(
+        default=None, description="generate jobs: the tier, the step cache and the inputs")
 
 
 class JobResult(Frozen):

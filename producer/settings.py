@@ -116,6 +116,22 @@ class Settings(BaseSettings):
         description="local diffusers Wan folder (path or file:// URI) loaded when a worker "
         "starts and kept resident",
     )
+    warmup_generate_sizes: str = Field(
+        default="", pattern=r"^([0-9]{2,4}x[0-9]{2,4}x[0-9]{1,4}(,[0-9]{2,4}x[0-9]{2,4}x"
+        r"[0-9]{1,4}){0,7})?$",
+        description="CUDA: HxWxF video sizes (up to 8, comma-separated, e.g. 704x1280x121) the "
+        "warm-up model's transformer is compiled for, at each of warmup_tiers, before the "
+        "worker reports ready; empty: compiled by the first job of each size",
+    )
+    warmup_tiers: str = Field(
+        default="exact", pattern=r"^(exact|fp8)(,(exact|fp8))?$",
+        description="tiers (exact, fp8) the warm-up model is made resident and compiled at",
+    )
+    compiled_sizes: int = Field(
+        default=4, ge=0, le=32,
+        description="CUDA: video sizes each resident transformer keeps compiled; a job of "
+        "another size beyond them runs eager (no recompile); 0: never compile",
+    )
     model_cache_gib: float = Field(
         default=80.0, gt=0, le=4096,
         description="GPU memory the resident generation models may hold; least recently "

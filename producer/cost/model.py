@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from producer.cost.pricing import load_catalog, prices_for
 from producer.settings import get_settings
-from producer.spec import CostReport, JobSpec, Prices, StageCost
+from producer.spec import CostReport, GenerateFacts, JobSpec, Prices, StageCost
 
 #: S3 bills storage per GB-month with GB = 2**30 bytes (AWS's billing unit).
 BYTES_PER_GB = 2**30
@@ -112,6 +112,14 @@ def with_stages(report: CostReport, seconds: Mapping[str, float]) -> CostReport:
         for stage in COST_STAGES
     )
     return report.model_copy(update={"stages": stages})
+
+
+def with_denoise(report: CostReport, facts: GenerateFacts, denoise_s: float) -> CostReport:
+    """``report`` with a generate job's tier, step cache and GPU-seconds per denoise step."""
+    per_step = denoise_s / facts.steps if facts.steps else None
+    return report.model_copy(update={
+        "tier": facts.tier, "cache": facts.cache, "denoise_steps": facts.steps,
+        "gpu_seconds_per_denoise_step": per_step})
 
 
 @functools.lru_cache(maxsize=1)

@@ -21,24 +21,28 @@ import torch
 
 from producer.errors import JobCancelled
 from producer.settings import Settings
-from producer.spec import GenerateSpec, Progress
+from producer.spec import GenerateFacts, GenerateSpec, Progress
 from worker.devices import out_of_memory
 from worker.generate.cache import ModelCache, Resident, module_bytes
 from worker.generate.denoise import denoise
 from worker.generate.folder import check_request, model_folder, read_model
 from worker.generate.handoff import vae_latents
+from worker.generate.stepcache import check_cache, step_cache
 from worker.generate.text import encode_prompt
+from worker.generate.tiers import check_tier, size_stance
 
 
 @dataclass
 class Generated:
-    """Latents (C, T, h, w) in VAE space on the worker's device, and the stage times."""
+    """Latents (C, T, h, w) in VAE space on the worker's device, the stage times, and what
+    the job ran with (for its manifest)."""
 
     latents: torch.Tensor
     decoder: Any
     load_s: float
     text_encode_s: float
     denoise_s: float
+    facts: GenerateFacts
 
 
 def _sync(device: torch.device) -> None:
@@ -63,7 +67,9 @@ def generate_latents(
     t0 = time.perf_counter()
     info = read_model(model_folder(gen.model, settings))
     check_request(gen, info, settings)
-    entry = models.get(info.path, models.resolve_dtype(gen.dtype))
+    check_tier(gen.tier, models.device)
+    check_cache(gen.cache, info.experts)
+    entry = models.get(info.path, models.resolve_dtype(gen.dtype), gen.tier, info.pipeline)
     if lean:
         models.evict_others(entry)
         _host_text_encoder(entry)
@@ -80,7 +86,12 @@ def generate_latents(
         _sync(device)
         t2 = time.perf_counter()
         step(0, gen.num_inference_steps)
-        latents, stopped = denoise(entry.pipe, gen, info, positive, negative, step, cancelled)
+        size = (gen.num_frames, gen.height, gen.width, info.pipeline)
+        with size_stance(entry.sizes, entry.compiled, size, models.compiled_sizes,
+                         ) as compiled, \
+                step_cache(entry.pipe, gen.cache, gen.num_inference_steps):
+            latents, stopped = denoise(entry.pipe, gen, info, positive, negative, step,
+                                       cancelled)
         del positive, negative
         if stopped:
             raise JobCancelled(f"job {job_id} cancelled while denoising")
@@ -90,10 +101,8 @@ def generate_latents(
         t3 = time.perf_counter()
     except torch.OutOfMemoryError as e:
         raise out_of_memory(e, f"denoising {job_id} (lean={lean})") from e
-    return Generated(z, models.decoder(entry, tiled=lean), load_s, t2 - t1, t3 - t2)
-
-
-def warm_up(models: ModelCache, folder: str) -> Resident:
-    """Load the configured model (``FRAMEFLEET_WARMUP_MODEL``) before the first job."""
-    info = read_model(model_folder(folder))
-    return models.get(info.path, models.resolve_dtype("auto"))
+    facts = GenerateFacts(
+        tier=gen.tier, cache=gen.cache.kind if gen.cache else "none",
+        cache_params=gen.cache.model_dump(mode="json") if gen.cache else None,
+        steps=gen.num_inference_steps, compiled=compiled)
+    return Generated(z, models.decoder(entry, tiled=lean), load_s, t2 - t1, t3 - t2, facts)
