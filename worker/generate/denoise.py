@@ -17,24 +17,31 @@ from producer.spec import GenerateSpec
 from worker.generate.folder import ModelInfo
 
 
-def job_pipeline(pipe: Any, gen: GenerateSpec, info: ModelInfo) -> Any:
-    """A ``WanPipeline`` over the resident components, with this job's scheduler and boundary.
+def job_pipeline(pipe: Any, gen: GenerateSpec, info: ModelInfo, i2v: bool = False) -> Any:
+    """A ``WanPipeline`` (``i2v``: a ``WanImageToVideoPipeline``) over the resident
+    components, with this job's scheduler and boundary.
 
     The resident pipeline is never mutated: a scheduler carries per-run state, and two jobs
     with different flow shifts must not see each other's.
     """
-    from diffusers import WanPipeline
+    from diffusers import WanImageToVideoPipeline, WanPipeline
 
     overrides = {}
     if gen.flow_shift is not None and info.shift_key is not None:
         overrides[info.shift_key] = gen.flow_shift
     scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config, **overrides)
     boundary = gen.boundary_ratio if gen.boundary_ratio is not None else pipe.config.boundary_ratio
-    run: Any = WanPipeline(
+    parts: dict[str, Any] = dict(
         tokenizer=pipe.tokenizer, text_encoder=pipe.text_encoder, vae=pipe.vae,
         scheduler=scheduler, transformer=pipe.transformer, transformer_2=pipe.transformer_2,
         boundary_ratio=boundary, expand_timesteps=pipe.config.expand_timesteps,
     )
+    if i2v:  # Wan2.1 I2V's CLIP image encoder, where the model has one
+        run: Any = WanImageToVideoPipeline(
+            **parts, image_encoder=getattr(pipe, "image_encoder", None),
+            image_processor=getattr(pipe, "image_processor", None))
+    else:
+        run = WanPipeline(**parts)
     run.set_progress_bar_config(disable=True)
     return run
 
