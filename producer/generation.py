@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 from urllib.parse import urlparse
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from producer.wire import Frozen, check_uri
 
@@ -73,6 +73,31 @@ class MagCache(Frozen):
         return data
 
 
+class LoraSpec(Frozen):
+    """A LoRA adapter for one job: a ``.safetensors`` file (``file://`` inside the worker's
+    roots, or ``s3://``) at ``scale``. ``expert`` picks the transformer of a two-expert model
+    (Wan2.2 A14B): ``high_noise`` (``transformer``), ``low_noise`` (``transformer_2``) or
+    ``both``; one-expert models take ``both`` (their only transformer)."""
+
+    uri: str
+    scale: float = Field(default=1.0, ge=-10, le=10)
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._-]{1,64}$",
+                             description="a label for logs and the manifest")
+    expert: Literal["both", "high_noise", "low_noise"] = "both"
+
+    @field_validator("uri")
+    @classmethod
+    def _uri(cls, v: str) -> str:
+        check_uri(v, field="lora.uri")
+        if not urlparse(v).path.endswith(".safetensors"):
+            raise ValueError(f"a LoRA is a .safetensors file, got {v!r}")
+        return v
+
+
+#: How an input image becomes the job's frame size (``generate.image_resize``).
+ImageResize = Literal["crop", "pad", "stretch"]
+
+
 #: One of diffusers' step caches, told apart by ``kind``.
 CacheSpec = Annotated[FirstBlockCache | TaylorSeerCache | MagCache, Field(discriminator="kind")]
 
@@ -121,6 +146,17 @@ class GenerateSpec(Frozen):
         default=None, description="a diffusers step cache and its parameters; None: every step "
         "runs every block",
     )
+    image: str | None = Field(
+        default=None, description="image-to-video: the first frame, a PNG, JPEG or WebP "
+        "(file:// inside the worker's roots, or s3://)")
+    last_image: str | None = Field(
+        default=None, description="the last frame, for models that take one (Wan I2V 14B)")
+    image_resize: ImageResize = Field(
+        default="crop", description="how the image meets height x width: crop (scale to cover, "
+        "centre crop; the default), pad (scale to fit, black bars) or stretch")
+    loras: tuple[LoraSpec, ...] = Field(
+        default=(), max_length=16, description="LoRA adapters and their scales (the worker's "
+        "FRAMEFLEET_MAX_LORAS bounds them)")
 
     @field_validator("model")
     @classmethod
@@ -137,11 +173,21 @@ class GenerateSpec(Frozen):
             raise ValueError(f"num_frames must be 4k+1 (1, 5, 9, … 81), got {v}")
         return v
 
+    @field_validator("image", "last_image")
+    @classmethod
+    def _image(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return None if v is None else check_uri(v, field=f"generate.{info.field_name}")
+
     @model_validator(mode="after")
     def _fp8_dtype(self) -> GenerateSpec:
         if self.tier == "fp8" and self.dtype not in ("auto", "bfloat16"):
             raise ValueError(f"tier fp8 runs bfloat16 activations; dtype {self.dtype!r} "
                              "cannot (leave dtype auto)")
+        if self.last_image is not None and self.image is None:
+            raise ValueError("last_image needs an image (the first frame)")
+        if self.loras and self.tier == "fp8":
+            raise ValueError("loras run on the exact tier (peft does not wrap torchao's float8 "
+                             "layers)")
         return self
 
     def speed_label(self) -> str:
@@ -151,7 +197,8 @@ class GenerateSpec(Frozen):
 
 #: ``generate`` fields added to schema 1 later, with the value that leaves them out of the
 #: digest: a spec that does not use them keeps the digest it always had.
-GENERATE_DEFAULTS: dict[str, Any] = {"tier": "exact", "cache": None}
+GENERATE_DEFAULTS: dict[str, Any] = {"tier": "exact", "cache": None, "image": None,
+                                     "last_image": None, "image_resize": "crop", "loras": ()}
 
 
 def unset_generate_fields(gen: GenerateSpec) -> set[str]:

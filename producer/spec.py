@@ -29,6 +29,7 @@ from producer.generation import (  # the generate request, re-exported
     CacheSpec,
     FirstBlockCache,
     GenerateSpec,
+    LoraSpec,
     MagCache,
     TaylorSeerCache,
     unset_generate_fields,
@@ -39,7 +40,9 @@ from producer.results import (  # the result side, re-exported: every model of t
     CostReport,
     GenerateFacts,
     HeldRun,
+    ImageFacts,
     JobResult,
+    LoraFacts,
     Manifest,
     Prices,
     Progress,
@@ -67,9 +70,12 @@ __all__ = [
     "GenerateFacts",
     "GenerateSpec",
     "HeldRun",
+    "ImageFacts",
     "InputSpec",
     "JobResult",
     "JobSpec",
+    "LoraFacts",
+    "LoraSpec",
     "MagCache",
     "Manifest",
     "NotifySpec",
@@ -331,6 +337,8 @@ def parse_spec(data: Any) -> JobSpec:
     except ValidationError as e:
         lines = []
         for err in e.errors():
-            loc = ".".join(str(p) for p in err["loc"]) or "spec"
+            # list positions as [i]: generate.loras[0].uri, notify.urls[1]
+            loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"])
+            loc = loc.lstrip(".") or "spec"
             lines.append(f"{loc}: {err['msg']}")
         raise InvalidJobError("invalid job spec: " + "; ".join(lines)) from None

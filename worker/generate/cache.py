@@ -67,6 +67,7 @@ class Resident:
     compiled: bool = False  # the transformer's blocks are compiled (CUDA)
     sizes: list[Any] = field(default_factory=list)  # the sizes compiled so far, oldest first
     prepare_s: float = 0.0  # quantising and wrapping for compile (not compiling: first use)
+    adapters: Any = None  # worker.generate.adapters.Adapters, once a job named a LoRA
     decoders: dict[bool, Any] = field(default_factory=dict)  # tiled? → decoder over pipe.vae
 
 

@@ -56,10 +56,13 @@ def denoise(
     pipe: Any, gen: GenerateSpec, info: ModelInfo,
     positive: torch.Tensor, negative: torch.Tensor | None,
     step: Callable[[int, int], None], cancelled: Callable[[], bool],
+    images: dict[str, Any] | None = None,
 ) -> tuple[torch.Tensor, bool]:
     """Run the loop; returns (latents (1, C, T, h, w) normalised as the transformer sees them,
-    whether it was cancelled). ``step(done, total)`` is called after every step."""
-    run = job_pipeline(pipe, gen, info)
+    whether it was cancelled). ``step(done, total)`` is called after every step. ``images``
+    (``image``, ``last_image``: sized PIL images) make it diffusers' image-to-video call."""
+    images = images or {}
+    run = job_pipeline(pipe, gen, info, i2v="image" in images)
     stopped = False
 
     def on_step_end(p: Any, i: int, t: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -85,5 +88,6 @@ def denoise(
         return_dict=False,
         callback_on_step_end=on_step_end,
         callback_on_step_end_tensor_inputs=[],
+        **images,
     )[0]
     return latents, stopped

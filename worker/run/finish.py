@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 from producer.cost import with_denoise, with_stages
+from producer.cost.model import NAMED_STAGES
 from producer.errors import JobConflictError
 from producer.spec import JobResult, JobSpec, Manifest, StageTimings, WorkerInfo, segment_name
 from producer.weights import uses_random_weights
@@ -73,7 +74,7 @@ def finish(run: Run, out: JobOutput, latents: Latents, report: PipelineReport,
     if run.cost is not None:
         stored = sum(s.bytes for s in segments)
         cost = with_stages(run.cost(spec, wall, out.puts, stored, manifest.video_seconds),
-                           {k: latents.seconds.get(k, 0.0) for k in ("text_encode", "denoise")})
+                           {k: latents.seconds.get(k, 0.0) for k in NAMED_STAGES})
         if latents.facts is not None:
             cost = with_denoise(cost, latents.facts, latents.seconds.get("denoise", 0.0))
     return JobResult(manifest=manifest, manifest_uri=manifest_uri, timings=timings, worker=info,

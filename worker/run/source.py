@@ -58,5 +58,6 @@ def _generated(run: Run, gen: GenerateSpec, decoders: DecoderCache) -> Latents:
         cancelled=run.cancelled, lean=run.tiled,
     )
     return Latents(out.decoder, out.latents, {
-        "load": out.load_s, "text_encode": out.text_encode_s, "denoise": out.denoise_s,
+        "load": out.load_s, "adapter_load": out.adapter_load_s,
+        "text_encode": out.text_encode_s, "denoise": out.denoise_s,
     }, out.facts)
