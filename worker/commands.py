@@ -24,7 +24,28 @@ def _parser() -> argparse.ArgumentParser:
     cal.add_argument("--prompt", default="a red fox runs through deep snow at dawn")
     cal.add_argument("--guidance", type=float, default=5.0)
     cal.add_argument("--seed", type=int, default=0)
+    models = sub.add_parser("models", help="model folders").add_subparsers(
+        dest="what", required=True)
+    tiny = models.add_parser("tiny", help="write a tiny random Wan pipeline folder")
+    tiny.add_argument("path", type=Path)
+    tiny.add_argument("--layout", choices=("t2v", "ti2v", "i2v"), default="t2v")
+    tiny.add_argument("--seed", type=int, default=0)
     return parser
+
+
+def _tiny(args: argparse.Namespace) -> int:
+    from worker.generate.presets import LAYOUTS, PRESETS, build_pipeline
+
+    path: Path = args.path
+    if path.exists() and any(path.iterdir()):
+        raise ValueError(f"{path}: exists and is not empty")
+    preset = LAYOUTS[args.layout]
+    build_pipeline(preset, seed=args.seed).save_pretrained(path)
+    h, w, f = PRESETS[preset].default_size
+    sys.stdout.write(f"{path}: a tiny random Wan pipeline ({args.layout}, {preset}); random "
+                     f"weights: its videos are noise. Sizes: multiples of its VAE x patch, "
+                     f"e.g. {w}x{h}, {f} frames\n")
+    return 0
 
 
 def _calibrate(args: argparse.Namespace) -> int:
@@ -49,6 +70,8 @@ def run_command(argv: list[str]) -> int:
     try:
         if args.command == "calibrate-magcache":
             return _calibrate(args)
+        if args.command == "models":
+            return _tiny(args)
     except (FramefleetError, ValueError) as e:
         sys.stderr.write("error: " + " ".join(str(e).split()) + "\n")
         return 1
