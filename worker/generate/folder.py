@@ -83,6 +83,9 @@ class ModelInfo:
     #: frame, expand_timesteps) or "channels" (I2V: mask + image latents beside the noise)
     image_input: str = "none"
     image_encoder: bool = False  # Wan2.1 I2V: CLIP image embeddings (image_dim)
+    #: a last frame too: image channels, and CLIP embeddings of two images where it has them
+    #: (FLF2V's pos_embed_seq_len); Wan2.1 I2V's encoder takes one image
+    last_frame: bool = False
 
     @property
     def size_multiple(self) -> tuple[int, int]:
@@ -138,6 +141,8 @@ def read_model(path: Path) -> ModelInfo:
         shift_key=shift_key,
         image_input=image_input,
         image_encoder=encoder,
+        last_frame=image_input == "channels" and (
+            not encoder or transformer.get("pos_embed_seq_len") is not None),
     )
 
 
@@ -191,10 +196,10 @@ def check_inputs(gen: GenerateSpec, info: ModelInfo, settings: Settings) -> None
     if gen.image is None and info.pipeline == "WanImageToVideoPipeline":
         raise InvalidJobError(f"generate.image: {info.path.name} is an image-to-video model "
                               "(WanImageToVideoPipeline): give the first frame")
-    if gen.last_image is not None and info.image_input != "channels":
+    if gen.last_image is not None and not info.last_frame:
         raise InvalidJobError(
-            f"generate.last_image: {info.path.name} takes no last frame (only the Wan "
-            "image-to-video models with image channels do; TI2V conditions on the first)")
+            f"generate.last_image: {info.path.name} takes no last frame (Wan2.2 I2V A14B and "
+            "Wan2.1 FLF2V do; TI2V and Wan2.1 I2V condition on the first only)")
     if len(gen.loras) > settings.max_loras:
         raise InvalidJobError(f"generate.loras: {len(gen.loras)} adapters, over the limit of "
                               f"{settings.max_loras} (FRAMEFLEET_MAX_LORAS)")

@@ -43,6 +43,7 @@ class Preset:
     boundary_ratio: float | None = None  # set: a second expert (transformer_2), Wan2.2 A14B
     #: Wan2.1 I2V: a WanImageToVideoPipeline with this CLIP vision config (and its processor)
     image_encoder: dict[str, Any] | None = None
+    i2v: bool = False  # a WanImageToVideoPipeline (image channels), with or without CLIP
 
 
 PRESETS: dict[str, Preset] = {
@@ -101,6 +102,11 @@ PRESETS["tiny-i2v"] = Preset(
     image_encoder={"hidden_size": 4, "projection_dim": 4, "num_hidden_layers": 2,
                    "num_attention_heads": 2, "image_size": 32, "intermediate_size": 16,
                    "patch_size": 1},
+)
+#: Wan2.2 I2V A14B's layout in miniature: image channels, no image encoder, two experts.
+PRESETS["tiny-i2v-a14b"] = Preset(
+    "tiny-i2v-a14b", _TINY.text_encoder, {**_TINY.transformer, "in_channels": 36}, _TINY.vae,
+    _TINY.scheduler, default_size=(32, 48, 9), boundary_ratio=0.9, i2v=True,
 )
 #: The layouts ``framefleet models tiny --layout`` writes.
 LAYOUTS = {"t2v": "tiny", "ti2v": "tiny-ti2v", "i2v": "tiny-i2v"}
@@ -180,9 +186,10 @@ def build_pipeline(
         boundary_ratio=p.boundary_ratio,
         expand_timesteps=p.expand_timesteps,
     )
-    if p.image_encoder is None:
-        return WanPipeline(**parts)
     from diffusers import WanImageToVideoPipeline
+
+    if p.image_encoder is None:
+        return WanImageToVideoPipeline(**parts) if p.i2v else WanPipeline(**parts)
     from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel
 
     torch.manual_seed(seed + 1)

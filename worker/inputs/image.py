@@ -71,14 +71,16 @@ def decode(data: bytes, field: str, max_pixels: int) -> Any:
             width, height = img.size
             if width * height > max_pixels:
                 raise InvalidJobError(
-                    f"{field}: {width}x{height} is {width * height} pixels, over the limit of "
-                    f"{max_pixels} (FRAMEFLEET_MAX_IMAGE_PIXELS)")
+                    f"{field}: refused as a decompression bomb: {width}x{height} is "
+                    f"{width * height} pixels, over the limit of {max_pixels} "
+                    "(FRAMEFLEET_MAX_IMAGE_PIXELS)")
             img.seek(0)
             img.load()
     except InvalidJobError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
-        raise InvalidJobError(f"{field}: refused as a decompression bomb: {e}") from None
+        raise InvalidJobError(f"{field}: refused as a decompression bomb (over "
+                              f"FRAMEFLEET_MAX_IMAGE_PIXELS={max_pixels}): {e}") from None
     except (OSError, SyntaxError, ValueError, EOFError) as e:
         raise InvalidJobError(f"{field}: truncated or corrupt {fmt} image: {e}") from None
     upright: Any = ImageOps.exif_transpose(img) or img

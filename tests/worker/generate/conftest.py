@@ -40,3 +40,24 @@ def worker(worker_factory: Any, tiny_model: Path, tmp_path_factory: Any) -> Any:
         "FRAMEFLEET_MAX_DENOISE_STEPS": "2000", "FRAMEFLEET_WARMUP_MODEL": str(tiny_model),
     })
     return w
+
+
+@pytest.fixture(scope="session")
+def i2v_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Wan2.1 I2V's layout in miniature: image channels and a CLIP image encoder."""
+    return save_tiny_model(tmp_path_factory.mktemp("models-i2v") / "tiny-i2v", preset="tiny-i2v")
+
+
+@pytest.fixture(scope="session")
+def images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A PNG and a JPEG of another aspect than the jobs' frames (cropped to fit)."""
+    import numpy as np
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("images")
+    rng = np.random.default_rng(0)
+    png = root / "first.png"
+    Image.fromarray((rng.random((40, 60, 3)) * 255).astype(np.uint8)).save(png)
+    jpg = root / "last.jpg"
+    Image.fromarray((rng.random((50, 50, 3)) * 255).astype(np.uint8)).save(jpg, quality=95)
+    return {"png": png, "jpg": jpg}

@@ -93,3 +93,21 @@ def reference_lora_latents(gen: GenerateSpec, loras: list[tuple[Path, float]]) -
         max_sequence_length=MAX_SEQUENCE_LENGTH, return_dict=False,
     )[0]
     return vae_latents(pipe.vae, latents)
+
+
+@torch.no_grad()
+def reference_i2v_latents(gen: GenerateSpec, image: Any, last_image: Any = None) -> torch.Tensor:
+    """diffusers alone: ``WanImageToVideoPipeline.from_pretrained`` on the same folder, the
+    same (sized) image(s), prompt, steps and seed; VAE-space latents (C, T, h, w)."""
+    from diffusers import WanImageToVideoPipeline
+
+    pipe = WanImageToVideoPipeline.from_pretrained(gen.model.removeprefix("file://"))
+    pipe.set_progress_bar_config(disable=True)
+    extra = {} if last_image is None else {"last_image": last_image}
+    latents = pipe(
+        image=image, prompt=gen.prompt, negative_prompt=gen.negative_prompt, height=gen.height,
+        width=gen.width, num_frames=gen.num_frames, num_inference_steps=gen.num_inference_steps,
+        guidance_scale=gen.guidance_scale, generator=generator(gen), output_type="latent",
+        max_sequence_length=MAX_SEQUENCE_LENGTH, return_dict=False, **extra,
+    )[0]
+    return vae_latents(pipe.vae, latents)
