@@ -102,9 +102,11 @@ def framefleet(spec: JobSpec, decoders: DecoderCache, settings: Settings) -> dic
     latents = load_file(result.manifest.latents_uri.removeprefix("file://"))["latents"]
     facts = result.manifest.generate
     return {
-        "wall_s": t.wall_s, "load_s": t.load_s, "text_encode_s": t.text_encode_s,
+        "wall_s": t.wall_s, "load_s": t.load_s, "adapter_load_s": t.adapter_load_s,
+        "text_encode_s": t.text_encode_s,
         "denoise_s": t.denoise_s, "decode_gpu_s": t.decode_s,
-        "decode_stage_s": t.wall_s - t.load_s - t.text_encode_s - t.denoise_s,
+        "decode_stage_s": (t.wall_s - t.load_s - t.adapter_load_s - t.text_encode_s
+                           - t.denoise_s),
         "encode_s": t.encode_s, "upload_s": t.upload_s,
         "gpu_busy_share": busy / t.wall_s, "decode_share": t.decode_s / t.wall_s,
         "frames": result.manifest.frames, "segments": len(result.manifest.segments),
