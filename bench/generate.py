@@ -260,6 +260,29 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def markdown(doc: dict[str, Any]) -> str:
+    """The results' markdown: what ran, the table, the checks, what was skipped."""
+    lines = [
+        "# Generate jobs per speed tier against diffusers", "",
+        f"`{doc['command']}`, {doc['date']}, {doc['device']} (torch {doc['torch']}, "
+        f"diffusers {doc['diffusers']}).", "",
+        "The weights are random (seeded), at the real architectures: the speeds are those of "
+        "the real models, but the quality columns (rel L2 of the final latents, PSNR of the "
+        "decoded frames, each against the exact tier at the same seed) measure the "
+        "arithmetic's error only, not a model's visual quality.", "",
+        f"The `cache` tier is the exact tier with `{json.dumps(doc['recommended_cache'])}`.", "",
+        table(doc["rows"]), "", "Checks (one transformer forward against eager):", "",
+        *(f"- {c['model']} {c['tier']}: rel L2 {c['forward_rel_l2']:.2e}"
+          + (f", prepared in {c['prepare_s']:.1f} s" if "prepare_s" in c else "")
+          for c in doc["checks"]), "",
+        "Image-to-video and LoRA rows (full figures in the JSON):", "",
+        *("- " + json.dumps({k: v for k, v in e.items() if k not in ("framefleet", "diffusers")},
+                            default=str) for e in doc["extras"]), "",
+        *(f"- skipped: {k['what']}: {k['reason']}" for k in doc["skipped"]),
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--models", default="wan2.2-ti2v-5b,wan2.1-t2v-1.3b")
@@ -326,6 +349,7 @@ def main() -> int:
         doc["failed"] |= not all(r["latents_identical_to_diffusers"] for r in doc["rows"]
                                  if r["tier"] == "exact")
     save(None)
+    (out / Path(args.json).with_suffix(".md").name).write_text(markdown(doc))
     print(table(doc["rows"]))
     for extra in doc["extras"]:
         keys = ("model", "kind", "steps", "denoise", "speedup", "latents_identical_to_diffusers",

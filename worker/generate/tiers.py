@@ -93,8 +93,10 @@ def allow_recompiles(sizes: int, tiers: int = 2) -> None:
     import torch._dynamo
 
     needed = 2 * sizes * tiers + 8  # two entries a size were seen on the first blocks
-    if torch._dynamo.config.recompile_limit < needed:
-        torch._dynamo.config.recompile_limit = needed
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    if getattr(config, name) < needed:
+        setattr(config, name, needed)
 
 
 def prepare(pipe: Any, tier: str, compile: bool) -> bool:
