@@ -8,36 +8,40 @@ from __future__ import annotations
 
 import json
 import sys
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import typer
 from rich.text import Text
 
+from producer.cli.common import (
+    EXIT_TIMEOUT,
+    WAIT_TIMEOUT_S,
+    JobIdArg,
+    TenantOpt,
+    TimeoutOpt,
+    _client,
+    _errors,
+    _uri,
+    _wait,
+    print_result,
+)
 from producer.cli.cost import cost_app
 from producer.cli.help import plain_typer
+from producer.cli.models import models_app
 from producer.cli.output import console, err, fail
+from producer.cli.submit import submit
 from producer.client.jobstate import FINISHED
 from producer.errors import FramefleetError
 from producer.ports import CPU_PORT_OFFSET, DEFAULT_EXPORTER_PORT, DEFAULT_METRICS_PORT
-from producer.spec import JobResult, job_key, parse_spec
-
-if TYPE_CHECKING:
-    from producer.client import Client
 
 cli = plain_typer(help="framefleet, a GPU worker fleet for generative-video inference.",
                   rich_markup_mode="markdown",
                   no_args_is_help=True, pretty_exceptions_enable=False)
 cli.add_typer(cost_app, name="cost")
-#: ``wait``'s default limit, in seconds (``--timeout 0``: none).
-WAIT_TIMEOUT_S = 3600.0
-#: The exit status of a ``wait`` that ran out of time (as timeout(1)'s).
-EXIT_TIMEOUT = 124
-
-
+cli.add_typer(models_app, name="models")
+cli.command()(submit)
+__all__ = ["EXIT_TIMEOUT", "WAIT_TIMEOUT_S", "_uri", "cli", "main", "print_result"]
 def _version(value: bool) -> None:
     if value:
         from importlib.metadata import PackageNotFoundError, version
@@ -56,124 +60,6 @@ def _main(
     )] = False,
 ) -> None:
     """framefleet, a GPU worker fleet for generative-video inference."""
-
-
-def _client() -> Client:
-    # Imported when a command needs it: ``framefleet --help`` does not load Celery.
-    from producer.client import Client
-
-    return Client()
-
-
-@contextmanager
-def _errors() -> Iterator[None]:
-    """The command's expected failures become one ``error:`` line and exit status 1."""
-    try:
-        yield
-    except FramefleetError as e:
-        fail(e)
-    except TimeoutError as e:
-        fail(e, EXIT_TIMEOUT)
-    except ValueError as e:
-        fail(e)
-
-
-def _uri(value: Optional[str]) -> Optional[str]:
-    """A URI as given, or a plain local path as its absolute ``file://`` URI."""
-    if value is None or "://" in value or value == "random":
-        return value
-    return Path(value).expanduser().absolute().as_uri()
-
-
-def print_result(result: JobResult) -> None:
-    m = result.manifest
-    key = job_key(m.tenant, m.job_id)  # what status, wait and cancel take
-    console.print(f"[green]SUCCESS[/green] {key}: {m.frames} frames, "
-                  f"{len(m.segments)} segments, {m.width}x{m.height}, "
-                  f"wall {result.timings.wall_s:.2f} s")
-    console.print(f"manifest: {result.manifest_uri}", markup=False)
-    if result.random_weights:
-        console.print('[yellow]random weights[/yellow] (decoder.weights "random"): the '
-                      "frames are noise, not a model's video")
-    if result.cost is not None:
-        console.print(f"cost: ${result.cost.total_usd:.6f} "
-                      f"(${result.cost.usd_per_video_minute:.5f} per video-minute)")
-
-
-JobIdArg = Annotated[str, typer.Argument(
-    metavar="JOB", help="the job: its job_id, or TENANT:JOB_ID (what submit prints)")]
-TenantOpt = Annotated[Optional[str], typer.Option(
-    metavar="NAME", help="the tenant of a bare job_id (default: 'default')")]
-TimeoutOpt = Annotated[float, typer.Option(
-    metavar="SECONDS", help="give up after this long (exit status 124); 0: no limit")]
-
-
-def _wait(handle: Any, timeout: float, progress: bool) -> JobResult:
-    result: JobResult = handle.wait(timeout=timeout or None, progress=progress)
-    return result
-
-
-@cli.command()
-def submit(
-    input: Annotated[Optional[str], typer.Option(
-        metavar="URI", help="latents (.safetensors or .npy): s3://bucket/key, file:///path, "
-        "or a local path (a path on the workers)")] = None,
-    output: Annotated[Optional[str], typer.Option(
-        metavar="URI", help="output prefix: s3://bucket/prefix, file:///path or a local "
-        "folder; the job writes under PREFIX/TENANT/JOB_ID/")] = None,
-    weights: Annotated[Optional[str], typer.Option(
-        metavar="DIR", help="the decoder's weights: a diffusers-layout folder on the workers "
-        "(config.json + diffusion_pytorch_model.safetensors; a path or file:// URI), or "
-        "'random' (seeded random weights: the video is noise). Required by the Wan "
-        "decoders")] = None,
-    job_id: Annotated[Optional[str], typer.Option(
-        metavar="ID", help="idempotency key (default: job-TIMESTAMP-N)")] = None,
-    tenant: Annotated[str, typer.Option(metavar="NAME", help="tenant (cost reports)")]
-    = "default",
-    decoder: Annotated[str, typer.Option(
-        metavar="NAME", help="wan2.1-vae | wan2.2-vae | pattern")] = "wan2.1-vae",
-    fps: Annotated[Optional[float], typer.Option(
-        metavar="FPS", help="frames per second (default: the decoder's model's: 24 for "
-        "wan2.2-vae, else 16)")] = None,
-    crf: Annotated[int, typer.Option(metavar="N", help="x264 quality, 0-51")] = 20,
-    segment_frames: Annotated[int, typer.Option(metavar="N", help="frames per MP4 segment")]
-    = 48,
-    mode: Annotated[str, typer.Option(metavar="MODE", help="async | sequential")] = "async",
-    priority: Annotated[int, typer.Option(metavar="N", help="0-9, 9 the most urgent")] = 5,
-    spec: Annotated[Optional[Path], typer.Option(
-        metavar="FILE", help="a JobSpec JSON file, instead of the options above")] = None,
-    wait: Annotated[bool, typer.Option(
-        "--wait", help="wait for the job with a progress bar, then print its result")] = False,
-    timeout: TimeoutOpt = WAIT_TIMEOUT_S,
-) -> None:
-    """Submit one job; print its key (its job_id, as TENANT:JOB_ID for a tenant other than
-    'default')."""
-    with _errors():
-        if spec is not None:
-            try:
-                text = spec.read_text()
-            except OSError as e:
-                fail(f"--spec: cannot read {spec}: {e.strerror or e}")
-            job = parse_spec(text)
-        else:
-            if input is None or output is None:
-                fail("--input and --output are required without --spec")
-            dec: dict[str, Any] = {"name": decoder}
-            if weights is not None:
-                dec["weights"] = _uri(weights)
-            job = parse_spec({
-                "job_id": job_id or f"job-{time.strftime('%Y%m%d%H%M%S')}-"
-                                    f"{time.time_ns() % 10**6}",
-                "tenant": tenant, "input": {"uri": _uri(input)}, "decoder": dec,
-                "video": {"crf": crf, "segment_frames": segment_frames,
-                          **({"fps": fps} if fps is not None else {})},
-                "output": {"uri": _uri(output)}, "pipeline": {"mode": mode},
-                "priority": priority,
-            })
-        handle = _client().submit(job)
-        console.print(job.key, markup=False)  # what status, wait and cancel take
-        if wait:
-            print_result(_wait(handle, timeout, progress=True))
 
 
 @cli.command()
@@ -250,28 +136,49 @@ def demo(
     height: Annotated[int, typer.Option(metavar="PIXELS")] = 96,
     out: Annotated[Path, typer.Option(metavar="DIR", help="where the videos go")]
     = Path("demo-out"),
+    generate: Annotated[bool, typer.Option(
+        "--generate", help="a prompt job on a tiny random Wan pipeline (denoise + decode)")]
+    = False,
+    image: Annotated[Optional[Path], typer.Option(
+        metavar="FILE", help="with --generate: an image-to-video job from this PNG/JPEG/WebP")]
+    = None,
+    steps: Annotated[int, typer.Option(metavar="N", help="--generate: denoise steps")] = 4,
 ) -> None:
     """Run one job on the embedded default (no Redis, no S3) and show where the MP4s are.
 
     The Wan decoder runs with random weights: the demo shows the fleet, not a model, so its
-    frames are noise."""
+    frames are noise. ``--generate`` (and ``--image``) runs a prompt (image) job on a tiny
+    random Wan pipeline, whose video is noise too."""
     from producer.cli.demo import run_demo
 
     if decoder not in ("wan2.1-vae", "pattern"):
         fail(f"--decoder: unknown decoder {decoder!r} (wan2.1-vae or pattern)")
-    if decoder != "pattern":
+    if image is not None and not generate:
+        fail("--image: only with --generate")
+    if image is not None and not image.is_file():
+        fail(f"--image: no such file: {image}")
+    if generate:
+        console.print("demo: a prompt job on a tiny random Wan pipeline (random weights): the "
+                      "video is noise; real videos need a model folder (see the README)",
+                      markup=False)
+    elif decoder != "pattern":
         console.print('demo: random weights (decoder.weights "random"): the frames are noise; '
                       "real videos need a weights folder (see the README)", markup=False)
     with _errors():
-        result, wall = run_demo(decoder, frames, out, width, height)
+        try:
+            result, wall = run_demo(decoder, frames, out, width, height, generate=generate,
+                                    image=image, steps=steps)
+        except RuntimeError as e:
+            fail(e)
     print_result(result)
     m = result.manifest
     for seg in m.segments:
         console.print(f"  {seg.uri}  frames {seg.first_frame}-{seg.first_frame + seg.frames - 1}",
                       markup=False)
-    weights = ", random weights" if result.random_weights else ""
+    what = ("tiny random Wan pipeline" if generate else decoder
+            + (", random weights" if result.random_weights else ""))
     console.print(f"demo: {m.frames} frames, {len(m.segments)} segments, "
-                  f"wall {wall:.1f} s ({decoder}{weights}, {m.width}x{m.height})")
+                  f"wall {wall:.1f} s ({what}, {m.width}x{m.height})")
 
 
 @cli.command()
