@@ -16,6 +16,7 @@ from producer.settings import Settings
 from producer.spec import GenerateSpec, JobSpec
 from worker.generate.denoise import generator, job_pipeline
 from worker.generate.text import MAX_SEQUENCE_LENGTH
+from worker.generate.tiers import eager_blocks, transformers_of
 from worker.run import DecoderCache, Run, run_job
 
 
@@ -69,7 +70,7 @@ def baseline(pipe: Any, gen: GenerateSpec, info: Any, device: torch.device, path
     t0 = time.perf_counter()
     vae.decode = capture
     try:  # the resident transformers are compiled for framefleet: diffusers runs them eager
-        with torch.compiler.set_stance("force_eager"):
+        with eager_blocks(*transformers_of(pipe)):
             video = run(
                 prompt=gen.prompt, negative_prompt=gen.negative_prompt, height=gen.height,
                 width=gen.width, num_frames=gen.num_frames,
@@ -149,7 +150,7 @@ def forward_error(exact: Any, other: Any, size: tuple[int, int, int], info: Any,
     dtype = exact.dtype
     args = {"hidden_states": lat.to(device, dtype), "timestep": torch.tensor([500], device=device),
             "encoder_hidden_states": text.to(device, dtype), "return_dict": False}
-    with torch.compiler.set_stance("force_eager"):
+    with eager_blocks(exact):
         ref = exact(**args)[0].float()
     got = other(**args)[0].float()
     sync(device)

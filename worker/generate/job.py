@@ -30,7 +30,7 @@ from worker.generate.folder import ModelInfo, check_request, model_folder, read_
 from worker.generate.handoff import vae_latents
 from worker.generate.stepcache import check_cache, step_cache
 from worker.generate.text import encode_prompt
-from worker.generate.tiers import check_tier, size_stance
+from worker.generate.tiers import check_tier, size_stance, transformers_of
 
 
 @dataclass
@@ -115,7 +115,8 @@ def _denoise(models: ModelCache, entry: Resident, info: ModelInfo, gen: Generate
     size = (gen.num_frames, gen.height, gen.width, info.image_input if cond.i2v else "text")
     adapters_loaded = entry.adapters is not None and entry.adapters.any()
     with size_stance(entry.sizes, entry.compiled, size, models.compiled_sizes,
-                     eager=adapters_loaded) as compiled, \
+                     eager=adapters_loaded,
+                     transformers=tuple(transformers_of(entry.pipe))) as compiled, \
             step_cache(entry.pipe, gen.cache, gen.num_inference_steps), \
             adapters_on(entry, cond):
         latents, stopped = denoise(entry.pipe, gen, info, positive, negative, step, cancelled,

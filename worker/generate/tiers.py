@@ -18,7 +18,7 @@ its ``forward``. A compiled ``_call_impl`` would trace into the hook (graph brea
 cache, and switching caches recompiles nothing.
 
 The number of compiled sizes is bounded (``FRAMEFLEET_COMPILED_SIZES``): a job of a size beyond
-the bound runs eager (``torch.compiler.set_stance("force_eager")``) instead of recompiling.
+the bound runs eager (``eager_blocks``: its blocks' own forwards) instead of recompiling.
 """
 
 from __future__ import annotations
@@ -63,14 +63,22 @@ def transformers_of(pipe: Any) -> list[Any]:
 
 
 def quantise_fp8(transformer: Any) -> None:
-    """torchao float8 dynamic activation + weight, per-row scales, on every linear layer."""
+    """torchao float8 dynamic activation + weight, per-row scales, on every bf16 linear layer.
+
+    The layers diffusers keeps in float32 (``_keep_in_fp32_modules``: the time and condition
+    embedders) stay as they are: per-row float8 takes bf16 weights only, and they are kept
+    precise on purpose."""
     from torchao.quantization import (
         Float8DynamicActivationFloat8WeightConfig,
         PerRow,
         quantize_,
     )
 
-    quantize_(transformer, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()))
+    def bf16_linear(module: torch.nn.Module, fqn: str) -> bool:
+        return isinstance(module, torch.nn.Linear) and module.weight.dtype == torch.bfloat16
+
+    quantize_(transformer, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()),
+              filter_fn=bf16_linear)
 
 
 def compile_blocks(transformer: Any) -> int:
@@ -80,7 +88,9 @@ def compile_blocks(transformer: Any) -> int:
     count = 0
     for module in transformer.modules():
         if type(module).__name__ in names:
-            module.forward = torch.compile(module.forward, fullgraph=True, dynamic=False)
+            compiled = torch.compile(module.forward, fullgraph=True, dynamic=False)
+            module._framefleet_forwards = (module.forward, compiled)  # eager, compiled
+            module.forward = compiled
             count += 1
     if not count:
         raise ValueError(f"{type(transformer).__name__} names no repeated blocks to compile")
@@ -111,8 +121,25 @@ def prepare(pipe: Any, tier: str, compile: bool) -> bool:
 
 
 @contextmanager
+def eager_blocks(*transformers: Any) -> Iterator[None]:
+    """Run these transformers' compiled blocks eagerly inside the block, for these models only.
+
+    Not ``torch.compiler.set_stance("force_eager")``: the stance is process-wide, so a decoder
+    graph warming up on another thread meanwhile would skip its compile and then compile inside
+    its CUDA graph capture, where autotuning's synchronize fails (seen on the H200)."""
+    blocks = [m for t in transformers for m in t.modules() if hasattr(m, "_framefleet_forwards")]
+    for block in blocks:
+        block.forward = block._framefleet_forwards[0]
+    try:
+        yield
+    finally:
+        for block in blocks:
+            block.forward = block._framefleet_forwards[1]
+
+
+@contextmanager
 def size_stance(sizes: list[Any], compiled: bool, key: Any, limit: int,
-                eager: bool = False) -> Iterator[bool]:
+                eager: bool = False, transformers: tuple[Any, ...] = ()) -> Iterator[bool]:
     """Run one job's denoise compiled if its size ``key`` is compiled already or the bound
     ``limit`` leaves room (it is then compiled on first use); else, or with ``eager`` (a job
     with adapters inside the blocks), eager. Yields whether it runs compiled."""
@@ -125,7 +152,7 @@ def size_stance(sizes: list[Any], compiled: bool, key: Any, limit: int,
         log.info("transformer runs eager for size %s (%s)", key,
                  "adapters inside its blocks" if eager
                  else f"{len(sizes)} sizes compiled already: FRAMEFLEET_COMPILED_SIZES")
-        with torch.compiler.set_stance("force_eager"):
+        with eager_blocks(*transformers):
             yield False
         return
     yield False

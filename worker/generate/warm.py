@@ -23,7 +23,7 @@ from producer.spec import GenerateSpec
 from worker.generate.cache import ModelCache, Resident
 from worker.generate.denoise import denoise
 from worker.generate.folder import ModelInfo, model_folder, read_model
-from worker.generate.tiers import check_tier, size_stance
+from worker.generate.tiers import check_tier, size_stance, transformers_of
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,8 @@ def compile_size(models: ModelCache, entry: Resident, info: ModelInfo, height: i
     dtype = entry.pipe.transformer.dtype
     embeds = torch.zeros(1, 512, text_dim, dtype=dtype, device=models.device)
     key = (frames, height, width, info.pipeline)
-    with size_stance(entry.sizes, entry.compiled, key, models.compiled_sizes) as compiled:
+    with size_stance(entry.sizes, entry.compiled, key, models.compiled_sizes,
+                     transformers=tuple(transformers_of(entry.pipe))) as compiled:
         latents, _ = denoise(entry.pipe, gen, info, embeds, None, lambda *_: None,
                              lambda: False)
     del latents
