@@ -1,10 +1,11 @@
 """The Celery task ``framefleet.decode_video``: parse → check → claim → lease → run → result.
 
 - Fatal errors (bad spec, bad input) → FAILURE at once, with the message; no retry.
-- A message that is not the job its task id names (its spec's key differs, or it reuses a
-  job's key with another spec, or it is not a job at all and its id is a known job's) is
-  dropped with a critical log, and nothing is stored under that id: no sender can overwrite
-  another job's result. The key is ``tenant:job_id`` (``producer.spec.job_key``).
+- A message whose task id is not its spec's key (``tenant:job_id``, ``producer.spec.job_key``)
+  fails naming both, unless that id is a submitted job's: a message that is not the job its
+  id names (another spec's key, a job's key with another spec, no job at all) is then dropped
+  with a critical log, and nothing is stored under the id: no sender can overwrite another
+  job's result.
 - A duplicate delivery of a job that already succeeded is dropped.
 - A job that another worker runs right now (its lease is held) waits in the queue: a requeue,
   counted apart from the retries of errors (``worker.concerns.retries``).
@@ -103,8 +104,12 @@ def _received(task: Task, payload: Any, settings: Settings, flags: Flags) -> Job
             _foreign(task_id, f"a message that is not a job ({e}) names the job {task_id}")
         raise
     if spec.key != task_id:
-        failed_before_run(InvalidJobError("task id"), spec, settings)
-        _foreign(task_id, f"its spec is job {spec.key}, not {task_id}")
+        error = InvalidJobError(f"task id {task_id!r} is not the job's key {spec.key!r} "
+                                "(tenant:job_id, or the job_id for the default tenant)")
+        failed_before_run(error, spec, settings)
+        if flags.registered(task_id) is not None:
+            _foreign(task_id, f"its spec is job {spec.key}, not {task_id}")
+        raise error
     try:
         _claim(task.app, flags, spec)
     except JobConflictError as e:

@@ -94,7 +94,7 @@ class Jobs:
                            latent_frames=shape["latent_frames"], h=shape["h"], w=shape["w"])
 
     def submit(self, job_id: str, input_uri: str, shape: dict[str, int]) -> JobHandle:
-        spec = pattern_spec(job_id, input_uri, self.bucket, tenant="chaos",
+        spec = pattern_spec(job_id, input_uri, self.bucket,
                             segment_frames=shape["segment_frames"], time_limit_s=50)
         self.specs[job_id] = spec
         handle = self.client.submit(spec)

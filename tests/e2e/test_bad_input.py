@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import redis
 from producer.app import QUEUE, TASK_NAME
 from producer.client import Client, JobHandle
 from producer.errors import JobConflictError, JobFailed
+from producer.spec import job_key, split_key
 from tests.e2e.helpers import pattern_spec, push_undecodable, put_latents, verify_output
 
 pytestmark = pytest.mark.e2e
@@ -52,8 +54,13 @@ def local(good: dict[str, Any], job_id: str, path: Path) -> dict[str, Any]:
 
 
 def _raw(client: Client, payload: Any, task_id: str | None = None) -> JobHandle:
-    """Send a job payload as a hand-written producer would: no client-side validation."""
-    task_id = task_id or str(uuid.uuid4())
+    """Send a job payload as a hand-written producer would: no client-side validation; the
+    task id is the job's key when the payload names a usable job_id, else a random one."""
+    if task_id is None:
+        try:
+            task_id = job_key(*split_key(payload["job_id"], payload.get("tenant", "default")))
+        except (KeyError, TypeError, ValueError):
+            task_id = str(uuid.uuid4())
     client.app.send_task(TASK_NAME, args=[payload], task_id=task_id)
     return JobHandle(client.app, task_id)
 
@@ -116,6 +123,10 @@ def test_bad_inputs_fail_clearly_and_the_worker_stays_healthy(
     }
     for name, (payload, words) in raw_cases.items():
         expected[name] = (_raw(client, payload), words)
+    # A spec sent under a task id that is not its key (tenant:job_id): refused, naming both
+    expected["mismatched-task-id"] = (
+        _raw(client, {**good, "job_id": "x16"}, task_id=str(uuid.uuid4())),
+        "is not the job's key 'x16'")
     # A hand-made envelope whose body is not JSON, and raw garbage on the queue
     r.lpush(QUEUE, b"this is not a message at all")
     task_id = push_undecodable(r)
@@ -147,7 +158,7 @@ def test_bad_inputs_fail_clearly_and_the_worker_stays_healthy(
     assert "not a message envelope" in log
     keys = [o["Key"] for o in s3.client().list_objects_v2(Bucket=s3_bucket,
                                                           Prefix="out/")["Contents"]]
-    assert all(k.startswith("out/e2e/good/") for k in keys), keys
+    assert all(k.startswith("out/default/good/") for k in keys), keys
     verify_output(s3, s3_bucket, done, tmp_path)
     assert worker.running and client.ping(timeout=2)
 
@@ -157,16 +168,22 @@ def test_job_id_reused_with_another_spec(
 ) -> None:
     redis.Redis.from_url(redis_url).flushdb()
     client = Client(broker_url=redis_url, backend_url=redis_url)
-    worker_factory(1)
+    (worker,) = worker_factory(1)
     uri = put_latents(s3, s3_bucket, "in/r.safetensors", latent_frames=2)
     first = pattern_spec("reused", uri, s3_bucket)
-    client.submit(first).wait(timeout=60)
+    done = client.submit(first).wait(timeout=60)
     other = pattern_spec("reused", uri, s3_bucket, segment_frames=3)
     # The client refuses it …
     with pytest.raises(JobConflictError):
         client.submit(other)
-    # … and so does the worker when a producer bypasses the client
-    handle = _raw(client, other.model_dump(mode="json"), task_id=str(uuid.uuid4()))
-    with pytest.raises(JobFailed, match="different spec") as info:
-        handle.wait(timeout=60)
-    assert info.value.kind == "JobConflictError"
+    # … and a producer that bypasses the client, sending it under the job's key, changes
+    # nothing: the worker drops the message and stores nothing under the key (the job's
+    # result and output stay those of the spec that claimed it)
+    _raw(client, other.model_dump(mode="json"))
+    deadline = time.monotonic() + 60
+    while "nothing stored" not in worker.log_text():
+        assert time.monotonic() < deadline, worker.log_text()[-3000:]
+        time.sleep(0.2)
+    handle = client.get("reused")
+    assert handle.status() == "SUCCESS"
+    assert handle.result().manifest.spec_digest == first.digest() == done.manifest.spec_digest

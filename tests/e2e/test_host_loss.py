@@ -146,7 +146,7 @@ def test_a_live_worker_waiting_for_a_countdown_keeps_its_message(
     (worker,) = worker_factory(1, env=RECOVERY_ENV)
     jobs = Jobs(client, s3, s3_bucket)
     uri = jobs.put_input("long", LONG_JOB)
-    spec = pattern_spec("countdown", uri, s3_bucket, tenant="chaos",
+    spec = pattern_spec("countdown", uri, s3_bucket,
                         segment_frames=LONG_JOB["segment_frames"], time_limit_s=50)
     assert flags_for(client.app).claim(spec.job_id, spec.digest()) is None
     client.app.send_task(TASK_NAME, args=[spec.model_dump(mode="json")], task_id=spec.job_id,

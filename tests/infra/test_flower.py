@@ -236,7 +236,8 @@ def test_flower_shows_fleet_jobs(
         handles[-1].wait(timeout=120)
 
     # Then Flower's API lists every job under the task name, with its final state
-    expected = {spec.job_id: "SUCCESS" for spec in good} | {bad.job_id: "FAILURE"}
+    # (Flower names a task by its id: the job's key, tenant:job_id)
+    expected = {spec.key: "SUCCESS" for spec in good} | {bad.key: "FAILURE"}
 
     def all_final() -> dict[str, Any] | None:
         # Events arrive after the results; only this test's jobs count (the Redis is shared).
@@ -250,7 +251,7 @@ def test_flower_shows_fleet_jobs(
     )
     assert {task["name"] for task in tasks.values()} == {TASK_NAME}
     assert {task["worker"] for task in tasks.values()} == {worker.nodename}
-    assert "missing.npy" in tasks[bad.job_id]["exception"]
+    assert "missing.npy" in tasks[bad.key]["exception"]
 
     # and headless Chromium renders the tasks page with those jobs in it.
     shot = tmp_path / "tasks.png"
