@@ -7,6 +7,7 @@ process (call ``get_settings.cache_clear()`` in tests that change it).
 from __future__ import annotations
 
 import os
+import re
 from functools import lru_cache
 from ipaddress import IPv4Address
 from pathlib import Path
@@ -220,6 +221,34 @@ class Settings(BaseSettings):
         description="s3:// or file:// prefix every job's output.uri must be under; unset: any",
     )
 
+    # --- the job and cost ledger, and what the CLI tells its user ---------------------------
+    ledger_uri: str | None = Field(
+        default=None, pattern=r"^(s3://[^/\s]+|file:///)\S*$",
+        description="s3:// or file:// prefix of the durable job and cost ledger: workers write "
+        "one record per ended job under PREFIX/day=YYYY-MM-DD/tenant=NAME/, `framefleet cost "
+        "report` and `framefleet jobs` read it; unset: no ledger (the report reads Redis)",
+    )
+    wait_outage_s: float = Field(
+        default=120.0, ge=0, le=86_400,
+        description="how long `framefleet wait` (and JobHandle.wait) rides out a broker or "
+        "result backend that does not answer before it gives up; 0: not at all",
+    )
+    idle_hint_s: float = Field(
+        default=30.0, ge=1, le=86_400,
+        description="a job queued this long while no worker took any job for as long gets a "
+        "hint from `status` and `wait`: when a worker last took a job, how many answer a ping",
+    )
+    flower_addr: IPvAnyAddress = Field(
+        default=IPv4Address("127.0.0.1"),
+        description="address `framefleet flower` listens on; loopback unless set (the compose "
+        "file and the Kubernetes manifests set 0.0.0.0 behind their published ports)",
+    )
+    flower_basic_auth: SecretStr | None = Field(
+        default=None,
+        description="user:password (comma-separated for several) that `framefleet flower` "
+        "asks for; passed to Flower in its environment, never on its command line",
+    )
+
     # --- `framefleet api`: the HTTP gateway (producer/api) ----------------------------------
     api_addr: IPvAnyAddress = Field(
         default=IPv4Address("127.0.0.1"),
@@ -311,6 +340,17 @@ class Settings(BaseSettings):
                 "FRAMEFLEET_RECOVERY_GRACE_S must be at least 3 x FRAMEFLEET_RECOVERY_PERIOD_S, "
                 "or a live worker that misses one touch loses its jobs to another"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _flower_auth(self) -> Settings:
+        # Checked here, not with a field pattern: a field's error would print the password.
+        auth = self.flower_basic_auth
+        if auth is not None and not re.fullmatch(
+            r"[^:,\s]+:[^,\s]+(,[^:,\s]+:[^,\s]+)*", auth.get_secret_value()
+        ):
+            raise ValueError("FRAMEFLEET_FLOWER_BASIC_AUTH must be user:password, comma-separated "
+                             "for several (its value is not shown)")
         return self
 
     @property
