@@ -189,3 +189,18 @@ def test_errors_keep_brackets_and_stay_on_one_line(env: str, tmp_path: Path) -> 
     line = _one_error_line(result.output)
     assert "job_id" in line and "output" in line  # every bad field, on the one line
     assert "[A-Za-z0-9._-]{1,128}" in line  # not eaten as markup
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["worker", "--gpus", "foo"],
+     "error: --gpus: 'foo' is not 'all', a count such as 2, or GPU indices such as 0,2"),
+    (["demo", "--frames", "10"],
+     "error: --frames: 10 is not 4k+1 (the decoder makes 1 frame from the first latent frame "
+     "and 4 from each next one): use 9 or 13"),
+    (["demo", "--frames", "0"], "error: --frames: 0 is not 4k+1"),
+], ids=["gpus", "frames", "no-frames"])
+def test_a_bad_count_is_one_line_before_anything_starts(args: list[str], message: str) -> None:
+    out = _framefleet(*args)
+    assert out.returncode == 1
+    assert _one_error_line(out.stderr).startswith(message), out.stderr
+    assert out.stdout == ""  # no demo started, no worker launched
