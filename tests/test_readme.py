@@ -36,8 +36,9 @@ def test_the_cli_block_lists_every_command_and_the_table_every_state() -> None:
 
 
 def test_the_readme_names_only_files_of_the_repository() -> None:
+    text = README + (ROOT / "docs" / "deploy.md").read_text()
     named = set(re.findall(
-        r"`((?:producer|worker|tests|bench|infra|docker|scripts|examples)/[^`\s:]*)", README))
+        r"`((?:producer|worker|tests|bench|infra|docker|scripts|examples)/[^`\s:]*)", text))
     missing = sorted(p for p in named - MADE_BY_THE_READER if not (ROOT / p).exists())
     assert not missing, missing
     # No concrete absolute path of some machine: file:// URIs are placeholders or built

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
@@ -34,8 +35,12 @@ def cost_over_time(
     }
 
 
-#: What ``--plot`` needs, and the extra that installs it.
-PLOT_MISSING = "--plot needs matplotlib, which is not installed: pip install 'framefleet[plot]'"
+#: What ``--plot`` needs, the extra that installs it, and where: the environment this
+#: ``framefleet`` runs from (its ``bin/`` holds the command; installing into another one
+#: gives that one a ``framefleet`` of its own).
+PLOT_MISSING = ("--plot needs matplotlib, which is not installed: pip install 'framefleet[plot]' "
+                f"into {sys.prefix}, the environment this framefleet runs from (from a checkout: "
+                "pip install -e '.[plot]')")
 
 
 def require_matplotlib() -> None:

@@ -150,8 +150,10 @@ class JobHandle:
                     if result is not None:
                         if bar is not None:
                             done = result.manifest
-                            bar.update(Progress(frames_done=done.frames, frames_total=done.frames,
-                                                segments_done=len(done.segments)))
+                            bar.update(Progress(
+                                frames_done=done.frames, frames_total=done.frames,
+                                segments_done=len(done.segments), stage="upload",
+                                worker=result.worker.node))
                         return result
                 if js is not None and bar is not None:
                     bar.show(js)
