@@ -241,9 +241,11 @@ class _Watch:
         now = time.monotonic()
         if now < self.next_hint:
             return
-        self.next_hint = now + HINT_PERIOD_S
         h = self.handle
         idle = self._call(h.idle)
+        # Not idle yet: look again soon (two Redis reads); idle: a ping each time, so rarely.
+        self.next_hint = now + (HINT_PERIOD_S if idle is not None
+                                else min(HINT_PERIOD_S, h.settings.idle_hint_s / 2))
         verdict = None if idle is None else idle.workers
         if idle is not None and verdict != self.hint:
             self.say(f"job {h.key} is queued: {idle.text()}")

@@ -170,3 +170,21 @@ def test_ctrl_c_on_wait_says_the_job_goes_on(own_redis: RedisServer, s3: Any,
     assert err.strip() == ("error: interrupted: job ctrl-c-1 goes on without you (framefleet "
                            "wait ctrl-c-1 follows it again; framefleet cancel ctrl-c-1 stops it)")
     assert client.state("ctrl-c-1").state == "QUEUED"
+
+
+def test_wait_says_why_a_queued_job_waits(own_redis: RedisServer, s3: Any,
+                                         s3_bucket: str) -> None:
+    # Given a job queued with no worker anywhere, and a hint after 1 s
+    client = Client(broker_url=own_redis.url, backend_url=own_redis.url)
+    client.submit(pattern_spec("alone-1", f"s3://{s3_bucket}/in/z.npy", s3_bucket))
+    wait = _cli(own_redis, "wait", "alone-1", "--json", "--timeout", "6",
+                FRAMEFLEET_IDLE_HINT_S="1")
+    _, err = wait.communicate(timeout=60)
+    # Then wait says so once, and times out with 124 (the job goes on waiting)
+    assert wait.returncode == 124, err
+    notes = [line for line in err.splitlines() if line.startswith("note:")]
+    assert len(notes) == 1, err
+    assert notes[0].startswith("note: job alone-1 is queued: no worker has taken a job since "
+                               "Redis kept count (this one waits ")
+    assert "no worker answers a ping" in notes[0]
+    assert err.strip().splitlines()[-1] == "error: job alone-1 still QUEUED after 6 s"
