@@ -63,3 +63,22 @@ def test_the_makefile_names_no_missing_file() -> None:
     assert "bench/README.md" in named
     missing = sorted(p for p in named if not (ROOT / p).exists())
     assert not missing, missing
+
+
+def test_every_webhook_event_has_its_payload_documented() -> None:
+    from typing import get_args
+
+    from producer.spec import NotifyEvent
+
+    section = _section("Live playback and webhooks")
+    rows = dict(re.findall(r"(?m)^\| `([a-z]+)` \| [^|]+ \| (`\{.*\}`.*) \|$", section))
+    assert set(rows) == set(get_args(NotifyEvent)), set(rows) ^ set(get_args(NotifyEvent))
+    assert '"message"' in rows["cancelled"] and '"error"' in rows["failed"]
+
+
+def test_the_exit_statuses_are_the_clis() -> None:
+    from producer.cli import output
+
+    table = dict(re.findall(r"(?m)^\| (\d+) \| ([^|]+) \|$", _section("CLI")))
+    codes = {getattr(output, n) for n in dir(output) if n.startswith("EXIT_")}
+    assert codes | {0, 2} == {int(c) for c in table}, table
