@@ -9,11 +9,13 @@ Per row: wall (median of --reps), × diffusers, warm-up (compile + capture) seco
 memory, frames against diffusers' bf16 frames (relative L2, max |Δ| of uint8 frames) and, on
 the first --ref-latents latent frames, against an fp32 eager reference (TF32 off) next to
 diffusers' own bf16 error. Optionally: the same decoder on 4× the frames (peak memory must
-stay flat; diffusers' with --diffusers-4x), and whole async jobs against decode-only
-(bench/pipeline.py's modes). Writes JSON; prints a markdown table.
+stay flat; diffusers' with --diffusers-4x). Writes JSON; prints a markdown table. A whole job
+against its decode is bench/pipeline.py's measure alone (this script's ``--job`` is retired:
+run after the diffusers decode and the other variants in one process, it disagreed with
+pipeline.py by 2.4 %).
 
   python bench/decode_fast.py --wan22 1280x704x121 --wan21 1280x720x81 --reps 3 \
-      --variants22 base --variants21 base,fused,fused+cdt --mem4x --job --out decode.json
+      --variants22 base --variants21 base,fused,fused+cdt --mem4x --out decode.json
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ import copy
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,6 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from worker.decoders.wan import WanDecoder, build_vae
 from worker.decoders.wan_graph import ChunkGraphs
@@ -165,8 +165,7 @@ def bench_model(args: argparse.Namespace, preset: str, size: str, variants: list
         res["rows"].append(row)
         print(json.dumps(row), flush=True)
         save()
-        measured = name == (args.job_variant or variants[0])
-        if measured and args.mem4x:
+        if name == (args.job_variant or variants[0]) and args.mem4x:
             z4 = torch.randn(c, 4 * (lt - 1) + 1, lh, lw).to(torch.bfloat16)
             torch.cuda.reset_peak_memory_stats()
             stream_into(dec, z4, None)  # warm allocator: what a worker's next job sees
@@ -175,24 +174,9 @@ def bench_model(args: argparse.Namespace, preset: str, size: str, variants: list
                               "peak_1x_gpu_mib": row["peak_gpu_mib"],
                               "ratio_4x_to_1x": r4["peak_gpu_mib"] / row["peak_gpu_mib"]}
             print(json.dumps(res["fast_4x"]), flush=True)
-        if measured and args.job:
-            res["job"] = bench_job(args, dec, z)
         del dec
         torch.cuda.empty_cache()
     return res
-
-
-def bench_job(args: argparse.Namespace, dec: WanDecoder, z: torch.Tensor) -> dict[str, Any]:
-    """Whole async jobs (encode + file:// upload) against decode-only, same decoder."""
-    import pipeline as pipeline_bench  # bench/pipeline.py
-
-    with tempfile.TemporaryDirectory() as work:
-        only = pipeline_bench.measure("decode_only", dec, z, args.reps, Path(work))
-        job = pipeline_bench.measure("async", dec, z, args.reps, Path(work))
-    out = {"decode_only": only, "async": job, "ratio": job["wall_s"] / only["wall_s"]}
-    print(json.dumps({"job_ratio": out["ratio"], "decode_only_s": only["wall_s"],
-                      "async_s": job["wall_s"], "gpu_busy": job["gpu_busy_ratio"]}), flush=True)
-    return out
 
 
 def table(results: dict[str, Any]) -> str:
@@ -217,11 +201,6 @@ def table(results: dict[str, Any]) -> str:
             d4 = m["diffusers_4x"]
             lines.append(f"{m['preset']} diffusers at 4×: peak {d4['peak_gpu_mib']:.0f} MiB, "
                          f"wall {d4['wall_s']:.2f} s")
-        if "job" in m:
-            j = m["job"]
-            lines.append(f"{m['preset']} async job {j['async']['wall_s']:.3f} s vs decode-only "
-                         f"{j['decode_only']['wall_s']:.3f} s = {j['ratio']:.3f}×, GPU busy "
-                         f"{j['async']['gpu_busy_ratio'] * 100:.2f} %")
     return "\n".join(lines)
 
 
@@ -235,9 +214,8 @@ def main() -> None:
     ap.add_argument("--ref-latents", type=int, default=3)
     ap.add_argument("--mem4x", action="store_true")
     ap.add_argument("--diffusers-4x", action="store_true")
-    ap.add_argument("--job", action="store_true")
     ap.add_argument("--job-variant", default=None,
-                    help="the variant --mem4x and --job measure (default: the first)")
+                    help="the variant --mem4x measures (default: the first)")
     ap.add_argument("--out", default="bench/results/decode-fast.json")
     args = ap.parse_args()
     torch._dynamo.config.recompile_limit = 64

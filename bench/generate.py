@@ -1,33 +1,41 @@
-"""Generate-job benchmark: framefleet's whole job vs diffusers' WanPipeline + export_to_video.
+"""Generate-job benchmark: framefleet's whole job per speed tier vs diffusers' pipeline + export.
 
 Per model (random weights at the real architecture, built directly on the device: UMT5-XXL
 text encoder, the Wan transformer and VAE, Wan's UniPC scheduler) and per step count:
 
-  framefleet   run_job of a generate spec: prompt encode, denoise (diffusers' WanPipeline,
-               output_type="latent"), latents handed on the GPU to the streamed decoder, the
-               async pipeline (GPU post-process, D2H ring, x264 segments, upload to file://);
-               it also writes latents.safetensors (a D2H copy the baseline does not pay)
-  diffusers    WanPipeline(same components, same scheduler config)(..., output_type="np") and
-               diffusers.utils.export_to_video (PyAV libx264 when its imageio-ffmpeg or OpenCV
-               backend is missing; the JSON says which ran)
+  diffusers    WanPipeline(same components, same scheduler config)(..., output_type="np"),
+               eager, then diffusers.utils.export_to_video (PyAV libx264 when its backends are
+               missing; the JSON says which ran). Run once per step count: every tier's
+               speed-up is against it.
+  framefleet   run_job of a generate spec per tier: ``exact`` (compiled blocks on CUDA),
+               ``fp8`` (torchao float8, compiled; CUDA 8.9+ only) and ``cache`` (exact with the
+               recommended step cache, RECOMMENDED_CACHE): prompt encode, denoise, latents
+               handed on the GPU to the streamed decoder, async pipeline, file:// upload.
 
-Correctness first: both must give identical latents for the same seed (the baseline's are
-captured at its last step, framefleet's from latents.safetensors); a mismatch exits non-zero.
-Reported per run: wall time per stage, the GPU's busy share over the whole job ((text encode +
-denoise + GPU decode time) / wall: the first two are GPU-bound and synchronised, so an upper
-bound) and the decode's share, the speed-up, peak GPU memory. Once per model: what moving the
-text encoder to the host and back costs (FRAMEFLEET_TEXT_ENCODER_OFFLOAD).
+Correctness first: one transformer forward of each tier against eager (rel L2; the exact tier
+must stay within 2e-2, else the run exits non-zero) and, on the CPU where the exact tier is
+eager, framefleet's latents must equal diffusers' bit for bit. Quality per row: rel L2 of the
+final latents and PSNR of the decoded MP4 frames against the exact tier at the same seed (with
+random weights these measure the arithmetic's error, not a model's visual quality).
 
-  python bench/generate.py --models wan2.1-t2v-1.3b,wan2.2-ti2v-5b --steps 4,20 --out DIR
-  python bench/generate.py --tiny --out DIR       # CPU, a few seconds (CI runs it)
+``--image`` adds an image-to-video job per model that can take one (TI2V) against diffusers'
+WanImageToVideoPipeline; ``--lora`` the cost of a LoRA switch (bench/gen_extra.py).
+``--budget-s`` stops the run in time: an item whose estimate does not fit is skipped and
+listed with the reason, and what ran is saved after every row.
+
+  python bench/generate.py --models wan2.2-ti2v-5b --steps 20,4 --tiers exact,fp8,cache \
+      --json denoise-h200.json --out DIR
+  python bench/generate.py --tiny --out DIR       # CPU, the same code paths (CI runs it)
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime as dt
 import gc
 import json
+import os
 import platform
 import sys
 import tempfile
@@ -39,254 +47,317 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import gen_extra
+from bench.gen_runs import baseline, forward_error, framefleet, frames_psnr, rel_l2, sync
+from producer.errors import InvalidJobError
 from producer.settings import Settings
 from producer.spec import GenerateSpec, JobSpec, OutputSpec, VideoSpec
-from worker.generate.cache import ModelCache, module_bytes
-from worker.generate.denoise import generator, job_pipeline
+from worker.generate.cache import ModelCache
 from worker.generate.folder import read_model
-from worker.generate.handoff import vae_latents
 from worker.generate.presets import PRESETS, build_pipeline, save_configs
-from worker.generate.text import MAX_SEQUENCE_LENGTH
-from worker.run import DecoderCache, Run, run_job
+from worker.generate.tiers import check_tier
+from worker.lifecycle.warmup import use_compile_cache
+from worker.run import DecoderCache
 
 PROMPT = "a red fox runs through deep snow at dawn, cinematic, detailed fur"
 NEGATIVE = "blurry, low quality, static"
+#: The step cache the ``cache`` tier runs, and the default the README recommends: TaylorSeer
+#: (lite) refreshes every 4th step after 2 full ones; its skips do not depend on the weights.
+RECOMMENDED_CACHE: dict[str, Any] = {"kind": "taylorseer", "cache_interval": 4,
+                                     "disable_cache_before_step": 2, "max_order": 1}
+#: Rough seconds on an H200 (5B at 1280x704x121, CFG on), to plan within the budget.
+EST = {"build": 40, "fp8_prepare": 180, "base_fixed": 14, "base_step": 2.3,
+       "ff_fixed": 8, "ff_step": 2.0}
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+class Budget:
+    """Seconds left before ``deadline``; ``fits`` records what it refuses."""
+
+    def __init__(self, seconds: float | None, doc: dict[str, Any]) -> None:
+        self.deadline = None if seconds is None else time.monotonic() + seconds
+        self.doc = doc
+
+    def fits(self, what: str, estimate: float) -> bool:
+        if self.deadline is None or time.monotonic() + estimate < self.deadline:
+            return True
+        self.doc["skipped"].append({"what": what, "reason": f"budget: needs ~{estimate:.0f} s, "
+                                    f"{self.deadline - time.monotonic():.0f} s left"})
+        print(f"SKIP {what}: over budget", flush=True)
+        return False
 
 
-def export_baseline(frames: Any, path: Path, fps: float) -> str:
-    """diffusers' export_to_video; PyAV libx264 (its imageio backend's codec) when the
-    backends it needs are missing. Returns which one wrote the file."""
-    try:
-        from diffusers.utils import export_to_video
-
-        export_to_video(list(frames), str(path), fps=int(fps))
-        return "diffusers.export_to_video"
-    except (ImportError, AttributeError, RuntimeError, OSError) as e:
-        import av
-        import numpy as np
-
-        with av.open(str(path), mode="w") as out:
-            stream = out.add_stream("libx264", rate=int(fps))
-            stream.height, stream.width = frames.shape[1], frames.shape[2]
-            stream.pix_fmt = "yuv420p"
-            for frame in frames:
-                rgb = (frame * 255).astype(np.uint8)
-                for packet in stream.encode(av.VideoFrame.from_ndarray(rgb, format="rgb24")):
-                    out.mux(packet)
-            for packet in stream.encode(None):
-                out.mux(packet)
-        return f"pyav libx264 (export_to_video unavailable: {type(e).__name__})"
+def gen_spec(folder: Path, size: tuple[int, int, int], steps: int, tier: str,
+             **extra: Any) -> GenerateSpec:
+    h, w, f = size
+    cache = RECOMMENDED_CACHE if tier == "cache" else None
+    return GenerateSpec(model=folder.as_uri(), prompt=PROMPT, negative_prompt=NEGATIVE, height=h,
+                        width=w, num_frames=f, num_inference_steps=steps, guidance_scale=5.0,
+                        seed=42, save_latents=True, tier="fp8" if tier == "fp8" else "exact",
+                        cache=cache, **extra)
 
 
-@torch.no_grad()
-def baseline(pipe: Any, gen: GenerateSpec, info: Any, device: torch.device, path: Path
-             ) -> dict[str, Any]:
-    """diffusers alone, as a user would run it, with one capture of the final latents."""
-    run = job_pipeline(pipe, gen, info)  # WanPipeline(...) over the same components
-    captured: dict[str, Any] = {}
-
-    def last(p: Any, i: int, t: Any, kw: dict[str, Any]) -> dict[str, Any]:
-        if i == p.num_timesteps - 1:
-            captured["latents"] = kw["latents"].clone()
-            sync(device)
-            captured["loop_end"] = time.perf_counter()
-        return {}
-
-    sync(device)
-    t0 = time.perf_counter()
-    video = run(
-        prompt=gen.prompt, negative_prompt=gen.negative_prompt, height=gen.height,
-        width=gen.width, num_frames=gen.num_frames, num_inference_steps=gen.num_inference_steps,
-        guidance_scale=gen.guidance_scale, generator=generator(gen), output_type="np",
-        max_sequence_length=MAX_SEQUENCE_LENGTH, return_dict=False,
-        callback_on_step_end=last, callback_on_step_end_tensor_inputs=["latents"],
-    )[0][0]
-    t1 = time.perf_counter()
-    how = export_baseline(video, path, 16.0)
-    t2 = time.perf_counter()
-    return {
-        "wall_s": t2 - t0, "encode_and_denoise_s": captured["loop_end"] - t0,
-        "decode_postprocess_s": t1 - captured["loop_end"], "export_s": t2 - t1,
-        "export": how, "latents": vae_latents(pipe.vae, captured["latents"]),
-    }
+def job(work: Path, name: str, gen: GenerateSpec, tag: str) -> JobSpec:
+    return JobSpec(job_id=f"bench-{name}-{tag}", generate=gen,
+                   output=OutputSpec(uri=(work / "out").as_uri()), video=VideoSpec())
 
 
-def framefleet(spec: JobSpec, decoders: DecoderCache, settings: Settings) -> dict[str, Any]:
-    from safetensors.torch import load_file
+class Model:
+    """One architecture's residents (a tier each), its decoders and the settings jobs see."""
 
-    from producer.cost import cost_for_job
+    def __init__(self, args: argparse.Namespace, name: str, device: torch.device,
+                 dtype: torch.dtype, work: Path, tiers: list[str]) -> None:
+        h, w, f = PRESETS[name].default_size
+        if args.size:
+            h, w, f = (int(v) for v in args.size.split("x"))
+        self.name, self.size, self.device, self.work = name, (h, w, f), device, work
+        t0 = time.perf_counter()
+        self.pipe = build_pipeline(name, device, dtype, seed=0)
+        # fp8 quantises a copy; taken before the exact resident's blocks are compiled
+        spare = copy.deepcopy(self.pipe.transformer) if "fp8" in tiers else None
+        sync(device)
+        self.build_s = time.perf_counter() - t0
+        self.folder = save_configs(self.pipe, work / name)
+        self.info = read_model(self.folder)
+        self.settings = Settings(device=device.type, max_denoise_steps=10_000,
+                                 max_pixels=4096 * 4096, decode_graphs=args.decode_graphs,
+                                 work_dir=str(work), file_roots=str(work),
+                                 compiled_sizes=4 if device.type == "cuda" else 0)
+        self.models = ModelCache(device, 2**40, graphs=args.decode_graphs,
+                                 compiled_sizes=self.settings.compiled_sizes)
+        self.exact = self.models.adopt(self.folder, self.pipe, "exact")
+        self.decoders = DecoderCache(device, graphs=args.decode_graphs, models=self.models)
+        self.spare, self.fp8 = spare, None
+        self.meta = {"model": name, "size": f"{w}x{h}x{f}", "build_s": self.build_s,
+                     "resident_gib": self.exact.bytes / 2**30}
 
-    result = run_job(spec, decoders, Run(spec, cost=cost_for_job, settings=settings))
-    t = result.timings
-    busy = t.text_encode_s + t.denoise_s + t.decode_s
-    assert result.manifest.latents_uri is not None
-    latents = load_file(result.manifest.latents_uri.removeprefix("file://"))["latents"]
-    return {
-        "wall_s": t.wall_s, "load_s": t.load_s, "text_encode_s": t.text_encode_s,
-        "denoise_s": t.denoise_s, "decode_gpu_s": t.decode_s,
-        "decode_stage_s": t.wall_s - t.load_s - t.text_encode_s - t.denoise_s,
-        "encode_s": t.encode_s, "upload_s": t.upload_s,
-        "gpu_busy_share": busy / t.wall_s, "decode_share": t.decode_s / t.wall_s,
-        "decode_gpu_busy_ratio": t.gpu_busy_ratio, "frames": result.manifest.frames,
-        "segments": len(result.manifest.segments),
-        "cost_stages": [s.model_dump() for s in result.cost.stages] if result.cost else [],
-        "latents": latents,
-    }
+    def add_fp8(self) -> float:
+        """The fp8 resident: the spare transformer quantised, the rest shared. Seconds."""
+        from diffusers import WanPipeline
+
+        t0 = time.perf_counter()
+        p = self.pipe
+        pipe8 = WanPipeline(tokenizer=p.tokenizer, text_encoder=p.text_encoder, vae=p.vae,
+                            scheduler=p.scheduler, transformer=self.spare,
+                            boundary_ratio=p.config.boundary_ratio,
+                            expand_timesteps=p.config.expand_timesteps)
+        self.fp8 = self.models.adopt(self.folder, pipe8, "fp8")
+        self.fp8.decoders = self.exact.decoders  # one VAE: one set of decode graphs
+        sync(self.device)
+        return time.perf_counter() - t0
 
 
-def offload_probe(pipe: Any, device: torch.device) -> dict[str, Any]:
-    """Seconds to move the text encoder to the host and back (pageable host memory)."""
-    enc = pipe.text_encoder
-    size = module_bytes(enc)
-    sync(device)
-    t0 = time.perf_counter()
-    enc.to("cpu")
-    t1 = time.perf_counter()
-    enc.to(device)
-    sync(device)
-    t2 = time.perf_counter()
-    return {"text_encoder_gib": size / 2**30, "to_host_s": t1 - t0, "to_device_s": t2 - t1}
+def run_tier(m: Model, tier: str, steps: int, base: dict[str, Any],
+             ref: dict[str, Any] | None) -> dict[str, Any]:
+    """One timed framefleet job at ``tier`` (after an untimed 1-step one that compiles)."""
+    if tier != "cache":
+        framefleet(job(m.work, m.name, gen_spec(m.folder, m.size, 1, tier), f"{tier}-warm"),
+                   m.decoders, m.settings)
+    if m.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(m.device)
+    ff = framefleet(job(m.work, m.name, gen_spec(m.folder, m.size, steps, tier),
+                        f"{tier}-{steps}"), m.decoders, m.settings)
+    peak = torch.cuda.max_memory_allocated(m.device) / 2**30 if m.device.type == "cuda" else 0
+    latents, files = ff.pop("latents"), ff.pop("segment_files")
+    quality: dict[str, Any] = {"vs_diffusers_rel_l2": rel_l2(latents, base["latents"])}
+    if ref is not None:
+        quality["latents_rel_l2"] = rel_l2(latents, ref["latents"])
+        quality["frames_psnr_db"] = frames_psnr(files, ref["files"])
+    else:
+        quality.update(latents_rel_l2=0.0, frames_psnr_db=None)
+    row = {**m.meta, "steps": steps, "tier": tier,
+           "cache": RECOMMENDED_CACHE if tier == "cache" else None,
+           "framefleet_wall_s": ff["wall_s"], "diffusers_wall_s": base["wall_s"],
+           "speedup": base["wall_s"] / ff["wall_s"], "denoise_s_per_step": ff["denoise_s"] / steps,
+           "quality": quality, "latents_identical_to_diffusers":
+           bool(torch.equal(latents, base["latents"])), "peak_gib": peak, "framefleet": ff}
+    if tier == "exact":
+        row["_ref"] = {"latents": latents, "files": files}
+    return row
+
+
+def _baseline(args: argparse.Namespace, m: Model, steps: int, bases: dict[int, Any],
+              budget: Budget) -> bool:
+    """diffusers at ``steps`` (after one untimed 1-step call, the first time), into
+    ``bases``; False when the budget has no room for it."""
+    first = not bases
+    est = (EST["base_fixed"] + EST["base_step"] * steps) + (EST["base_fixed"] if first else 0)
+    if not budget.fits(f"{m.name} {steps} steps (diffusers)", est):
+        return False
+    if first:
+        baseline(m.pipe, gen_spec(m.folder, m.size, 1, "exact"), m.info, m.device,
+                 m.work / f"base-{m.name}-warm.mp4")
+    bases[steps] = baseline(m.pipe, gen_spec(m.folder, m.size, steps, "exact"), m.info,
+                            m.device, m.work / f"base-{m.name}-{steps}.mp4")
+    return True
 
 
 def bench_model(args: argparse.Namespace, name: str, device: torch.device, dtype: torch.dtype,
-                work: Path, save: Any) -> list[dict[str, Any]]:
-    """Every run of one model; ``save(row)`` after each, so a cut-off run keeps what it did."""
-    height, width, frames = PRESETS[name].default_size
-    if args.size:
-        height, width, frames = (int(v) for v in args.size.split("x"))
-    t0 = time.perf_counter()
-    pipe = build_pipeline(name, device, dtype, seed=0)
-    sync(device)
-    build_s = time.perf_counter() - t0
-    folder = save_configs(pipe, work / name)
-    info = read_model(folder)
-    settings = Settings(device="cuda" if device.type == "cuda" else "cpu",
-                        max_denoise_steps=10_000, max_pixels=4096 * 4096,
-                        decode_graphs=args.decode_graphs, work_dir=str(work),
-                        file_roots=str(work))
-    models = ModelCache(device, 2**40, graphs=args.decode_graphs)
-    entry = models.adopt(folder, pipe)
-    decoders = DecoderCache(device, graphs=args.decode_graphs, models=models)
-    meta = {"model": name, "size": f"{width}x{height}x{frames}", "build_s": build_s,
-            "resident_gib": entry.bytes / 2**30}
-    print(json.dumps(meta), flush=True)
-    if args.decode_graphs and device.type == "cuda":
-        # as a worker's warm-up does: compile and capture before the first timed job
-        models.decoder(entry).warmup(height // info.spatial_factor, width // info.spatial_factor)
-    rows = []
-    plan = [args.warmup_steps, *args.steps] if args.warmup_steps else args.steps
-    for i, steps in enumerate(plan):
-        warm = bool(args.warmup_steps) and i == 0
-        gen = GenerateSpec(model=folder.as_uri(), prompt=PROMPT, negative_prompt=NEGATIVE,
-                           height=height, width=width, num_frames=frames,
-                           num_inference_steps=steps, guidance_scale=5.0, seed=42,
-                           dtype="auto", save_latents=True)
-        spec = JobSpec(job_id=f"bench-{name}-{steps}-{i}", generate=gen,
-                       output=OutputSpec(uri=(work / "out").as_uri()), video=VideoSpec())
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        ff = framefleet(spec, decoders, settings)
-        peak_ff = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        base = baseline(pipe, gen, info, device, work / f"base-{name}-{steps}-{i}.mp4")
-        peak_b = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0
-        identical = bool(torch.equal(ff.pop("latents"), base.pop("latents").float().cpu()))
-        row = {**meta, "steps": steps, "warmup": warm, "latents_identical": identical,
-               "framefleet": ff, "diffusers": base, "speedup": base["wall_s"] / ff["wall_s"],
-               "peak_gib": {"framefleet": peak_ff, "diffusers": peak_b}}
-        print(json.dumps({k: row[k] for k in ("model", "steps", "warmup", "latents_identical",
-                                              "speedup")}), flush=True)
-        if not warm:
-            rows.append(row)
-            save(row)
-        if not identical:
-            print(f"FAIL: {name} {steps} steps: latents differ from diffusers'", flush=True)
-    if args.offload_probe and device.type == "cuda":
-        probe = offload_probe(pipe, device)
-        print(json.dumps(probe), flush=True)
-        for row in rows:
-            row["text_encoder_offload"] = probe
-        save(None)
-    del pipe, entry, models, decoders
+                work: Path, doc: dict[str, Any], budget: Budget, save: Any) -> None:
+    tiers = list(args.tiers)
+    try:
+        check_tier("fp8", device)
+    except InvalidJobError as e:
+        if "fp8" in tiers:
+            tiers.remove("fp8")
+            doc["skipped"].append({"what": f"{name} fp8", "reason": str(e)})
+    m = Model(args, name, device, dtype, work, tiers)
+    print(json.dumps(m.meta), flush=True)
+    h, w, _ = m.size
+    if args.decode_graphs and device.type == "cuda":  # as a worker's warm-up does
+        m.models.decoder(m.exact).warmup(h // m.info.spatial_factor, w // m.info.spatial_factor)
+    # correctness first: one forward of the exact tier (compiled on CUDA) against eager
+    err = forward_error(m.pipe.transformer, m.pipe.transformer, m.size, m.info, device)
+    doc["checks"].append({"model": name, "tier": "exact", "forward_rel_l2": err})
+    doc["failed"] |= err > 2e-2
+    # exact and cache at every step count first (cheap), then fp8 (its first call quantises
+    # and compiles: minutes), so a tight budget drops the costliest rows, not the most
+    bases: dict[int, dict[str, Any]] = {}
+    refs: dict[int, dict[str, Any]] = {}
+    for tier_pass in (["exact", "cache"], ["fp8"]):
+        for steps in args.steps:
+            for tier in [t for t in tier_pass if t in tiers]:
+                if steps not in bases and not _baseline(args, m, steps, bases, budget):
+                    break
+                est = EST["ff_fixed"] + EST["ff_step"] * steps
+                if tier == "fp8" and m.fp8 is None:
+                    est += EST["fp8_prepare"]
+                if not budget.fits(f"{name} {steps} steps {tier}", est):
+                    continue
+                if tier == "fp8" and m.fp8 is None:
+                    prep = m.add_fp8()
+                    ferr = forward_error(m.pipe.transformer, m.fp8.pipe.transformer, m.size,
+                                         m.info, device)
+                    doc["checks"].append({"model": name, "tier": "fp8", "forward_rel_l2": ferr,
+                                          "prepare_s": prep})
+                row = run_tier(m, tier, steps, bases[steps], refs.get(steps))
+                if "_ref" in row:
+                    refs[steps] = row.pop("_ref")
+                row["diffusers"] = {k: v for k, v in bases[steps].items() if k != "latents"}
+                row["quality"]["forward_rel_l2"] = (doc["checks"][-1]["forward_rel_l2"]
+                                                    if tier == "fp8" else err)
+                print(json.dumps({k: row[k] for k in ("model", "steps", "tier", "speedup",
+                                                      "denoise_s_per_step")}), flush=True)
+                save(row)
+    gen_extra.extras(args, m, doc, budget, save)
+    del m
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return rows
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("| model | size | steps | ff wall s | text s | denoise s | decode stage s | "
-            "GPU busy | decode share | diffusers wall s | diffusers decode+export s | "
-            "speed-up | latents equal |")
+    head = ("| model | size | steps | tier | ff wall s | diffusers wall s | speed-up | "
+            "denoise s/step | latents rel L2 | frames PSNR dB |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
-        f, b = r["framefleet"], r["diffusers"]
+        q = r["quality"]
+        psnr = q.get("frames_psnr_db")
         lines.append(
-            f"| {r['model']} | {r['size']} | {r['steps']} | {f['wall_s']:.2f} | "
-            f"{f['text_encode_s']:.2f} | {f['denoise_s']:.2f} | {f['decode_stage_s']:.2f} | "
-            f"{f['gpu_busy_share']:.0%} | {f['decode_share']:.0%} | {b['wall_s']:.2f} | "
-            f"{b['decode_postprocess_s'] + b['export_s']:.2f} | {r['speedup']:.2f}x | "
-            f"{'yes' if r['latents_identical'] else 'NO'} |"
-        )
+            f"| {r['model']} | {r['size']} | {r['steps']} | {r['tier']} | "
+            f"{r['framefleet_wall_s']:.2f} | {r['diffusers_wall_s']:.2f} | {r['speedup']:.2f}x | "
+            f"{r['denoise_s_per_step']:.3f} | {q.get('latents_rel_l2', 0):.2e} | "
+            f"{'-' if psnr is None else f'{psnr:.1f}'} |")
     return "\n".join(lines)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", default="wan2.1-t2v-1.3b,wan2.2-ti2v-5b")
-    ap.add_argument("--steps", default="4,20", type=lambda s: [int(v) for v in s.split(",")])
+def markdown(doc: dict[str, Any]) -> str:
+    """The results' markdown: what ran, the table, the checks, what was skipped."""
+    lines = [
+        "# Generate jobs per speed tier against diffusers", "",
+        f"`{doc['command']}`, {doc['date']}, {doc['device']} (torch {doc['torch']}, "
+        f"diffusers {doc['diffusers']}).", "",
+        "The weights are random (seeded), at the real architectures: the speeds are those of "
+        "the real models, but the quality columns (rel L2 of the final latents, PSNR of the "
+        "decoded frames, each against the exact tier at the same seed) measure the "
+        "arithmetic's error only, not a model's visual quality.", "",
+        f"The `cache` tier is the exact tier with `{json.dumps(doc['recommended_cache'])}`.", "",
+        table(doc["rows"]), "", "Checks (one transformer forward against eager):", "",
+        *(f"- {c['model']} {c['tier']}: rel L2 {c['forward_rel_l2']:.2e}"
+          + (f", prepared in {c['prepare_s']:.1f} s" if "prepare_s" in c else "")
+          for c in doc["checks"]), "",
+        "Image-to-video and LoRA rows (full figures in the JSON):", "",
+        *("- " + json.dumps({k: v for k, v in e.items() if k not in ("framefleet", "diffusers")},
+                            default=str) for e in doc["extras"]), "",
+        *(f"- skipped: {k['what']}: {k['reason']}" for k in doc["skipped"]),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    ap.add_argument("--models", default="wan2.2-ti2v-5b,wan2.1-t2v-1.3b")
+    ap.add_argument("--steps", default="20,4", type=lambda s: [int(v) for v in s.split(",")])
+    ap.add_argument("--tiers", default="exact,fp8,cache", type=lambda s: s.split(","))
     ap.add_argument("--size", default=None, help="HxWxF for every model (default: its own)")
-    ap.add_argument("--warmup-steps", type=int, default=1,
-                    help="an untimed run of each side first, at this many steps (0: none)")
     ap.add_argument("--decode-graphs", type=int, default=0,
                     help="framefleet's compiled decode graphs (FRAMEFLEET_DECODE_GRAPHS)")
-    ap.add_argument("--no-offload-probe", dest="offload_probe", action="store_false")
+    ap.add_argument("--image", default=None, metavar="MODEL",
+                    help="also an image-to-video job on this model (a TI2V preset)")
+    ap.add_argument("--image-steps", type=int, default=4)
+    ap.add_argument("--lora", default=None, metavar="MODEL", help="also a LoRA switch's cost")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="stop in time: skip what does not fit (default: BUDGET env, or none)")
     ap.add_argument("--tiny", action="store_true",
-                    help="CPU-sized: the tiny and tiny-ti2v presets, 2 steps (CI)")
+                    help="CPU-sized: the tiny and tiny-ti2v presets, 4 steps (CI)")
     ap.add_argument("--device", default=None)
-    ap.add_argument("--out", required=True, help="folder for generate.json")
+    ap.add_argument("--json", default="generate.json", help="file name under --out")
+    ap.add_argument("--out", required=True, help="folder for the JSON")
     args = ap.parse_args()
-    if args.tiny:
-        # the 1.3B and the TI2V-5B layouts in miniature, each at its own size
-        args.models, args.steps = "tiny,tiny-ti2v", [2]
-        args.warmup_steps, args.offload_probe = 0, False
+    if args.budget_s is None and os.environ.get("BUDGET"):
+        args.budget_s = float(os.environ["BUDGET"])
+    if args.tiny:  # the 1.3B and TI2V-5B layouts in miniature, the same code paths
+        args.models, args.steps = "tiny-ti2v,tiny", [4]
+        args.image = args.image and "tiny-ti2v"
+        args.lora = args.lora and "tiny-ti2v"
+        args.image_steps = min(args.image_steps, 4)
+    return args
+
+
+def main() -> int:
+    args = parse_args()
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    use_compile_cache(os.environ.get("FRAMEFLEET_COMPILE_CACHE_DIR"))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    import diffusers
+
     doc: dict[str, Any] = {
         "command": " ".join(["python", *sys.argv]),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else
         platform.processor() or "cpu",
-        "torch": torch.__version__, "dtype": str(dtype), "runs": [],
+        "torch": torch.__version__, "diffusers": diffusers.__version__, "dtype": str(dtype),
+        "weights": "random (seeded): quality figures measure arithmetic error only",
+        "recommended_cache": RECOMMENDED_CACHE, "rows": [], "checks": [], "extras": [],
+        "skipped": [], "failed": False,
     }
-    try:
-        import diffusers
-        import transformers
+    budget = Budget(args.budget_s, doc)
 
-        doc["diffusers"], doc["transformers"] = diffusers.__version__, transformers.__version__
-    except ImportError:
-        pass
-    failed = False
-
-    def save(row: dict[str, Any] | None) -> None:
+    def save(row: dict[str, Any] | None, key: str = "rows") -> None:
         if row is not None:
-            doc["runs"].append(row)
-        (out / "generate.json").write_text(json.dumps(doc, indent=2))
+            doc[key].append(row)
+        (out / args.json).write_text(json.dumps(doc, indent=2, default=str))
 
     with tempfile.TemporaryDirectory(prefix="ff-gen-bench-") as tmp:
         for name in args.models.split(","):
-            rows = bench_model(args, name, device, dtype, Path(tmp), save)
-            failed |= not all(r["latents_identical"] for r in rows)
-    print(table(doc["runs"]))
-    return 1 if failed else 0
+            if not budget.fits(f"{name} (build and first rows)", EST["build"] + 60):
+                continue
+            bench_model(args, name, device, dtype, Path(tmp), doc, budget, save)
+            save(None)
+    if device.type == "cpu":  # the exact tier is eager here: bit-identical to diffusers
+        doc["failed"] |= not all(r["latents_identical_to_diffusers"] for r in doc["rows"]
+                                 if r["tier"] == "exact")
+    save(None)
+    (out / Path(args.json).with_suffix(".md").name).write_text(markdown(doc))
+    print(table(doc["rows"]))
+    for extra in doc["extras"]:
+        keys = ("model", "kind", "steps", "denoise", "speedup", "latents_identical_to_diffusers",
+                "latents_rel_l2_vs_diffusers", "set_adapters_s", "runs")
+        print(json.dumps({k: extra[k] for k in keys if k in extra}, default=str))
+    for skip in doc["skipped"]:
+        print(f"skipped: {skip['what']}: {skip['reason']}")
+    return 1 if doc["failed"] else 0
 
 
 if __name__ == "__main__":

@@ -1,15 +1,26 @@
-"""Pipeline benchmark: how close does a whole job get to the pure decode time?
+"""Pipeline benchmark: a whole job against its pure decode, per decoder, in one process.
 
-Modes, on the same decoder and latents (Wan2.1 VAE architecture, seeded random weights):
-  decode_only  streamed decode, nothing else (the floor)
-  async        the framefleet pipeline: streams, events, pinned ring, encoder threads, upload
-  sequential   decode → synchronous fp32 .cpu() → CPU post-process → encode → upload, per chunk
-  diffusers    vae.decode(z) on the whole clip, then diffusers' export_to_video
-Per mode: wall (median of --reps), ratio to decode_only, GPU busy fraction inside the decode
-window (CUDA events), peak GPU memory, peak host RSS. Writes JSON; prints a markdown table.
+The project's one measure of a job's overhead over its decode (``decode_fast.py --job`` is
+retired: it ran these same modes after other work in its process, with another decoder build).
+Per job (``--jobs PRESET:WxHxF,...``) the decoder is built as a worker builds it: seeded random
+weights initialised on the device (``build_vae(..., device=...)``), bf16, ``WanDecoder(graphs=2)``
+with its first-chunk graph; it is warmed up and every graph build is waited for. Then each
+repetition runs every mode once, in turn (interleaved: slow drift of clocks or temperature
+hits every mode alike):
+  decode_only   the decoder's stream, nothing else (the floor)
+  async         the framefleet pipeline: streams, events, pinned ring, encoder threads, upload
+                to a file:// store; ``async_tailN``: the last chunk's frames in N segments
+  sequential    decode → synchronous fp32 .cpu() → CPU post-process → encode → upload
+  diffusers     vae.decode(z) on the whole clip, then diffusers' export_to_video
+Per mode: wall (median), ratio to decode_only (of the medians, and the median of per-repetition
+ratios), the tail (last chunk's planes on the host → last segment stored), stage seconds, GPU
+busy fraction inside the decode window, segment bytes, peak GPU memory and host RSS.
+``--weights-study``: the first job's async mode again, alternating with a decoder whose weights
+were initialised on the CPU (another random network: other frames for the encoder). Writes
+JSON; prints a markdown table.
 
-  python bench/pipeline.py --device cuda --sizes 1280x720,832x480 --frames 81 --reps 3 \
-      --scale4 --out results.json
+  python bench/pipeline.py --device cuda --reps 5 \\
+      --jobs wan2.1:1280x720x81,wan2.2:1280x720x81,wan2.2:1280x704x121 --out pipeline.json
 """
 
 from __future__ import annotations
@@ -19,14 +30,13 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import psutil
 import torch
@@ -35,9 +45,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from producer.settings import Settings
 from producer.spec import PipelineSpec, VideoSpec
-from worker.decoders.wan import WanDecoder, build_vae
+from worker.decoders.wan import DTYPES, WanDecoder, build_vae
 from worker.pipeline import ClosedSegment, run_pipeline
 from worker.sinks.storage import JobOutput
+
+Mode = Callable[[WanDecoder, torch.Tensor, Path], dict[str, Any]]
+SEGMENT_FRAMES = 48
 
 
 class RssPeak:
@@ -92,13 +105,15 @@ def decode_only(decoder: WanDecoder, z: torch.Tensor, out_dir: Path) -> dict[str
         return {}
     busy = sum(s.elapsed_time(e) for s, e in events)
     window = events[0][0].elapsed_time(events[-1][1])
-    return {"gpu_busy_ratio": busy / window, "chunk_ms_median":
-            statistics.median(s.elapsed_time(e) for s, e in events)}
+    return {"gpu_busy_ratio": busy / window,
+            "first_chunk_ms": events[0][0].elapsed_time(events[0][1]),
+            "chunk_ms_median": statistics.median(s.elapsed_time(e) for s, e in events[1:])
+            if len(events) > 1 else None}
 
 
-def pipeline_mode(
-    mode: str, tune: str = "zerolatency"
-) -> Callable[[WanDecoder, torch.Tensor, Path], dict[str, Any]]:
+def pipeline_mode(mode: Literal["async", "sequential"],
+                  tune: Literal["zerolatency", "none"] = "zerolatency",
+                  tail_parts: int = 1) -> Mode:
     def run(decoder: WanDecoder, z: torch.Tensor, out_dir: Path) -> dict[str, Any]:
         out = JobOutput((out_dir / "videos").as_uri(), Settings(file_roots=str(out_dir)))
         segments: list[ClosedSegment] = []
@@ -108,14 +123,16 @@ def pipeline_mode(
             segments.append(seg)
 
         with tempfile.TemporaryDirectory(dir=out_dir) as scratch:
-            report = run_pipeline(decoder, z, video=VideoSpec(segment_frames=48, tune=tune),
+            report = run_pipeline(decoder, z,
+                                  video=VideoSpec(segment_frames=SEGMENT_FRAMES, tune=tune),
                                   pipeline=PipelineSpec(mode=mode), scratch=Path(scratch),
-                                  sink=sink)
+                                  sink=sink, tail_parts=tail_parts)
         sync(decoder.device)
         s = report.stats
         assert sum(seg.file.frames for seg in segments) == report.frames
         return {"gpu_busy_ratio": s.gpu_busy_ratio, "frames": report.frames,
-                "segments": len(segments), "stage_s": {
+                "segments": len(segments), "bytes": sum(seg.file.bytes for seg in segments),
+                "tail_s": s.tail_s, "stage_s": {
                     "decode": s.decode_s, "postprocess": s.postprocess_s, "d2h": s.d2h_s,
                     "encode": s.encode_s, "upload": s.upload_s,
                     "backpressure": s.backpressure_s}}
@@ -142,123 +159,243 @@ def diffusers_mode(decoder: WanDecoder, z: torch.Tensor, out_dir: Path) -> dict[
     return {"writer": writer, "frames": int(frames.shape[0])}
 
 
-MODES: dict[str, Callable[[WanDecoder, torch.Tensor, Path], dict[str, Any]]] = {
+MODES: dict[str, Mode] = {
     "decode_only": decode_only,
     "async": pipeline_mode("async"),
+    "async_tail2": pipeline_mode("async", tail_parts=2),
+    "async_tail4": pipeline_mode("async", tail_parts=4),
     "async_x264_default_tune": pipeline_mode("async", tune="none"),
     "sequential": pipeline_mode("sequential"),
     "diffusers": diffusers_mode,
 }
 
 
-def measure(mode: str, decoder: WanDecoder, z: torch.Tensor, reps: int,
-            work: Path) -> dict[str, Any]:
+def run_once(mode: str, decoder: WanDecoder, z: torch.Tensor, work: Path) -> dict[str, Any]:
+    """One timed job. No empty_cache(): a worker runs job after job on a warm allocator."""
     device = decoder.device
-    walls, extra, peaks_gpu, peaks_rss, rss_start = [], {}, [], [], 0
-    for _ in range(reps):
-        if device.type == "cuda":
-            # No empty_cache(): a worker runs job after job on a warm allocator.
-            torch.cuda.reset_peak_memory_stats(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    sync(device)
+    with tempfile.TemporaryDirectory(dir=work) as tmp, RssPeak() as rss:
+        t0 = time.perf_counter()
+        extra = MODES[mode](decoder, z, Path(tmp))
         sync(device)
-        with tempfile.TemporaryDirectory(dir=work) as tmp, RssPeak() as rss:
-            t0 = time.perf_counter()
-            extra = MODES[mode](decoder, z, Path(tmp))
-            sync(device)
-            walls.append(time.perf_counter() - t0)
-        peaks_rss.append(rss.peak)
-        rss_start = rss.start
-        if device.type == "cuda":
-            peaks_gpu.append(torch.cuda.max_memory_allocated(device))
-    return {"wall_s": statistics.median(walls), "walls_s": walls,
-            "peak_gpu_bytes": max(peaks_gpu) if peaks_gpu else None,
-            "peak_rss_bytes": max(peaks_rss), "rss_at_start_bytes": rss_start, **extra}
+        wall = time.perf_counter() - t0
+    return {"wall_s": wall, "peak_rss_bytes": rss.peak,
+            "peak_gpu_bytes": torch.cuda.max_memory_allocated(device)
+            if device.type == "cuda" else None, **extra}
+
+
+def summarise(mode: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over the repetitions; lists where they vary (walls, tails)."""
+    walls = [r["wall_s"] for r in runs]
+    out: dict[str, Any] = {"mode": mode, "reps": len(runs), "wall_s": statistics.median(walls),
+                           "walls_s": walls}
+    for key in ("tail_s", "bytes", "gpu_busy_ratio", "first_chunk_ms", "chunk_ms_median"):
+        values = [r[key] for r in runs if r.get(key) is not None]
+        if values:
+            out[key] = statistics.median(values)
+    if runs[0].get("tail_s") is not None:
+        out["tails_s"] = [r["tail_s"] for r in runs]
+    if "stage_s" in runs[0]:
+        out["stage_s"] = {k: statistics.median(r["stage_s"][k] for r in runs)
+                          for k in runs[0]["stage_s"]}
+    for key in ("segments", "frames", "writer"):
+        if key in runs[-1]:
+            out[key] = runs[-1][key]
+    out["peak_rss_bytes"] = max(r["peak_rss_bytes"] for r in runs)
+    gpu = [r["peak_gpu_bytes"] for r in runs if r["peak_gpu_bytes"] is not None]
+    out["peak_gpu_bytes"] = max(gpu) if gpu else None
+    return out
+
+
+def parse_job(text: str) -> tuple[str, int, int, int]:
+    preset, size = text.split(":")
+    w, h, f = (int(v) for v in size.split("x"))
+    return preset, w, h, f
+
+
+def make_decoder(preset: str, device: torch.device, dtype: torch.dtype, graphs: int,
+                 init_on: torch.device) -> WanDecoder:
+    vae = build_vae(preset, seed=0, dtype=dtype, device=init_on)
+    return WanDecoder(vae, device, graphs=graphs)
+
+
+def warm(decoder: WanDecoder, lh: int, lw: int) -> dict[str, Any]:
+    """Compile and capture (steady and first-chunk graphs) and wait for both."""
+    t0 = time.perf_counter()
+    decoder.warmup(lh, lw)
+    steady_s = time.perf_counter() - t0
+    out: dict[str, Any] = {"steady_s": steady_s}
+    if decoder.graphs is not None:
+        decoder.graphs.wait(timeout=900)
+        graph = decoder.graphs.get(decoder.graph_key(lh, lw))
+        out.update(total_s=time.perf_counter() - t0, graph=graph is not None,
+                   phases=graph.phases if graph else None,
+                   first_graph=graph is not None and graph.first is not None,
+                   first_phases=graph.first.phases if graph and graph.first else None)
+        out["vs_eager"] = check(decoder, lh, lw)
+    return out
+
+
+def check(decoder: WanDecoder, lh: int, lw: int) -> dict[str, float]:
+    """Relative L2 of three chunks through the graphs against the eager step (bf16 both
+    ways, other kernels: about 1e-2 expected; a broken graph is of order 1)."""
+    assert decoder.step is not None
+    z = torch.randn(decoder.latent_channels, 3, lh, lw,
+                    generator=torch.Generator().manual_seed(7))
+    fast = torch.cat([c.float() for c in decoder.stream(z)], dim=1)
+    zd = z.to(decoder.device, decoder.dtype)[None]
+    eager, caches = [], None
+    with torch.inference_mode():
+        for i in range(3):
+            out, caches = decoder.step(zd[:, :, i : i + 1], caches)
+            eager.append(out[0].float())
+    ref = torch.cat(eager, dim=1)
+
+    def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+        return float((a - b).norm() / b.norm())
+
+    return {"rel_l2": rel(fast, ref), "first_frame_rel_l2": rel(fast[:, :1], ref[:, :1])}
+
+
+def content(decoder: WanDecoder, z: torch.Tensor) -> dict[str, float]:
+    """What the encoder is given (untimed): the share of clamped values and the spread of the
+    decoded frames; random networks differ in both, and so does the encoder's work."""
+    clamped = total = 0
+    s = s2 = 0.0
+    for chunk in decoder.stream(z):
+        x = chunk.float()
+        clamped += int((x.abs() >= 1.0).sum())
+        total += x.numel()
+        s += float(x.sum())
+        s2 += float((x * x).sum())
+    mean = s / total
+    return {"clamped_share": clamped / total, "mean": mean, "std": (s2 / total - mean**2) ** 0.5}
+
+
+def bench_job(args: argparse.Namespace, job: str, device: torch.device, dtype: torch.dtype,
+              work: Path, results: dict[str, Any], save: Callable[[], None]) -> None:
+    preset, w, h, frames = parse_job(job)
+    init_on = device if args.init == "device" else torch.device("cpu")
+    t0 = time.perf_counter()
+    decoder = make_decoder(preset, device, dtype, args.graphs, init_on)
+    build_s = time.perf_counter() - t0
+    scale = decoder.output_size(1, 1)[1]  # pixels per latent
+    lh, lw, lt = h // scale, w // scale, (frames - 1) // 4 + 1
+    if decoder.output_size(lh, lw) != (h, w) or 1 + 4 * (lt - 1) != frames:
+        raise SystemExit(f"{job}: {preset} makes {w}x{h}x{frames} from no latent size "
+                         f"(multiples of {scale} pixels, 4k+1 frames)")
+    z = torch.randn(decoder.latent_channels, lt, lh, lw,
+                    generator=torch.Generator().manual_seed(0))
+    entry: dict[str, Any] = {"job": job, "decoder": decoder.name, "preset": preset,
+                             "latents": [decoder.latent_channels, lt, lh, lw],
+                             "build_s": build_s, "warmup": warm(decoder, lh, lw), "modes": []}
+    results["jobs"].append(entry)
+    print(f"== {job}: warm-up {entry['warmup']}", flush=True)
+    if args.precompile:
+        return
+    if args.graphs and not entry["warmup"].get("graph"):
+        print(f"{job}: no decode graph was captured (see the log): timing the eager decoder",
+              flush=True)
+    entry["content"] = content(decoder, z)
+    modes = args.modes.split(",")
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+    for mode in modes:  # one untimed job per mode: first-call costs stay out of the numbers
+        run_once(mode, decoder, z, work)
+    for _ in range(args.reps):
+        for mode in modes:
+            runs[mode].append(run_once(mode, decoder, z, work))
+    floor = runs.get("decode_only")
+    for mode in modes:
+        row = summarise(mode, runs[mode])
+        if floor:
+            row["x_decode_only"] = row["wall_s"] / statistics.median(r["wall_s"] for r in floor)
+            row["x_decode_only_paired"] = statistics.median(
+                a["wall_s"] / b["wall_s"] for a, b in zip(runs[mode], floor, strict=True))
+        entry["modes"].append(row)
+    save()
+    if args.weights_study and job == results["jobs"][0]["job"]:
+        other = make_decoder(preset, device, dtype, args.graphs, torch.device("cpu"))
+        study: dict[str, Any] = {"init": "cpu", "warmup": warm(other, lh, lw),
+                                 "content": content(other, z)}
+        run_once("async", other, z, work)
+        pairs = []
+        for _ in range(args.study_reps):
+            pairs.append((run_once("async", decoder, z, work), run_once("async", other, z, work)))
+        study["async_device_init"] = summarise("async", [a for a, _ in pairs])
+        study["async_cpu_init"] = summarise("async", [b for _, b in pairs])
+        entry["weights_study"] = study
+        del other
+        save()
+    del decoder
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def table(results: dict[str, Any]) -> str:
+    lines = ["| job | mode | wall s | × decode-only | paired × | tail ms | GPU busy | "
+             "segments | MB | peak GPU MiB |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for entry in results["jobs"]:
+        for r in entry["modes"]:
+            ratio = f"{r['x_decode_only']:.4f}" if "x_decode_only" in r else "-"
+            paired = f"{r['x_decode_only_paired']:.4f}" if "x_decode_only_paired" in r else "-"
+            tail = f"{r['tail_s'] * 1e3:.1f}" if "tail_s" in r else "-"
+            busy = f"{r['gpu_busy_ratio'] * 100:.3f} %" if r.get("gpu_busy_ratio") else "-"
+            mb = f"{r['bytes'] / 1e6:.1f}" if "bytes" in r else "-"
+            gpu = f"{r['peak_gpu_bytes'] / 2**20:.0f}" if r.get("peak_gpu_bytes") else "-"
+            lines.append(f"| {entry['job']} | {r['mode']} | {r['wall_s']:.3f} | {ratio} | "
+                         f"{paired} | {tail} | {busy} | {r.get('segments', '-')} | {mb} | "
+                         f"{gpu} |")
+        study = entry.get("weights_study")
+        if study:
+            a, b = study["async_device_init"], study["async_cpu_init"]
+            lines.append(f"| {entry['job']} | async, weights init on the device / on the CPU | "
+                         f"{a['wall_s']:.3f} / {b['wall_s']:.3f} | | | {a['tail_s'] * 1e3:.1f}"
+                         f" / {b['tail_s'] * 1e3:.1f} | | | {a['bytes'] / 1e6:.1f} / "
+                         f"{b['bytes'] / 1e6:.1f} | |")
+    return "\n".join(lines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--preset", default="wan2.1")
-    ap.add_argument("--sizes", default="1280x720,832x480")
-    ap.add_argument("--frames", type=int, default=81)
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--modes",
-                    default="decode_only,async,async_x264_default_tune,sequential,diffusers")
-    ap.add_argument("--scale4", action="store_true",
-                    help="memory flatness: 1x and 4x frames, each in a fresh process")
-    ap.add_argument("--flatness-modes", default="decode_only,async;diffusers")
+    ap.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on CPU")
+    ap.add_argument("--jobs", default=None, help="PRESET:WxHxF,... (default: wan2.1 and wan2.2 "
+                    "at 1280x720x81 and wan2.2 at 1280x704x121 on CUDA; tiny:256x256x41 on CPU)")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--modes", default="decode_only,async")
     ap.add_argument("--graphs", type=int, default=2,
                     help="compiled decode graphs (the worker's default); 0: eager decode")
+    ap.add_argument("--init", choices=["device", "cpu"], default="device",
+                    help="where the random weights are initialised (a worker: the device)")
+    ap.add_argument("--weights-study", action="store_true")
+    ap.add_argument("--study-reps", type=int, default=3)
+    ap.add_argument("--precompile", action="store_true",
+                    help="only build and warm up every job's decoder (fills the compile cache)")
     ap.add_argument("--out", default="bench/results/pipeline.json")
     args = ap.parse_args()
     device = torch.device(args.device)
-    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16,
-             "float32": torch.float32}[args.dtype]
-    decoder = WanDecoder(build_vae(args.preset, seed=0, dtype=dtype), device, graphs=args.graphs)
+    cuda = device.type == "cuda"
+    dtype = DTYPES[args.dtype or ("bfloat16" if cuda else "float32")]
+    jobs = args.jobs or ("wan2.1:1280x720x81,wan2.2:1280x720x81,wan2.2:1280x704x121" if cuda
+                         else "tiny:256x256x41")
     work = Path(tempfile.mkdtemp(prefix="ffbench-"))
     results: dict[str, Any] = {
         "command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else
-        platform.processor() or "cpu", "cpu_count": os.cpu_count(), "torch": torch.__version__,
-        "dtype": args.dtype, "preset": args.preset, "store": "file:// (local disk)", "runs": [],
-        "graphs": args.graphs, "warmup_s": {},
-    }
-    plan = [(size, args.frames, args.modes.split(",")) for size in args.sizes.split(",")]
-    for size, frames, modes in plan:
-        w, h = (int(v) for v in size.split("x"))
-        t = (frames - 1) // 4 + 1
-        z = torch.randn(16, t, h // 8, w // 8, generator=torch.Generator().manual_seed(0))
-        t0 = time.perf_counter()
-        decoder.warmup(h // 8, w // 8)  # on CUDA with --graphs: compile + capture
-        results["warmup_s"][size] = time.perf_counter() - t0
-        for mode in modes:
-            reps = args.reps if frames == args.frames else 1
-            r = measure(mode, decoder, z, reps, work)
-            r.update(size=size, frames=frames, mode=mode, reps=reps)
-            results["runs"].append(r)
-            print(f"{size} {frames:4d} {mode:12s} wall {r['wall_s']:.3f} s", flush=True)
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps(results, indent=2))
-    if args.scale4:
-        results["flatness"] = flatness(args, args.sizes.split(",")[0])
+        "device": torch.cuda.get_device_name(device) if cuda else platform.processor() or "cpu",
+        "cpu_count": os.cpu_count(), "torch": torch.__version__, "dtype": str(dtype),
+        "store": "file:// (local disk)", "segment_frames": SEGMENT_FRAMES, "reps": args.reps,
+        "graphs": args.graphs, "init": args.init, "jobs": []}
+
+    def save() -> None:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(results, indent=2))
+
+    for job in jobs.split(","):
+        bench_job(args, job, device, dtype, work, results, save)
+        save()
     print(table(results))
-
-
-def flatness(args: argparse.Namespace, size: str) -> list[dict[str, Any]]:
-    """Peak RSS and GPU memory of a whole job at 1x and 4x frames, each in a fresh process
-    (one process's RSS carries the heap left by earlier modes, which would blur the ratio)."""
-    runs = []
-    for modes in args.flatness_modes.split(";"):
-        for frames in (args.frames, 4 * (args.frames - 1) + 1):
-            with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
-                cmd = [sys.executable, __file__, "--device", args.device, "--dtype", args.dtype,
-                       "--preset", args.preset, "--sizes", size, "--frames", str(frames),
-                       "--graphs", str(args.graphs),
-                       "--reps", "1", "--modes", modes, "--out", tmp.name]
-                subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-                runs += [{**r, "fresh_process": True}
-                         for r in json.loads(Path(tmp.name).read_text())["runs"]]
-            print(f"flatness {size} {frames} {modes} done", flush=True)
-    return runs
-
-
-def table(results: dict[str, Any]) -> str:
-    runs = results["runs"] + results.get("flatness", [])
-    floor: dict[tuple[str, int], float] = {}
-    lines = ["| size | frames | mode | wall s | × decode-only | GPU busy | peak GPU MiB | "
-             "peak RSS MiB |", "|---|---|---|---|---|---|---|---|"]
-    for r in runs:
-        if r["mode"] == "decode_only":
-            floor[(r["size"], r["frames"])] = r["wall_s"]
-        base = floor.get((r["size"], r["frames"]))
-        ratio = f"{r['wall_s'] / base:.3f}" if base else "-"
-        busy = f"{r['gpu_busy_ratio'] * 100:.2f} %" if r.get("gpu_busy_ratio") else "-"
-        gpu = f"{r['peak_gpu_bytes'] / 2**20:.0f}" if r.get("peak_gpu_bytes") else "-"
-        mode = r["mode"] + (" (fresh process)" if r.get("fresh_process") else "")
-        lines.append(f"| {r['size']} | {r['frames']} | {mode} | {r['wall_s']:.3f} | "
-                     f"{ratio} | {busy} | {gpu} | {r['peak_rss_bytes'] / 2**20:.0f} |")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

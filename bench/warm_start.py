@@ -1,14 +1,23 @@
-"""Worker start benchmark for issue 12: process start → first graph replay, cold and warm.
+"""Worker start benchmark: process start → ready (first graph replay), cold and warm.
 
 Starts fresh Python processes that do what a worker's pool process does at start
 (``default_decoders`` + ``worker.lifecycle.warmup.warm_up``: import, build the warm-up
 decoder, compile and capture every warm-up size, one short decode replaying the graph) with one
 ``FRAMEFLEET_COMPILE_CACHE_DIR``: the first run finds it empty (cold), the next ones find what
 the first left (warm: a restarted worker; a run is "cold" when the cache folder is empty at its
-start). The clock starts before the process is spawned.
+start). The clock starts before the process is spawned. Each start is broken down in the order
+it happens: interpreter, ``import torch``, the worker's modules, the CUDA context, diffusers'
+import chain (``from diffusers import AutoencoderKLWan``), ``torch._dynamo``, building the
+decoder, then per size the graph's history / compile / warm / capture.
+
+``--lean DIR``: the children run in a virtualenv at DIR (made once) whose site-packages holds
+only the distributions ``framefleet[worker]`` needs, linked from this interpreter's, with
+bytecode kept under DIR: what the worker image holds (``pip install .[worker]``, compiled), not
+a big image's hundreds of packages (``importlib.metadata`` scans all of them). The first run in
+a new DIR writes the bytecode (flagged ``bytecode_written``).
 
   python bench/warm_start.py --decoder wan2.2-vae --sizes 44x80 --runs 2 --cache DIR \
-      --out warm_start.json
+      --lean /tmp/lean --out warm_start.json
 
 ``--load-probe`` instead times the ways of building the decoder itself, each in a fresh process
 (random init on the CPU or on the GPU; ``from_pretrained`` of a saved folder with diffusers'
@@ -18,6 +27,8 @@ loading options), and checks that every folder load gives the same weights.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import itertools
 import json
 import os
 import subprocess
@@ -32,15 +43,29 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def child() -> None:
     """One worker start; prints one JSON line."""
-    t_imp = time.time()
+    t = {"start": time.time()}
     sys.path.insert(0, str(ROOT))
     import torch
 
+    t["torch"] = time.time()
     from producer.settings import get_settings
     from worker.lifecycle import warmup
     from worker.run import default_decoders
 
-    t_imported = time.time()
+    t["worker_modules"] = time.time()
+    cuda = os.environ.get("FRAMEFLEET_DEVICE", "cuda") == "cuda"
+    if cuda:
+        torch.zeros(1, device="cuda")
+        torch.cuda.synchronize()
+    t["cuda_context"] = time.time()
+    # What the decoder build imports first, each timed on its own (the build then finds them):
+    # torch.compile's dynamo (diffusers imports it too), then diffusers' own chain.
+    import torch._dynamo
+
+    t["dynamo_import"] = time.time()
+    from diffusers import AutoencoderKLWan  # noqa: F401
+
+    t["diffusers_import"] = time.time()
     settings = get_settings()
     decoders = default_decoders(settings)
     profile_to = os.environ.get("BENCH_PROFILE")
@@ -54,15 +79,30 @@ def child() -> None:
             pstats.Stats(prof, stream=f).sort_stats("cumulative").print_stats(60)
     else:
         state = warmup.warm_up(decoders, settings)
-    torch.cuda.synchronize()
-    t_ready = time.time()
+    if cuda:
+        torch.cuda.synchronize()
+    t["ready"] = time.time()
+    first_graph_s = None
+    if os.environ.get("BENCH_WAIT_FIRST"):  # the first-chunk graph, built after ready
+        for decoder in list(decoders._cache.values()):
+            graphs = getattr(decoder, "graphs", None)
+            if graphs is not None:
+                graphs.wait(timeout=600)
+        first_graph_s = time.time() - t["ready"]
     from torch._dynamo.utils import compile_times, counters
 
     spawn = float(os.environ["BENCH_SPAWN_T"])
+    names = list(t)
+    phases = {"interpreter": t["start"] - spawn,
+              **{b: t[b] - t[a] for a, b in itertools.pairwise(names)}}
+    phases["decoder_build"] = state.build_s
+    # What remains of warm_up: the graphs (their phases per size below), the short decode.
+    phases["graphs"] = phases.pop("ready") - state.build_s
     print(json.dumps({
-        "start_to_first_replay_s": t_ready - spawn, "interpreter_s": t_imp - spawn,
-        "imports_s": t_imported - t_imp, "warm_up_s": state.seconds,
-        "decoder_build_s": state.build_s, "sizes": state.sizes,
+        "start_to_first_replay_s": t["ready"] - spawn, "phases_s": phases,
+        "warm_up_s": state.seconds, "decoder_build_s": state.build_s, "sizes": state.sizes,
+        "first_graph_after_ready_s": first_graph_s, "python": sys.executable,
+        "distributions": len(list(importlib.metadata.distributions())),
         "compile_times_s": {k: round(float(v), 3) for k, v in
                             zip(*compile_times(repr="csv", aggregate=True), strict=True)
                             if float(v) >= 0.05},
@@ -71,6 +111,60 @@ def child() -> None:
         "aot_autograd_counters": {k: v for k, v in counters["aot_autograd"].items()
                                   if "cache" in k},
     }), flush=True)
+
+
+def _requirements() -> list[str]:
+    """``framefleet[worker]``'s requirements, from pyproject.toml."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return [*project["dependencies"], *project["optional-dependencies"]["worker"]]
+
+
+def lean_env(folder: Path) -> tuple[Path, dict[str, Any]]:
+    """A virtualenv at ``folder`` linking only what ``framefleet[worker]`` needs (recursively,
+    markers and extras evaluated) from this interpreter's distributions; its python and what
+    went in (and what this interpreter lacks)."""
+    import importlib.metadata as md
+    import venv
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    python = folder / "bin" / "python"
+    if not python.exists():
+        venv.EnvBuilder(with_pip=False, symlinks=True).create(folder)
+    site = Path(subprocess.check_output(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        text=True).strip())
+    todo = [Requirement(r) for r in _requirements()]
+    seen: dict[str, set[str]] = {}
+    linked, missing = [], []
+    while todo:
+        req = todo.pop()
+        name = canonicalize_name(req.name)
+        extras = set(req.extras)
+        if name in seen and extras <= seen[name]:
+            continue
+        seen[name] = seen.get(name, set()) | extras
+        try:
+            dist = md.distribution(req.name)
+        except md.PackageNotFoundError:
+            missing.append(req.name)
+            continue
+        for text in dist.requires or []:
+            sub = Requirement(text)
+            if sub.marker is None or any(sub.marker.evaluate({"extra": e})
+                                         for e in (seen[name] or {""})):
+                todo.append(sub)
+        tops = {Path(str(f)).parts[0] for f in dist.files or [] if not str(f).startswith("..")}
+        for top in sorted(tops - {"__pycache__"}):
+            link, target = site / top, Path(str(dist.locate_file(top)))
+            if not link.exists() and target.exists():
+                link.symlink_to(target)
+        linked.append(f"{dist.metadata['Name']}=={dist.version}")
+    return python, {"folder": str(folder), "linked": sorted(set(linked)),
+                    "missing": sorted(set(missing))}
 
 
 def _save_weights(decoder: str, work: str) -> str:
@@ -159,6 +253,12 @@ def main() -> None:
     ap.add_argument("--weights", action="store_true",
                     help="load the decoder from a weights folder (random weights saved once, "
                     "untimed) as a production worker does, instead of a random init")
+    ap.add_argument("--lean", default=None, metavar="DIR",
+                    help="run the starts in a virtualenv at DIR holding only the worker's "
+                    "dependencies (made once), bytecode kept in DIR")
+    ap.add_argument("--wait-first", action="store_true",
+                    help="the last run also waits for the first-chunk graph (after ready)")
+    ap.add_argument("--device", default="cuda", help="cpu: a dry run of the orchestration")
     args = ap.parse_args()
     if args.child:
         child()
@@ -185,15 +285,29 @@ def main() -> None:
         extra = {"FRAMEFLEET_WARMUP_WEIGHTS": Path(folder).as_uri(),
                  "FRAMEFLEET_FILE_ROOTS": work}
     profile = Path(args.out).with_suffix(".profile.txt") if args.profile else None
+    python, lean, base_env = Path(sys.executable), None, dict(os.environ)
+    pycache: Path | None = None
+    if args.lean:
+        python, lean = lean_env(Path(args.lean))
+        print(json.dumps({"lean": lean}), flush=True)
+        pycache = Path(args.lean) / "pycache"
+        # Only the repository on the path; bytecode written and read as an image's would be.
+        base_env = {k: v for k, v in os.environ.items()
+                    if k not in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONHOME")}
+        base_env.update(PYTHONPATH=str(ROOT), PYTHONPYCACHEPREFIX=str(pycache))
     for i in range(args.runs + (1 if profile else 0)):
         cold = not any(p.is_file() for p in Path(cache).rglob("*"))
-        env = {**os.environ, **extra, "FRAMEFLEET_WARMUP_DECODER": args.decoder,
+        fresh_pyc = pycache is not None and not pycache.exists()
+        env = {**base_env, **extra, "FRAMEFLEET_WARMUP_DECODER": args.decoder,
                "FRAMEFLEET_WARMUP_LATENT_SIZE": args.sizes, "FRAMEFLEET_COMPILE_CACHE_DIR": cache,
-               "FRAMEFLEET_WORK_DIR": work, "FRAMEFLEET_DEVICE": "cuda",
-               "FRAMEFLEET_DECODE_GRAPHS": "2", "BENCH_SPAWN_T": repr(time.time())}
+               "FRAMEFLEET_WORK_DIR": work, "FRAMEFLEET_DEVICE": args.device,
+               "FRAMEFLEET_DECODE_GRAPHS": "2"}
         if profile is not None and i == args.runs:
             env["BENCH_PROFILE"] = str(profile)
-        done = subprocess.run([sys.executable, __file__, "--child"], env=env, text=True,
+        if args.wait_first and i == args.runs - 1:
+            env["BENCH_WAIT_FIRST"] = "1"
+        env["BENCH_SPAWN_T"] = repr(time.time())
+        done = subprocess.run([str(python), __file__, "--child"], env=env, text=True,
                               capture_output=True, timeout=600, check=False)
         if done.returncode != 0:
             runs.append({"run": i, "error": done.stderr[-3000:]})
@@ -201,22 +315,28 @@ def main() -> None:
             break
         row = json.loads(done.stdout.strip().splitlines()[-1])
         row["run"] = "profiled" if "BENCH_PROFILE" in env else ("cold" if cold else f"warm{i}")
+        row["bytecode_written"] = fresh_pyc
         runs.append(row)
         print(json.dumps(row), flush=True)
     import torch
 
     out = {"command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-           "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
+           "torch": torch.__version__,
            "decoder": args.decoder, "sizes": args.sizes, "weights_folder": args.weights,
-           "runs": runs}
+           "lean": lean, "runs": runs}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2))
     for r in runs:
         if "error" not in r:
-            print(f"{r['run']}: process start → first graph replay "
-                  f"{r['start_to_first_replay_s']:.1f} s (imports {r['imports_s']:.1f} s, "
-                  f"decoder build {r['decoder_build_s']:.1f} s, warm-up {r['warm_up_s']:.1f} s: "
-                  f"{r['sizes']})")
+            parts = ", ".join(f"{k} {v:.2f}" for k, v in r["phases_s"].items())
+            graph = "; ".join(f"{s['size']}: " + ", ".join(f"{k} {v:.2f}" for k, v in
+                                                           s["phases"].items())
+                              for s in r["sizes"])
+            print(f"{r['run']}{' (bytecode written)' if r['bytecode_written'] else ''}: "
+                  f"ready in {r['start_to_first_replay_s']:.1f} s = {parts} [{graph}]"
+                  + (f"; first-chunk graph {r['first_graph_after_ready_s']:.1f} s after ready"
+                     if r.get("first_graph_after_ready_s") is not None else ""))
 
 
 if __name__ == "__main__":

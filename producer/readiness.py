@@ -32,6 +32,8 @@ class WarmupState:
     seconds: float = 0.0
     build_s: float = 0.0  # of ``seconds``: building (or loading) the warm-up decoder
     cache_dir: str | None = None
+    #: FRAMEFLEET_WARMUP_MODEL per tier: load (and quantise) seconds, compile seconds per size
+    model: dict[str, Any] = field(default_factory=dict)
 
 
 def state_dir(settings: Settings) -> Path:

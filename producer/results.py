@@ -9,7 +9,7 @@ result. Re-exported by ``producer.spec``.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -21,7 +21,8 @@ RESULT_SCHEMA_VERSION: Literal[2] = 2
 #: Where a job's time goes, in pipeline order: ``StageTimings`` has one ``{stage}_s`` field per
 #: name, the worker pipeline measures every one but ``load``, and metrics label by them.
 STAGE_NAMES: tuple[str, ...] = (
-    "load", "text_encode", "denoise", "decode", "postprocess", "d2h", "encode", "upload",
+    "load", "adapter_load", "text_encode", "denoise", "decode", "postprocess", "d2h", "encode",
+    "upload",
 )
 
 
@@ -70,6 +71,7 @@ class StageTimings(Frozen):
     """Seconds spent per stage. Stages overlap in async mode, so they do not add up to wall."""
 
     load_s: float = 0.0
+    adapter_load_s: float = Field(default=0.0, description="generate jobs: LoRAs loaded")
     text_encode_s: float = Field(default=0.0, description="generate jobs: prompt encoding")
     denoise_s: float = Field(default=0.0, description="generate jobs: the denoising loop")
     decode_s: float = 0.0
@@ -163,8 +165,14 @@ class CostReport(Frozen):
     usd_per_video_minute: float
     usd_per_1000_video_hours: float
     stages: tuple[StageCost, ...] = Field(
-        default=(), description="text_encode, denoise, decode (GPU) and s3: each with its share"
+        default=(), description="text_encode, denoise, decode (GPU) and s3 (and adapter_load "
+        "when a job loaded LoRAs): each with its share"
     )
+    tier: str | None = Field(default=None, description="generate jobs: the tier denoised at")
+    cache: str | None = Field(default=None, description="generate jobs: the step cache, or none")
+    denoise_steps: int = Field(default=0, ge=0, description="generate jobs: denoise steps")
+    gpu_seconds_per_denoise_step: float | None = Field(
+        default=None, description="generate jobs: the denoise stage's GPU-seconds per step")
 
     def summary(self) -> str:
         """One line: ``$0.004812 total: GPU $0.004667 (5.00 s), S3 $0.000145; $0.0301 per
@@ -178,6 +186,41 @@ class CostReport(Frozen):
 
     def __str__(self) -> str:
         return self.summary()
+
+
+class ImageFacts(Frozen):
+    """An image a job conditioned on: which file (its sha256) and how it was sized."""
+
+    sha256: str
+    format: str
+    source_size: tuple[int, int] = Field(description="(width, height) as stored")
+    size: tuple[int, int] = Field(description="(width, height) given to the model")
+    resize: str = Field(description="generate.image_resize")
+
+
+class LoraFacts(Frozen):
+    """A LoRA a job ran with: which file (its sha256), at what scale, on which expert."""
+
+    uri: str
+    sha256: str
+    scale: float
+    name: str | None = None
+    expert: str = "both"
+
+
+class GenerateFacts(Frozen):
+    """What a generate job ran with: its speed settings, so an output says how it was made."""
+
+    tier: str = Field(description="exact or fp8 (GenerateSpec.tier)")
+    cache: str = Field(default="none", description="the step cache's kind, or none")
+    cache_params: dict[str, Any] | None = Field(
+        default=None, description="the step cache's parameters as the job gave them")
+    steps: int = Field(description="denoise steps run")
+    compiled: bool = Field(default=False, description="the transformer ran compiled (CUDA)")
+    image: ImageFacts | None = None
+    last_image: ImageFacts | None = None
+    loras: tuple[LoraFacts, ...] = ()
+
 
 
 class Manifest(Frozen):
@@ -199,6 +242,8 @@ class Manifest(Frozen):
     random_weights: bool = Field(
         default=False, description="decoded with random weights (decoder.weights \"random\"): noise"
     )
+    generate: GenerateFacts | None = Field(
+        default=None, description="generate jobs: the tier, the step cache and the inputs")
 
 
 class JobResult(Frozen):

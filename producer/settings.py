@@ -7,7 +7,6 @@ process (call ``get_settings.cache_clear()`` in tests that change it).
 from __future__ import annotations
 
 import os
-import re
 from functools import lru_cache
 from ipaddress import IPv4Address
 from pathlib import Path
@@ -117,6 +116,44 @@ class Settings(BaseSettings):
         description="local diffusers Wan folder (path or file:// URI) loaded when a worker "
         "starts and kept resident",
     )
+    warmup_generate_sizes: str = Field(
+        default="", pattern=r"^([0-9]{2,4}x[0-9]{2,4}x[0-9]{1,4}(,[0-9]{2,4}x[0-9]{2,4}x"
+        r"[0-9]{1,4}){0,7})?$",
+        description="CUDA: HxWxF video sizes (up to 8, comma-separated, e.g. 704x1280x121) the "
+        "warm-up model's transformer is compiled for, at each of warmup_tiers, before the "
+        "worker reports ready; empty: compiled by the first job of each size",
+    )
+    warmup_tiers: str = Field(
+        default="exact", pattern=r"^(exact|fp8)(,(exact|fp8))?$",
+        description="tiers (exact, fp8) the warm-up model is made resident and compiled at",
+    )
+    compiled_sizes: int = Field(
+        default=4, ge=0, le=32,
+        description="CUDA: video sizes each resident transformer keeps compiled; a job of "
+        "another size beyond them runs eager (no recompile); 0: never compile",
+    )
+    max_image_bytes: int = Field(
+        default=32 * 1024**2, ge=1024, le=1024**3,
+        description="generate.image / last_image files larger than this are refused (counted "
+        "while reading)",
+    )
+    max_image_pixels: int = Field(
+        default=40_000_000, ge=64, le=1_000_000_000,
+        description="decompression-bomb limit: images with more pixels (width x height, read "
+        "from the header before decoding) are refused",
+    )
+    max_loras: int = Field(
+        default=4, ge=0, le=16, description="LoRA adapters one generate job may name"
+    )
+    max_lora_bytes: int = Field(
+        default=2 * 1024**3, ge=1024, le=64 * 1024**3,
+        description="LoRA .safetensors files larger than this are refused",
+    )
+    lora_cache_mib: int = Field(
+        default=4096, ge=1, le=1024**2,
+        description="memory the loaded LoRA adapters of one resident model may hold; the least "
+        "recently used are unloaded beyond it",
+    )
     model_cache_gib: float = Field(
         default=80.0, gt=0, le=4096,
         description="GPU memory the resident generation models may hold; least recently "
@@ -221,33 +258,15 @@ class Settings(BaseSettings):
         description="s3:// or file:// prefix every job's output.uri must be under; unset: any",
     )
 
-    # --- the job and cost ledger, and what the CLI tells its user ---------------------------
     ledger_uri: str | None = Field(
         default=None, pattern=r"^(s3://[^/\s]+|file:///)\S*$",
-        description="s3:// or file:// prefix of the durable job and cost ledger: workers write "
-        "one record per ended job under PREFIX/day=YYYY-MM-DD/tenant=NAME/, `framefleet cost "
-        "report` and `framefleet jobs` read it; unset: no ledger (the report reads Redis)",
-    )
-    wait_outage_s: float = Field(
-        default=120.0, ge=0, le=86_400,
-        description="how long `framefleet wait` (and JobHandle.wait) rides out a broker or "
-        "result backend that does not answer before it gives up; 0: not at all",
-    )
-    idle_hint_s: float = Field(
-        default=30.0, ge=1, le=86_400,
-        description="a job queued this long while no worker took any job for as long gets a "
-        "hint from `status` and `wait`: when a worker last took a job, how many answer a ping",
-    )
-    flower_addr: IPvAnyAddress = Field(
-        default=IPv4Address("127.0.0.1"),
-        description="address `framefleet flower` listens on; loopback unless set (the compose "
-        "file and the Kubernetes manifests set 0.0.0.0 behind their published ports)",
-    )
-    flower_basic_auth: SecretStr | None = Field(
-        default=None,
-        description="user:password (comma-separated for several) that `framefleet flower` "
-        "asks for; passed to Flower in its environment, never on its command line",
-    )
+        description="s3:// or file:// prefix of the durable job and cost ledger; unset: none")
+    wait_outage_s: float = Field(default=120.0, ge=0, le=86_400, description="how long `wait` "
+                                 "rides out a broker or backend that stops answering")
+    idle_hint_s: float = Field(default=30.0, ge=1, le=86_400, description="a job queued this "
+                               "long, no job taken for as long: `status` and `wait` hint why")
+    flower_basic_auth: SecretStr | None = Field(default=None, description="`framefleet "
+                                                "flower`'s login: user:password[,user:password]")
 
     # --- `framefleet api`: the HTTP gateway (producer/api) ----------------------------------
     api_addr: IPvAnyAddress = Field(
@@ -344,13 +363,10 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _flower_auth(self) -> Settings:
-        # Checked here, not with a field pattern: a field's error would print the password.
-        auth = self.flower_basic_auth
-        if auth is not None and not re.fullmatch(
-            r"[^:,\s]+:[^,\s]+(,[^:,\s]+:[^,\s]+)*", auth.get_secret_value()
-        ):
-            raise ValueError("FRAMEFLEET_FLOWER_BASIC_AUTH must be user:password, comma-separated "
-                             "for several (its value is not shown)")
+        auth = self.flower_basic_auth  # not a field pattern: its error would print the password
+        pairs = [p.partition(":") for p in (auth.get_secret_value() if auth else "").split(",")]
+        if auth and any(not user or not pw or " " in user + pw for user, _, pw in pairs):
+            raise ValueError("FRAMEFLEET_FLOWER_BASIC_AUTH: not user:password (value not shown)")
         return self
 
     @property

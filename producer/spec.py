@@ -25,12 +25,24 @@ from pydantic import (
 )
 
 from producer.errors import InvalidJobError
+from producer.generation import (  # the generate request, re-exported
+    CacheSpec,
+    FirstBlockCache,
+    GenerateSpec,
+    LoraSpec,
+    MagCache,
+    TaylorSeerCache,
+    unset_generate_fields,
+)
 from producer.results import (  # the result side, re-exported: every model of the wire
     RESULT_SCHEMA_VERSION,
     STAGE_NAMES,
     CostReport,
+    GenerateFacts,
     HeldRun,
+    ImageFacts,
     JobResult,
+    LoraFacts,
     Manifest,
     Prices,
     Progress,
@@ -40,7 +52,7 @@ from producer.results import (  # the result side, re-exported: every model of t
     WorkerInfo,
     check_stage_fields,
 )
-from producer.wire import SCHEMA_VERSION, Frozen
+from producer.wire import SCHEMA_VERSION, Frozen, check_uri
 
 __all__ = [
     "DECODER_FPS",
@@ -52,14 +64,21 @@ __all__ = [
     "RESULT_SCHEMA_VERSION",
     "SCHEMA_VERSION",
     "STAGE_NAMES",
+    "CacheSpec",
     "CostReport",
     "DecoderSpec",
+    "FirstBlockCache",
     "Frozen",
+    "GenerateFacts",
     "GenerateSpec",
     "HeldRun",
+    "ImageFacts",
     "InputSpec",
     "JobResult",
     "JobSpec",
+    "LoraFacts",
+    "LoraSpec",
+    "MagCache",
     "Manifest",
     "NotifySpec",
     "OutputSpec",
@@ -69,6 +88,7 @@ __all__ = [
     "SegmentInfo",
     "StageCost",
     "StageTimings",
+    "TaylorSeerCache",
     "VideoSpec",
     "WorkerInfo",
     "check_id",
@@ -119,23 +139,6 @@ def split_key(key: str, tenant: str | None = None) -> tuple[str, str]:
     else:
         owner, job_id = tenant or DEFAULT_TENANT, key
     return check_id(owner, "tenant"), check_id(job_id, "job_id")
-
-
-def check_uri(value: str, *, field: str) -> str:
-    """Accept ``s3://bucket/key`` or ``file:///absolute/path``; refuse ``..`` segments."""
-    parsed = urlparse(value)
-    if parsed.scheme == "s3":
-        if not parsed.netloc:
-            raise ValueError(f"{field}: s3 URI needs a bucket: {value!r}")
-    elif parsed.scheme == "file":
-        if parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/"):
-            raise ValueError(f"{field}: file URI must be absolute (file:///...): {value!r}")
-    else:
-        hint = " (a local path is written file:///absolute/path)" if not parsed.scheme else ""
-        raise ValueError(f"{field}: scheme must be s3:// or file://, got {value!r}{hint}")
-    if any(part in {"..", "."} for part in parsed.path.split("/")):
-        raise ValueError(f"{field}: '.' and '..' path segments are not allowed: {value!r}")
-    return value
 
 
 class InputSpec(Frozen):
@@ -251,58 +254,6 @@ class OutputSpec(Frozen):
         return check_uri(v.rstrip("/") or v, field="output.uri").rstrip("/")
 
 
-class GenerateSpec(Frozen):
-    """Denoise latents on the worker from a prompt (instead of loading them: ``input``).
-
-    The model is a local diffusers folder of a Wan text-to-video pipeline (Wan2.1 T2V 1.3B/14B,
-    Wan2.2 A14B with two experts, Wan2.2 TI2V-5B). What depends on the model (the size's
-    multiple, whether it has a second expert or a flow shift) is checked by the worker against
-    the folder's configs; the limits on steps and size come from the worker's settings.
-    """
-
-    model: str = Field(description="file:// URI of a local diffusers folder (model_index.json)")
-    prompt: str = Field(min_length=1, max_length=20_000)
-    negative_prompt: str = Field(default="", max_length=20_000)
-    height: int = Field(default=480, ge=16, le=4096)
-    width: int = Field(default=832, ge=16, le=4096)
-    num_frames: int = Field(default=81, ge=1, le=100_000, description="4k+1 frames")
-    num_inference_steps: int = Field(default=50, ge=1, le=10_000)
-    guidance_scale: float = Field(default=5.0, ge=0, le=100, description="> 1: CFG on")
-    guidance_scale_2: float | None = Field(
-        default=None, ge=0, le=100, description="second (low-noise) expert; two-expert models"
-    )
-    boundary_ratio: float | None = Field(
-        default=None, gt=0, lt=1,
-        description="two-expert models: share of the timesteps for the first expert; "
-        "default: the model's",
-    )
-    flow_shift: float | None = Field(
-        default=None, gt=0, le=100, description="scheduler flow shift; default: the model's"
-    )
-    seed: int = Field(default=0, ge=0, le=2**63 - 1)
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
-        default="auto", description="auto: bfloat16 on CUDA, float32 on CPU"
-    )
-    save_latents: bool = Field(
-        default=False, description="also write latents.safetensors beside the segments"
-    )
-
-    @field_validator("model")
-    @classmethod
-    def _model(cls, v: str) -> str:
-        check_uri(v, field="generate.model")
-        if urlparse(v).scheme != "file":
-            raise ValueError(f"generate.model: a local folder (file:///...), got {v!r}")
-        return v
-
-    @field_validator("num_frames")
-    @classmethod
-    def _frames(cls, v: int) -> int:
-        if v % 4 != 1:
-            raise ValueError(f"num_frames must be 4k+1 (1, 5, 9, … 81), got {v}")
-        return v
-
-
 class PipelineSpec(Frozen):
     mode: Literal["async", "sequential"] = "async"
     ring_slots: int = Field(default=3, ge=2, le=16)
@@ -408,6 +359,8 @@ def _unset_additions(spec: JobSpec) -> dict[str, Any]:
         exclude["notify"] = True
     if spec.generate is None:
         exclude["generate"] = True
+    elif unset_generate_fields(spec.generate):
+        exclude["generate"] = unset_generate_fields(spec.generate)
     if spec.video.first_segment_frames is None:
         exclude["video"] = {"first_segment_frames"}
     return exclude
@@ -422,6 +375,8 @@ def parse_spec(data: Any) -> JobSpec:
     except ValidationError as e:
         lines = []
         for err in e.errors():
-            loc = ".".join(str(p) for p in err["loc"]) or "spec"
+            # list positions as [i]: generate.loras[0].uri, notify.urls[1]
+            loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"])
+            loc = loc.lstrip(".") or "spec"
             lines.append(f"{loc}: {err['msg']}")
         raise InvalidJobError("invalid job spec: " + "; ".join(lines)) from None

@@ -1,9 +1,15 @@
-"""The worker's own entry point: ``python -m worker [--gpus all|0,2|N] [--cpu N]``.
+"""The worker's own entry point: ``python -m worker [--gpus all|0,2|N] [--cpu N]``, and the
+worker-side commands that need torch and diffusers.
 
 ``framefleet worker`` hands its process over to this (the producer's CLI never imports
 ``worker``): one pinned Celery worker per GPU and/or CPU workers, supervised until SIGTERM or
-SIGINT (``worker.lifecycle.launcher``). A configuration error is one ``error:`` line and exit
-status 1.
+SIGINT (``worker.lifecycle.launcher``). ``framefleet models …`` hands over the same way to the
+subcommands (``worker.commands``):
+
+- ``python -m worker models tiny PATH [--layout t2v|ti2v|i2v]``: a tiny random Wan pipeline;
+- ``python -m worker calibrate-magcache --model DIR --steps N``: a model's MagCache ratios.
+
+A configuration error is one ``error:`` line and exit status 1.
 """
 
 from __future__ import annotations
@@ -14,8 +20,15 @@ import sys
 from producer.errors import FramefleetError
 from producer.settings import get_settings
 
+SUBCOMMANDS = ("models", "calibrate-magcache")
+
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in SUBCOMMANDS:
+        from worker.commands import run_command
+
+        return run_command(argv)
     parser = argparse.ArgumentParser(
         prog="framefleet worker",
         description="Start one pinned Celery worker per GPU (and/or CPU workers), supervised.")

@@ -82,10 +82,14 @@ JOB_WALL = Histogram(
     buckets=_WALL_BUCKETS,
     registry=WORKER_REGISTRY,
 )
+#: The ``tier`` and ``cache`` labels of a decode job's stages (and of no step cache).
+NO_TIER = "none"
 STAGE_SECONDS = Histogram(
     "framefleet_stage_seconds",
-    "Seconds per pipeline stage and job (stages overlap in async mode).",
-    ["stage"],
+    "Seconds per pipeline stage and job (stages overlap in async mode); tier and cache: a "
+    "generate job's speed settings (exact|fp8, none|first_block|taylorseer|mag), none for "
+    "decode jobs.",
+    ["stage", "tier", "cache"],
     buckets=_STAGE_BUCKETS,
     registry=WORKER_REGISTRY,
 )
@@ -148,7 +152,7 @@ BROKER_PERSISTENT = Gauge(
 )
 
 for _stage in STAGE_NAMES:  # every stage series exists from the start, so dashboards show zeros
-    STAGE_SECONDS.labels(stage=_stage)
+    STAGE_SECONDS.labels(stage=_stage, tier=NO_TIER, cache=NO_TIER)
 
 _SUFFIXES = {
     "counter": ("_total", "_created"),
@@ -234,8 +238,11 @@ def observe_job(status: str, tenant: str, result: JobResult | None, *, reason: s
     if not result.reused:
         timings = result.timings
         JOB_WALL.observe(timings.wall_s)
+        facts = result.manifest.generate
+        tier, cache = (facts.tier, facts.cache) if facts is not None else (NO_TIER, NO_TIER)
         for stage in STAGE_NAMES:
-            STAGE_SECONDS.labels(stage=stage).observe(getattr(timings, f"{stage}_s"))
+            STAGE_SECONDS.labels(stage=stage, tier=tier, cache=cache).observe(
+                getattr(timings, f"{stage}_s"))
         output = result.manifest
         FRAMES.inc(output.frames)
         OUTPUT_BYTES.inc(sum(segment.bytes for segment in output.segments))

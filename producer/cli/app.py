@@ -10,34 +10,42 @@ user can fix.
 from __future__ import annotations
 
 import sys
-import time
-from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import Annotated
 
 import typer
 from rich.text import Text
 
 from producer.cli import fleet
+from producer.cli.common import (
+    EXIT_TIMEOUT,
+    EXITS,
+    WAIT_TIMEOUT_S,
+    JobIdArg,
+    TenantOpt,
+    TimeoutOpt,
+    _client,
+    _errors,
+    _uri,
+    _wait,
+    print_result,
+)
 from producer.cli.cost import cost_app
 from producer.cli.help import plain_typer
 from producer.cli.jobs import jobs_app
-from producer.cli.output import EXIT_INTERRUPTED, EXIT_TIMEOUT, console, err, fail, note
-from producer.cli.output import errors as _errors
+from producer.cli.models import models_app
+from producer.cli.output import console, err, fail, note
+from producer.cli.submit import submit
 from producer.client.jobstate import FINISHED
 from producer.errors import FramefleetError
-from producer.spec import JobResult, parse_spec
-
-if TYPE_CHECKING:
-    from producer.client import Client, JobHandle
 
 cli = plain_typer(help="framefleet, a GPU worker fleet for generative-video inference.",
                   rich_markup_mode="markdown",
                   no_args_is_help=True, pretty_exceptions_enable=False)
 cli.add_typer(cost_app, name="cost")
 cli.add_typer(jobs_app, name="jobs")
-#: ``wait``'s default limit, in seconds (``--timeout 0``: none).
-WAIT_TIMEOUT_S = 3600.0
-__all__ = ["EXIT_TIMEOUT", "WAIT_TIMEOUT_S", "cli", "main", "print_result"]
+cli.add_typer(models_app, name="models")
+cli.command()(submit)
+__all__ = ["EXIT_TIMEOUT", "WAIT_TIMEOUT_S", "_uri", "cli", "main", "print_result"]
 
 
 def _version(value: bool) -> None:
@@ -58,125 +66,6 @@ def _main(
     )] = False,
 ) -> None:
     """framefleet, a GPU worker fleet for generative-video inference."""
-
-
-def _client() -> Client:
-    # Imported when a command needs it: ``framefleet --help`` does not load Celery.
-    from producer.client import Client
-
-    return Client()
-
-
-def _uri(value: Optional[str]) -> Optional[str]:
-    """A URI as given, or a plain local path as its absolute ``file://`` URI."""
-    if value is None or "://" in value or value == "random":
-        return value
-    return Path(value).expanduser().absolute().as_uri()
-
-
-def print_result(result: JobResult) -> None:
-    m = result.manifest
-    console.print(f"[green]SUCCESS[/green] {m.job_id}: {m.frames} frames, "
-                  f"{len(m.segments)} segments, {m.width}x{m.height}, "
-                  f"wall {result.timings.wall_s:.2f} s")
-    console.print(f"manifest: {result.manifest_uri}", markup=False)
-    if result.random_weights:
-        console.print('[yellow]random weights[/yellow] (decoder.weights "random"): the '
-                      "frames are noise, not a model's video")
-    if result.cost is not None:
-        console.print(f"cost: {result.cost.summary()}", markup=False)
-
-
-JobIdArg = Annotated[str, typer.Argument(
-    metavar="JOB", help="the job: its job_id, or TENANT:JOB_ID (what submit prints)")]
-TenantOpt = Annotated[Optional[str], typer.Option(
-    metavar="NAME", help="the tenant of a bare job_id (default: 'default')")]
-TimeoutOpt = Annotated[float, typer.Option(
-    metavar="SECONDS", help="give up after this long (exit status 124); 0: no limit")]
-EXITS = ("Exit status: 0 succeeded, 1 an error (unknown job, bad setting), 3 the job failed, "
-         "4 it was cancelled, 69 the broker or result backend does not answer (after "
-         "FRAMEFLEET_WAIT_OUTAGE_S), 124 still running after the timeout, 130 interrupted "
-         "(the job goes on).")
-
-
-def _say(line: str) -> None:
-    note(line, "note")
-
-
-def _wait(handle: JobHandle, timeout: float, progress: bool) -> JobResult:
-    """``handle.wait`` with its notes on stderr; Ctrl-C says the job goes on (exit 130)."""
-    try:
-        with _errors():
-            return handle.wait(timeout=timeout or None, progress=progress,
-                               say=None if progress else _say)
-    except KeyboardInterrupt:
-        fail(f"interrupted: job {handle.key} goes on without you (framefleet wait "
-             f"{handle.key} follows it again; framefleet cancel {handle.key} stops it)",
-             EXIT_INTERRUPTED)
-
-
-@cli.command()
-def submit(
-    input: Annotated[Optional[str], typer.Option(
-        metavar="URI", help="latents (.safetensors or .npy): s3://bucket/key, file:///path, "
-        "or a local path (a path on the workers)")] = None,
-    output: Annotated[Optional[str], typer.Option(
-        metavar="URI", help="output prefix: s3://bucket/prefix, file:///path or a local "
-        "folder; the job writes under PREFIX/TENANT/JOB_ID/")] = None,
-    weights: Annotated[Optional[str], typer.Option(
-        metavar="DIR", help="the decoder's weights: a diffusers-layout folder on the workers "
-        "(config.json + diffusion_pytorch_model.safetensors; a path or file:// URI), or "
-        "'random' (seeded random weights: the video is noise). Required by the Wan "
-        "decoders")] = None,
-    job_id: Annotated[Optional[str], typer.Option(
-        metavar="ID", help="idempotency key (default: job-TIMESTAMP-N)")] = None,
-    tenant: Annotated[str, typer.Option(metavar="NAME", help="tenant (cost reports)")]
-    = "default",
-    decoder: Annotated[str, typer.Option(
-        metavar="NAME", help="wan2.1-vae | wan2.2-vae | pattern")] = "wan2.1-vae",
-    fps: Annotated[Optional[float], typer.Option(
-        metavar="FPS", help="frames per second (default: the decoder's model's: 24 for "
-        "wan2.2-vae, else 16)")] = None,
-    crf: Annotated[int, typer.Option(metavar="N", help="x264 quality, 0-51")] = 20,
-    segment_frames: Annotated[int, typer.Option(metavar="N", help="frames per MP4 segment")]
-    = 48,
-    mode: Annotated[str, typer.Option(metavar="MODE", help="async | sequential")] = "async",
-    priority: Annotated[int, typer.Option(metavar="N", help="0-9, 9 the most urgent")] = 5,
-    spec: Annotated[Optional[Path], typer.Option(
-        metavar="FILE", help="a JobSpec JSON file, instead of the options above")] = None,
-    wait: Annotated[bool, typer.Option(
-        "--wait", help="wait for the job with a progress bar, then print its result (exit "
-        "status as for wait)")] = False,
-    timeout: TimeoutOpt = WAIT_TIMEOUT_S,
-) -> None:
-    """Submit one job; print its key (its job_id, as TENANT:JOB_ID for a tenant other than
-    'default')."""
-    with _errors():
-        if spec is not None:
-            try:
-                text = spec.read_text()
-            except OSError as e:
-                fail(f"--spec: cannot read {spec}: {e.strerror or e}")
-            job = parse_spec(text)
-        else:
-            if input is None or output is None:
-                fail("--input and --output are required without --spec")
-            dec: dict[str, Any] = {"name": decoder}
-            if weights is not None:
-                dec["weights"] = _uri(weights)
-            job = parse_spec({
-                "job_id": job_id or f"job-{time.strftime('%Y%m%d%H%M%S')}-"
-                                    f"{time.time_ns() % 10**6}",
-                "tenant": tenant, "input": {"uri": _uri(input)}, "decoder": dec,
-                "video": {"crf": crf, "segment_frames": segment_frames,
-                          **({"fps": fps} if fps is not None else {})},
-                "output": {"uri": _uri(output)}, "pipeline": {"mode": mode},
-                "priority": priority,
-            })
-        handle = _client().submit(job)
-    console.print(job.key, markup=False)  # what status, wait and cancel take
-    if wait:
-        print_result(_wait(handle, timeout, progress=True))
 
 
 @cli.command()

@@ -27,6 +27,7 @@ from rich.table import Table
 
 from producer.cli.cost_plot import require_matplotlib, write_plot
 from producer.cli.cost_read import parse_duration, read_held, read_results
+from producer.cli.cost_tiers import tier_table, tier_totals
 from producer.cli.output import fail
 from producer.cli.output import tables as console
 from producer.cost import COST_STAGES
@@ -151,6 +152,7 @@ def report(
             "rows": [_row_dict(r) for r in rows],
             "total": _row_dict(total[0]) if total else None,
             "stages": [dataclasses.asdict(r) for r in stage_totals(results)],
+            "tiers": [dataclasses.asdict(r) for r in tier_totals(results)],
             "prices": sorted({s for r in results if r.cost for s in r.cost.prices.sources}),
         }
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
@@ -173,6 +175,9 @@ def report(
     stages = stage_totals(results)
     if stages:
         console.print(_stage_table(stages))
+    tiers = tier_totals(results)
+    if tiers:
+        console.print(tier_table(tiers))
     forgets = "" if source.startswith("ledger") else (
         " (it forgets after FRAMEFLEET_RESULT_EXPIRES_S, and with Redis's data: set "
         "FRAMEFLEET_LEDGER_URI for a durable history)")

@@ -47,12 +47,20 @@ def demo(
     height: Annotated[int, typer.Option(metavar="PIXELS")] = 96,
     out: Annotated[Path, typer.Option(metavar="DIR", help="where the videos go")]
     = Path("demo-out"),
+    generate: Annotated[bool, typer.Option(
+        "--generate", help="a prompt job on a tiny random Wan pipeline (denoise + decode)")]
+    = False,
+    image: Annotated[Optional[Path], typer.Option(
+        metavar="FILE", help="with --generate: an image-to-video job from this PNG/JPEG/WebP")]
+    = None,
+    steps: Annotated[int, typer.Option(metavar="N", help="--generate: denoise steps")] = 4,
 ) -> None:
     """Run one job on the embedded default (no Redis, no S3) and show where the MP4s are.
 
     The Wan decoder runs with random weights: the demo shows the fleet, not a model, so its
-    frames are noise."""
-    from producer.cli.app import print_result
+    frames are noise. ``--generate`` (and ``--image``) runs a prompt (image) job on a tiny
+    random Wan pipeline, whose video is noise too."""
+    from producer.cli.common import print_result
     from producer.cli.demo import run_demo
 
     if decoder not in ("wan2.1-vae", "pattern"):
@@ -61,19 +69,32 @@ def demo(
         below = max(1, frames - (frames - 1) % 4) if frames >= 1 else 1
         fail(f"--frames: {frames} is not 4k+1 (the decoder makes 1 frame from the first latent "
              f"frame and 4 from each next one): use {below} or {below + 4}")
-    if decoder != "pattern":
+    if image is not None and not generate:
+        fail("--image: only with --generate")
+    if image is not None and not image.is_file():
+        fail(f"--image: no such file: {image}")
+    if generate:
+        console.print("demo: a prompt job on a tiny random Wan pipeline (random weights): the "
+                      "video is noise; real videos need a model folder (see the README)",
+                      markup=False)
+    elif decoder != "pattern":
         console.print('demo: random weights (decoder.weights "random"): the frames are noise; '
                       "real videos need a weights folder (see the README)", markup=False)
     with errors():
-        result, wall = run_demo(decoder, frames, out, width, height)
+        try:
+            result, wall = run_demo(decoder, frames, out, width, height, generate=generate,
+                                    image=image, steps=steps)
+        except RuntimeError as e:
+            fail(e)
     print_result(result)
     m = result.manifest
     for seg in m.segments:
         console.print(f"  {seg.uri}  frames {seg.first_frame}-{seg.first_frame + seg.frames - 1}",
                       markup=False)
-    weights = ", random weights" if result.random_weights else ""
+    what = ("tiny random Wan pipeline" if generate else decoder
+            + (", random weights" if result.random_weights else ""))
     console.print(f"demo: {m.frames} frames, {len(m.segments)} segments, "
-                  f"wall {wall:.1f} s ({decoder}{weights}, {m.width}x{m.height})")
+                  f"wall {wall:.1f} s ({what}, {m.width}x{m.height})")
 
 
 def healthcheck(
@@ -84,12 +105,12 @@ def healthcheck(
     it has captured its warm-up sizes (``FRAMEFLEET_WARMUP_DECODER``)."""
     import socket
 
-    from producer.client import Client
+    from producer.cli.common import _client
     from producer.readiness import not_ready
     from producer.settings import get_settings
 
     with errors():
-        replies = Client().ping(timeout=timeout)
+        replies = _client().ping(timeout=timeout)
     host = socket.gethostname()
     names = [name for reply in replies for name in reply]
     if not any(name.endswith(f"@{host}") for name in names):
@@ -140,9 +161,8 @@ def doctor(
 
 def flower(ctx: typer.Context) -> None:
     """Flower dashboard on the fleet's broker: celery -A producer.ops.dashboard flower, with any
-    extra arguments (such as --port=5555) passed on. Listens on FRAMEFLEET_FLOWER_ADDR
-    (127.0.0.1 unless set) and asks for FRAMEFLEET_FLOWER_BASIC_AUTH (user:password) when
-    set."""
+    extra arguments (such as --port=5555) passed on. Listens on 127.0.0.1 unless given
+    --address, and asks for FRAMEFLEET_FLOWER_BASIC_AUTH (user:password) when set."""
     from producer.settings import get_settings
 
     with errors():
@@ -150,7 +170,7 @@ def flower(ctx: typer.Context) -> None:
     env = dict(os.environ)
     args = list(ctx.args)
     if not any(a == "--address" or a.startswith("--address=") for a in args):
-        args.append(f"--address={settings.flower_addr}")
+        args.append("--address=127.0.0.1")  # Flower's own default is every interface
     if settings.flower_basic_auth is not None:
         # In the environment, not on the command line: `ps` shows a command line to anyone.
         env["FLOWER_BASIC_AUTH"] = settings.flower_basic_auth.get_secret_value()

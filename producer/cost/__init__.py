@@ -16,6 +16,7 @@ from producer.cost.model import (
     cost_for_job,
     gpu_usd_per_second,
     job_cost,
+    with_denoise,
     with_stages,
 )
 
@@ -27,5 +28,6 @@ __all__ = [
     "cost_for_job",
     "gpu_usd_per_second",
     "job_cost",
+    "with_denoise",
     "with_stages",
 ]

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from producer.cost.pricing import load_catalog, prices_for
 from producer.settings import get_settings
-from producer.spec import CostReport, JobSpec, Prices, StageCost
+from producer.spec import CostReport, GenerateFacts, JobSpec, Prices, StageCost
 
 #: S3 bills storage per GB-month with GB = 2**30 bytes (AWS's billing unit).
 BYTES_PER_GB = 2**30
@@ -76,14 +76,18 @@ def job_cost(
 
 
 #: The stages a CostReport splits a job into: GPU stages in job order, then S3.
-COST_STAGES = ("text_encode", "denoise", "decode", "s3")
+#: ``adapter_load`` (LoRAs loaded) is listed only when a job spent time on it.
+COST_STAGES = ("adapter_load", "text_encode", "denoise", "decode", "s3")
+#: The GPU stages a job names its seconds of; ``decode`` is the rest of the GPU time.
+NAMED_STAGES = ("adapter_load", "text_encode", "denoise")
 
 
 def with_stages(report: CostReport, seconds: Mapping[str, float]) -> CostReport:
     """``report`` with its ``stages``: what each stage cost and its share of the total.
 
     ``seconds`` gives the GPU-seconds of ``text_encode`` and ``denoise`` (generate jobs; 0 or
-    missing for decode jobs). ``decode`` is the rest of the GPU time the job held: loading,
+    missing for decode jobs), and of ``adapter_load`` when LoRAs were loaded (listed only
+    then). ``decode`` is the rest of the GPU time the job held: loading,
     decoding and the encode/upload tail it waited for. GPU $ is split in proportion to
     seconds; ``s3`` is the PUT $ plus one month of storage. Shares add up to 1 (0 when the
     total is 0). Raises ``ValueError`` for an unknown stage, a negative value, or named
@@ -91,8 +95,8 @@ def with_stages(report: CostReport, seconds: Mapping[str, float]) -> CostReport:
     """
     named = 0.0
     for stage, value in seconds.items():
-        if stage not in COST_STAGES[:2]:
-            raise ValueError(f"stage must be one of {COST_STAGES[:2]}, got {stage!r}")
+        if stage not in NAMED_STAGES:
+            raise ValueError(f"stage must be one of {NAMED_STAGES}, got {stage!r}")
         if not math.isfinite(value) or value < 0:
             raise ValueError(f"{stage} seconds must be a finite number >= 0, got {value!r}")
         named += value
@@ -101,7 +105,7 @@ def with_stages(report: CostReport, seconds: Mapping[str, float]) -> CostReport:
             f"stage seconds ({named:.6f}) exceed the job's GPU seconds ({report.gpu_seconds:.6f})"
         )
     per_second = report.gpu_usd / report.gpu_seconds if report.gpu_seconds > 0 else 0.0
-    gpu = {stage: float(seconds.get(stage, 0.0)) for stage in COST_STAGES[:2]}
+    gpu = {stage: float(seconds.get(stage, 0.0)) for stage in NAMED_STAGES}
     gpu["decode"] = max(0.0, report.gpu_seconds - named)
     usd = {stage: secs * per_second for stage, secs in gpu.items()}
     usd["s3"] = report.s3_put_usd + report.storage_usd_per_month
@@ -109,9 +113,17 @@ def with_stages(report: CostReport, seconds: Mapping[str, float]) -> CostReport:
     stages = tuple(
         StageCost(stage=stage, gpu_seconds=gpu.get(stage, 0.0), usd=usd[stage],
                   share=usd[stage] / total if total > 0 else 0.0)
-        for stage in COST_STAGES
+        for stage in COST_STAGES if stage != "adapter_load" or gpu["adapter_load"] > 0
     )
     return report.model_copy(update={"stages": stages})
+
+
+def with_denoise(report: CostReport, facts: GenerateFacts, denoise_s: float) -> CostReport:
+    """``report`` with a generate job's tier, step cache and GPU-seconds per denoise step."""
+    per_step = denoise_s / facts.steps if facts.steps else None
+    return report.model_copy(update={
+        "tier": facts.tier, "cache": facts.cache, "denoise_steps": facts.steps,
+        "gpu_seconds_per_denoise_step": per_step})
 
 
 @functools.lru_cache(maxsize=1)

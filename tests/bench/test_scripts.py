@@ -32,9 +32,8 @@ def test_gpu_benchmarks_answer_help(script: str) -> None:
 def test_pipeline_runs_on_the_cpu(tmp_path: Path) -> None:
     out = tmp_path / "pipeline.json"
     # diffusers' export needs OpenCV or imageio, which the test extra does not install
-    done = _bench("pipeline.py", "--device", "cpu", "--preset", "tiny", "--sizes", "64x64",
-                  "--frames", "9", "--reps", "1", "--modes", "decode_only,async,sequential",
-                  "--out", str(out))
+    done = _bench("pipeline.py", "--device", "cpu", "--jobs", "tiny:64x64x9", "--reps", "1",
+                  "--modes", "decode_only,async,sequential", "--out", str(out))
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads(out.read_text())
 

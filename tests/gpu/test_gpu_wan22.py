@@ -47,14 +47,20 @@ def fast(vae32: object) -> WanDecoder:
     t0 = time.perf_counter()
     decoder.warmup(H, W)
     print(f"wan2.2 bf16 warm-up (compile + capture) {time.perf_counter() - t0:.1f} s")
-    assert decoder.graphs is not None and decoder.graphs.get(decoder.graph_key(H, W))
+    assert decoder.graphs is not None
+    decoder.graphs.wait(timeout=600)  # and the first-chunk graph, built in the background
+    graph = decoder.graphs.get(decoder.graph_key(H, W))
+    assert graph is not None and graph.first is not None
     return decoder
 
 
+@pytest.mark.xdist_group("wan22-fp32")
 def test_wan22_compiled_fp32_step_equals_eager(vae32: object) -> None:
+    # (steady graph only: the first-chunk graph's fp32 equality is checked on Wan2.1, whose
+    # first chunk runs the same step code; Wan2.2's first graph is checked in bf16 below)
     torch.backends.cudnn.allow_tf32 = False
     try:
-        decoder = WanDecoder(vae32, CUDA, graphs=1)
+        decoder = WanDecoder(vae32, CUDA, graphs=1, first_graph=False)
         decoder.warmup(8, 12)
         assert decoder.graphs is not None and decoder.graphs.get(decoder.graph_key(8, 12))
         z = torch.randn(48, 4, 8, 12, generator=torch.Generator().manual_seed(5))
@@ -71,6 +77,7 @@ def test_wan22_compiled_fp32_step_equals_eager(vae32: object) -> None:
     assert _rel(eager, ref) < 1e-5
 
 
+@pytest.mark.xdist_group("wan22")
 def test_wan22_bf16_within_the_wan21_tolerance_of_fp32(fast: WanDecoder, vae32: object) -> None:
     z = torch.randn(48, 6, H, W, generator=torch.Generator().manual_seed(11))
     torch.backends.cudnn.allow_tf32 = False
@@ -85,8 +92,13 @@ def test_wan22_bf16_within_the_wan21_tolerance_of_fp32(fast: WanDecoder, vae32: 
     assert torch.isfinite(out).all()
     assert rel_fast < 3e-2 and rel_fast <= 1.1 * rel_eager
     assert diff <= 16
+    first_fast, first_eager = _rel(out[:, :1], ref[:, :1]), _rel(eager[:, :1], ref[:, :1])
+    print(f"wan2.2 first frame rel L2 vs fp32: fast {first_fast:.2e}, eager {first_eager:.2e}")
+    # (one frame is a smaller sample than the clip: a looser factor, still far below broken)
+    assert first_fast < 1e-1 and first_fast <= 1.5 * first_eager
 
 
+@pytest.mark.xdist_group("wan22")
 def test_wan22_async_and_sequential_give_identical_frames(fast: WanDecoder,
                                                           tmp_path: Path) -> None:
     z = torch.randn(48, 5, H, W, generator=torch.Generator().manual_seed(9))

@@ -26,10 +26,10 @@ from typing import Any, TypeVar
 
 import boto3
 from botocore.config import Config
-from worker.encode import read_frames_rgb
 
 from producer.client import Client
 from producer.spec import JobResult, Manifest, segment_name
+from worker.pipeline.encode import read_frames_rgb
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]
@@ -197,9 +197,10 @@ class Fleet:
                 lines.append((when, text))
         return lines
 
-    def task_lines(self, service: str, job_id: str, what: str) -> list[datetime]:
-        """When ``service`` logged Celery's ``Task ...[job_id] <what>`` lines."""
-        needle = f"Task {TASK}[{job_id}] {what}"
+    def task_lines(self, service: str, key: str, what: str) -> list[datetime]:
+        """When ``service`` logged Celery's ``Task ...[key] <what>`` lines (the job's key,
+        ``tenant:job_id``, is its task id)."""
+        needle = f"Task {TASK}[{key}] {what}"
         return [t for t, line in self.logs(service) if needle in line]
 
 

@@ -251,21 +251,21 @@ def test_a_worker_killed_mid_job_leaves_it_to_the_other_exactly_once(
         return p is not None and 0 < p.segments_done and p.frames_done < p.frames_total
 
     wait_for(mid_job, 300, f"{job_id} mid-way", interval=0.2)
-    (holder,) = [s for s in WORKERS if fleet.task_lines(s, job_id, "received")]
+    (holder,) = [s for s in WORKERS if fleet.task_lines(s, spec.key, "received")]
     (other,) = set(WORKERS) - {holder}
     # When it dies at once (the whole container, as a host would)
     fleet.docker_run("kill", fleet.container(holder))
     killed = datetime.now(UTC)
     # Then the other worker's sweep delivers it again, and that worker finishes it
-    received = wait_for(lambda: fleet.task_lines(other, job_id, "received"), REDELIVERY_LIMIT_S,
+    received = wait_for(lambda: fleet.task_lines(other, spec.key, "received"), REDELIVERY_LIMIT_S,
                         f"{job_id} delivered again to {other}", interval=1)
     delay = (received[0] - killed).total_seconds()
     result = handle.wait(timeout=600)
     assert result.worker.node == WORKERS[other] and not result.reused
     # exactly once: one success, on the survivor; the dead one never finished it
-    assert len(fleet.task_lines(other, job_id, "succeeded")) == 1
-    assert fleet.task_lines(holder, job_id, "succeeded") == []
-    assert len(fleet.task_lines(holder, job_id, "received")) == 1
+    assert len(fleet.task_lines(other, spec.key, "succeeded")) == 1
+    assert fleet.task_lines(holder, spec.key, "succeeded") == []
+    assert len(fleet.task_lines(holder, spec.key, "received")) == 1
     frames = read_back(s3, result, tmp_path)
     frames_total = 1 + 4 * (LONG[1] - 1)
     assert [read_frame_index(f) for seg in frames for f in seg] == list(range(frames_total))

@@ -139,8 +139,11 @@ def test_observe_job_is_scraped_with_its_values(metrics_port: int) -> None:
     assert delta("framefleet_job_wall_seconds_bucket", le="20.0") == 1
     assert delta("framefleet_job_wall_seconds_bucket", le="10.0") == 0
     for stage, seconds in [("load", 0.2), ("decode", 9.5), ("encode", 1.5), ("upload", 0.3)]:
-        assert delta("framefleet_stage_seconds_count", stage=stage) == 1
-        assert delta("framefleet_stage_seconds_sum", stage=stage) == pytest.approx(seconds)
+        # a decode job's stages: tier and cache "none"
+        assert delta("framefleet_stage_seconds_count", stage=stage, tier="none",
+                     cache="none") == 1
+        assert delta("framefleet_stage_seconds_sum", stage=stage, tier="none",
+                     cache="none") == pytest.approx(seconds)
     assert value(after, "framefleet_gpu_busy_ratio", device="cuda:0") == 0.97
     price = {"instance_type": "g7e.2xlarge", "capacity": "on-demand"}
     assert value(after, "framefleet_gpu_cost_usd_per_hour", **price) == 3.36

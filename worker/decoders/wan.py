@@ -8,8 +8,9 @@ diffusers' own ``_decode`` runs the decoder per latent frame with a causal featu
 concatenates everything into one video tensor: memory grows with video length. ``stream``
 yields each chunk instead, so the pipeline can post-process, copy and encode chunk i while
 chunk i+1 decodes, and memory stays flat. Chunks come from ``WanStep`` (the same decoder as a
-pure function of its history); on CUDA every chunk after the first replays a compiled, captured
-graph once one exists for the size (``wan_graph``), else runs eagerly.
+pure function of its history); on CUDA every chunk replays a compiled, captured graph once one
+exists for the size (``wan_graph``: the steady chunks' graph first, the first chunk's graph
+built in the background after it), else runs eagerly.
 """
 
 from __future__ import annotations
@@ -106,9 +107,11 @@ class WanDecoder:
 
     def __init__(
         self, vae: Any, device: torch.device | str = "cpu", tiled: bool = False,
-        graphs: int = 0,
+        graphs: int = 0, first_graph: bool = True,
     ) -> None:
-        """``graphs``: compiled steady-state chunk graphs kept (CUDA only; 0: always eager)."""
+        """``graphs``: compiled steady-state chunk graphs kept (CUDA only; 0: always eager);
+        ``first_graph``: each size's first chunk gets a graph too (built in the background
+        once the steady one exists)."""
         self.device = torch.device(device)
         self.vae = vae.to(self.device)
         self.dtype: torch.dtype = next(self.vae.parameters()).dtype
@@ -119,7 +122,8 @@ class WanDecoder:
         self.step = WanStep(self.vae) if supports(self.vae) else None
         self.graphs: ChunkGraphs | None = None
         if self.step is not None and self.device.type == "cuda" and graphs > 0:
-            self.graphs = ChunkGraphs.for_vae(self.vae, self.device, capacity=graphs)
+            self.graphs = ChunkGraphs.for_vae(self.vae, self.device, capacity=graphs,
+                                              first_chunk=first_graph)
 
     def with_tiling(self) -> WanDecoder:
         """The same model decoding in overlapping spatial tiles (diffusers' tile sizes): the
@@ -132,7 +136,8 @@ class WanDecoder:
 
     def warmup(self, latent_h: int, latent_w: int) -> None:
         """(CUDA) compile and capture the steady-state graph for this size, then one short
-        decode through it, so the first job pays no first-call costs."""
+        decode through it, so the first job pays no first-call costs. The first chunk's graph
+        is left building in the background (``graphs.wait()`` waits for it)."""
         if self.graphs is not None:
             self.graphs.prepare(self.graph_key(latent_h, latent_w))
         z = torch.randn((self.latent_channels, 2, latent_h, latent_w))
@@ -151,17 +156,22 @@ class WanDecoder:
     def _stream(self, latents: torch.Tensor) -> Iterator[torch.Tensor]:
         assert self.step is not None
         z = latents.to(self.device, self.dtype, non_blocking=True).unsqueeze(0)
-        out, caches = self.step(z[:, :, :1])
-        yield out[0]
         graph = None
-        if self.graphs is not None and z.shape[2] > 1:
+        if self.graphs is not None:
             key = self.graph_key(z.shape[3], z.shape[4])
             graph = self.graphs.get(key)
-            if graph is None:
+            if graph is None and z.shape[2] > 1:
                 self.graphs.prepare_later(key)  # this job stays eager; later ones replay
+        first = graph.first if graph is not None else None  # read once: built meanwhile
+        if graph is not None and first is not None:
+            yield first.step(z[:, :, :1])[0]  # its history lands in the steady graph
+        else:
+            out, caches = self.step(z[:, :, :1])
+            yield out[0]
+            if graph is not None and z.shape[2] > 1:
+                graph.load(caches)
+                del caches
         if graph is not None:
-            graph.load(caches)
-            del caches
             for i in range(1, z.shape[2]):
                 yield graph.step(z[:, :, i : i + 1])[0]
             return

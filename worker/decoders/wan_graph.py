@@ -14,6 +14,13 @@ Graphs are built at worker warm-up (``prepare``) or, for a size first seen in a 
 background thread while that job decodes eagerly (``prepare_later``): a new resolution never
 stalls a job on compilation. At most ``capacity`` graphs are kept (least recently used goes);
 each holds its own memory pool, about one eager chunk's working set.
+
+The first chunk of a job (no history, one frame out) has other shapes: with ``first_chunk``
+it gets a graph of its own, compiled and captured in the background once the steady graph of
+its size exists (never delaying a steady build, so never the worker's readiness). It writes the
+history straight into the steady graph's inputs and shares that graph's memory pool (the two
+are replayed one after the other on one stream, never at once). Until it exists, a job's first
+chunk runs eagerly and its history is copied in (``load``).
 """
 
 from __future__ import annotations
@@ -24,54 +31,24 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from worker.decoders.wan_step import CACHE_T, Caches, WanStep, set_memory_format
+from worker.decoders.wan_capture import (
+    ChunkGraph,
+    Key,
+    advance_fn,
+    capture,
+    first_chunk_fn,
+    static_latent,
+    steady_caches,
+)
+from worker.decoders.wan_step import Caches, WanStep, set_memory_format
+
+__all__ = ["TUNING", "ChunkGraph", "ChunkGraphs", "Key", "steady_caches"]
 
 log = logging.getLogger(__name__)
-
-#: (batch, latent channels, latent h, latent w, dtype)
-Key = tuple[int, int, int, int, torch.dtype]
-
-
-@dataclass
-class ChunkGraph:
-    """One captured steady-state chunk: copy a latent frame in, replay, read ``out``."""
-
-    graph: torch.cuda.CUDAGraph
-    z: torch.Tensor
-    caches: Caches
-    out: torch.Tensor
-    build_s: float
-    #: seconds of the build's parts: ``history`` (the eager first chunk giving the history's
-    #: shapes), ``compile`` (first compiled call: tracing, compiling or loading from the
-    #: compile cache, cuDNN's algorithm search), ``warm`` (two more calls), ``capture``
-    phases: dict[str, float] = field(default_factory=dict)
-
-    def load(self, caches: Caches) -> None:
-        """Start from the history the (eager) first chunk left."""
-        for static, c in zip(self.caches, caches, strict=True):
-            static.copy_(c)
-
-    def step(self, z: torch.Tensor) -> torch.Tensor:
-        self.z.copy_(z)
-        self.graph.replay()
-        return self.out
-
-
-def steady_caches(step: WanStep, key: Key, device: torch.device,
-                  memory_format: torch.memory_format) -> Caches:
-    """History tensors of the right shapes for ``key``: one eager first chunk on zeros."""
-    b, c, h, w, dtype = key
-    z = torch.zeros((b, c, 1, h, w), device=device, dtype=dtype)
-    with torch.inference_mode():
-        _, caches = step(z.contiguous(memory_format=memory_format))
-    assert all(t.shape[2] == CACHE_T for t in caches)
-    return caches
-
 
 class ChunkGraphs:
     """Compiled + captured steady-state chunks of one ``WanStep``, per ``Key``, bounded."""
@@ -80,16 +57,20 @@ class ChunkGraphs:
         self, step: WanStep, device: torch.device, *, capacity: int = 2, compile: bool = True,
         memory_format: torch.memory_format = torch.contiguous_format,
         options: dict[str, Any] | None = None, fused_history: bool = False,
+        first_chunk: bool = False,
     ) -> None:
         """``options``: inductor options (``torch.compile(options=...)``); ``fused_history``:
         the compiled code writes the next history into the graph's inputs itself (one pass,
-        fused with its producers) instead of a copy after the step."""
+        fused with its producers) instead of a copy after the step; ``first_chunk``: also
+        build each size's first-chunk graph, in the background, once its steady graph exists."""
         self.step = step
         self.device = device
         self.capacity = capacity
         self.memory_format = memory_format
         self.fused_history = fused_history
-        self._fn: Callable[..., Any] = _advance(step) if fused_history else step.__call__
+        self.first_chunk = first_chunk
+        self._fn: Callable[..., Any] = advance_fn(step) if fused_history else step.__call__
+        self._first_fn: Callable[[torch.Tensor, Caches], torch.Tensor] = first_chunk_fn(step)
         if compile:
             # Every (size, dtype, decoder) compiled is one more dynamo cache entry on the one
             # WanStep code object, and dynamo keeps entries after their graph is evicted: past
@@ -101,12 +82,18 @@ class ChunkGraphs:
             torch.backends.cudnn.benchmark = True
             self._fn = torch.compile(self._fn, fullgraph=True, dynamic=False,
                                      options=dict(options or {}) or None)
+            self._first_fn = torch.compile(self._first_fn, fullgraph=True, dynamic=False,
+                                           options=dict(options or {}) or None)
         self._graphs: OrderedDict[Key, ChunkGraph] = OrderedDict()
         self._failed: set[Key] = set()
         self._pending: set[Key] = set()
+        self._first_failed: set[Key] = set()
+        self._first_pending: set[Key] = set()
         self._builders: list[threading.Thread] = []
-        self._lock = threading.Lock()  # guards the dicts and sets above
+        self._lock = threading.Lock()  # guards the dicts and sets above and the counters
         self._build_lock = threading.Lock()  # one compile/capture at a time
+        self._steady_asked = 0  # steady builds waiting for or holding the build lock
+        self._steady_done_at = 0.0  # monotonic time the last steady build ended
         self._side: torch.cuda.Stream | None = None  # builds' own stream, made once
 
     @classmethod
@@ -135,6 +122,19 @@ class ChunkGraphs:
         """
         if self.capacity <= 0:
             return None
+        with self._lock:
+            self._steady_asked += 1
+        try:
+            graph = self._prepare_steady(key)
+        finally:
+            with self._lock:
+                self._steady_asked -= 1
+                self._steady_done_at = time.monotonic()
+        if graph is not None and self.first_chunk:
+            self._first_later(key)
+        return graph
+
+    def _prepare_steady(self, key: Key) -> ChunkGraph | None:
         with self._build_lock:
             if key in self._failed:
                 return None
@@ -171,16 +171,80 @@ class ChunkGraphs:
                 with self._lock:
                     self._pending.discard(key)
 
-        thread = threading.Thread(target=build, name=f"decode-graph-{key[2]}x{key[3]}",
-                                  daemon=True)
-        thread.start()
-        self._builders.append(thread)
+        return self._start(build, f"decode-graph-{key[2]}x{key[3]}")
+
+    def _start(self, target: Callable[[], None], name: str) -> threading.Thread:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        with self._lock:  # started under the lock: ``wait`` never sees it not yet alive
+            self._builders = [t for t in self._builders if t.is_alive()]
+            thread.start()
+            self._builders.append(thread)
         return thread
 
     def wait(self, timeout: float | None = None) -> None:
-        """Until the background builds started so far are done (tests, benchmarks)."""
-        for thread in list(self._builders):
-            thread.join(timeout)
+        """Until every background build is done, first-chunk graphs included (tests,
+        benchmarks); ``timeout``: seconds in all."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._lock:
+                alive = [t for t in self._builders if t.is_alive()]
+            if not alive:
+                return
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return
+            alive[0].join(left)
+
+    def _first_later(self, key: Key) -> threading.Thread | None:
+        """Build ``key``'s first-chunk graph in the background (once per key)."""
+        with self._lock:
+            graph = self._graphs.get(key)
+            if graph is None or graph.first is not None or key in self._first_pending \
+                    or key in self._first_failed:
+                return None
+            self._first_pending.add(key)
+
+        def build() -> None:
+            try:
+                self._build_first(key)
+            finally:
+                with self._lock:
+                    self._first_pending.discard(key)
+
+        return self._start(build, f"decode-first-graph-{key[2]}x{key[3]}")
+
+    #: Seconds a first-chunk build waits after the last steady build: a warm-up of several
+    #: sizes asks for the next steady graph right after the previous one, and that one must
+    #: not queue behind a first-chunk compile (it decides when the worker is ready).
+    SETTLE_S = 2.0
+
+    def _build_first(self, key: Key) -> None:
+        while True:
+            with self._lock:
+                wait = self._steady_asked > 0 or \
+                    time.monotonic() - self._steady_done_at < self.SETTLE_S
+            if wait:
+                time.sleep(0.1)
+                continue
+            with self._build_lock:
+                with self._lock:
+                    if self._steady_asked > 0:
+                        continue  # a steady build asked meanwhile: it goes first
+                    graph = self._graphs.get(key)
+                if graph is None:  # evicted meanwhile
+                    return
+                t0 = time.perf_counter()
+                try:
+                    first = self._capture_first(key, graph)
+                except Exception:  # an optimisation: the eager first chunk stays correct
+                    log.exception("first-chunk graph for %s not captured; it stays eager", key)
+                    with self._lock:
+                        self._first_failed.add(key)
+                    return
+                first.build_s = time.perf_counter() - t0
+                log.info("first-chunk graph for %s built in %.1f s", key, first.build_s)
+                graph.first = first  # one reference assignment: a job reads it once
+                return
 
     def _capture(self, key: Key) -> ChunkGraph:
         # All of it on a stream of its own: a background build must not queue behind (or
@@ -190,39 +254,27 @@ class ChunkGraphs:
             self._side = torch.cuda.Stream(self.device)
         side = self._side
         side.wait_stream(torch.cuda.current_stream(self.device))
-        b, c, h, w, dtype = key
-        phases: dict[str, float] = {}
         t = time.perf_counter()
         with torch.cuda.stream(side):
             caches = steady_caches(self.step, key, self.device, self.memory_format)
-            z = torch.zeros((b, c, 1, h, w), device=self.device, dtype=dtype) \
-                .contiguous(memory_format=self.memory_format)
+            z = static_latent(key, self.device, self.memory_format)
         side.synchronize()
-        phases["history"], t = time.perf_counter() - t, time.perf_counter()
-        with torch.inference_mode(), torch.cuda.stream(side):
-            # Compilation, autotuning and cuDNN's algorithm search happen here, outside
-            # the capture (none of them may run while capturing).
-            for i in range(3):
-                self._run(z, caches)
-                if i == 0:
-                    side.synchronize()
-                    phases["compile"], t = time.perf_counter() - t, time.perf_counter()
-        side.synchronize()
-        phases["warm"], t = time.perf_counter() - t, time.perf_counter()
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: the job decoding eagerly on another thread meanwhile may allocate
-        # (cudaMalloc) without invalidating this capture; the allocator sends only this
-        # stream's allocations to the graph's pool.
-        with torch.inference_mode(), torch.cuda.graph(graph, stream=side,
-                                                      capture_error_mode="thread_local"):
-            out = self._run(z, caches)
-        side.synchronize()
-        phases["capture"] = time.perf_counter() - t
-        # The warm-up runs' working set (about one eager chunk) sits cached on the build
-        # stream, where the job's compute stream can never reuse it: give it back. The
-        # graph's own pool is held by the graph and stays.
-        torch.cuda.empty_cache()
-        return ChunkGraph(graph, z, caches, out, 0.0, phases)
+        history = time.perf_counter() - t
+        graph, out, phases = capture(self._run, z, caches, side)
+        return ChunkGraph(graph, z, caches, out, 0.0, {"history": history, **phases})
+
+    def _capture_first(self, key: Key, steady: ChunkGraph) -> ChunkGraph:
+        """The first chunk at ``key``, captured into ``steady``'s pool, writing its history
+        into ``steady.caches``. A job may be replaying ``steady`` meanwhile: the compiled
+        calls before the capture write a scratch history (a capture itself runs nothing)."""
+        side = self._side
+        assert side is not None, "the steady graph's build made the stream"
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            z = static_latent(key, self.device, self.memory_format)
+        graph, out, phases = capture(self._first_fn, z, steady.caches, side, scratch=True,
+                                     pool=steady.graph.pool())
+        return ChunkGraph(graph, z, steady.caches, out, 0.0, phases)
 
     def _run(self, z: torch.Tensor, caches: Caches) -> torch.Tensor:
         """One steady chunk that leaves the next history in ``caches``."""
@@ -235,23 +287,10 @@ class ChunkGraphs:
         return out
 
 
-def _advance(step: WanStep) -> Callable[[torch.Tensor, Caches], torch.Tensor]:
-    """``step`` that writes the new history into ``caches`` in place and returns the frames:
-    compiled, the history is written straight from the kernels that produce it."""
-
-    def advance(z: torch.Tensor, caches: Caches) -> torch.Tensor:
-        out, new = step(z, caches)
-        for static, fresh in zip(caches, new, strict=True):
-            static.copy_(fresh)
-        return out
-
-    return advance
-
-
 #: Settings of the worker's graphs (measured on an H200: bench/results/decode-notes.md): the
 #: sub-pixel upsample convs (Wan2.2 at 1280x704: 3.499 → 3.322 s a clip) and the history
 #: written by the compiled code (3.322 → 3.306 s).
-TUNING: dict[str, Any] = {"subpixel": True, "fused_history": True}
+TUNING: dict[str, Any] = {"subpixel": True, "fused_history": True, "first_chunk": True}
 
 
 class _DecoderWeights(torch.nn.Module):

@@ -25,6 +25,7 @@ size, ``DupUp3D``, and 2×2 patching of the output, undone inside the step).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -74,7 +75,10 @@ class WanStep:
         self, z: torch.Tensor, caches: Sequence[torch.Tensor] | None = None
     ) -> tuple[torch.Tensor, Caches]:
         first = caches is None
-        history: Iterator[torch.Tensor | None] = iter(caches) if caches is not None else _nones()
+        # itertools.repeat, not a generator: dynamo traces it in every torch this runs on (the
+        # compiled first chunk passes no history).
+        history: Iterator[torch.Tensor | None] = (
+            iter(caches) if caches is not None else itertools.repeat(None))
         new: Caches = []
         dec = self.decoder
         x = _conv(self.post_quant_conv, z)
@@ -196,11 +200,6 @@ def _unpatchify(x: torch.Tensor, p: int) -> torch.Tensor:
     b, cp, t, h, w = x.shape
     x = x.reshape(b, cp // (p * p), p, p, t, h, w).permute(0, 1, 4, 5, 3, 6, 2)
     return x.reshape(b, cp // (p * p), t, h * p, w * p)
-
-
-def _nones() -> Iterator[None]:
-    while True:
-        yield None
 
 
 def _format(x: torch.Tensor) -> torch.memory_format:

@@ -6,6 +6,11 @@ seconds to minutes, a job should not pay it. Entries are charged the bytes of th
 buffers on the device; beyond ``budget_bytes`` the least recently used are dropped. A model
 alone larger than the budget is refused (a fatal error naming ``generate.model``).
 
+Entries are keyed on the folder, the dtype and the tier (``worker.generate.tiers``): an fp8
+copy and an exact copy of one model are two residents under the one budget, and a job gets the
+copy of its own tier, never the other. On CUDA each resident's transformer blocks are compiled
+(``FRAMEFLEET_COMPILED_SIZES`` sizes at most per resident).
+
 With ``offload_text_encoder`` the text encoder (UMT5-XXL: 5.7 B parameters, 11.4 GB in bf16)
 lives on the host between jobs and is charged nothing: a job moves it to the GPU to encode
 its prompt and back afterwards (``worker/generate/text.py``). The decoder of a generate job
@@ -26,6 +31,7 @@ from typing import Any
 import torch
 
 from producer.errors import InvalidJobError
+from worker.generate.tiers import allow_recompiles, prepare
 
 log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -35,6 +41,16 @@ def module_bytes(module: Any) -> int:
     """Bytes of a module's parameters and buffers."""
     tensors = [*module.parameters(), *module.buffers()]
     return sum(t.numel() * t.element_size() for t in tensors)
+
+
+#: A resident's key: its folder, dtype and tier.
+Key = tuple[str, torch.dtype, str]
+
+
+def device_modules(pipe: Any) -> list[Any]:
+    """The components that live on the worker's device (the text encoder aside)."""
+    names = ("transformer", "transformer_2", "vae", "image_encoder")
+    return [m for m in (getattr(pipe, n, None) for n in names) if m is not None]
 
 
 @dataclass
@@ -47,21 +63,31 @@ class Resident:
     bytes: int
     text_on_host: bool
     load_s: float
+    tier: str = "exact"
+    compiled: bool = False  # the transformer's blocks are compiled (CUDA)
+    sizes: list[Any] = field(default_factory=list)  # the sizes compiled so far, oldest first
+    prepare_s: float = 0.0  # quantising and wrapping for compile (not compiling: first use)
+    adapters: Any = None  # worker.generate.adapters.Adapters, once a job named a LoRA
     decoders: dict[bool, Any] = field(default_factory=dict)  # tiled? → decoder over pipe.vae
 
 
 class ModelCache:
-    """``get(folder, dtype)`` → a resident pipeline; LRU under a byte budget."""
+    """``get(folder, dtype, tier)`` → a resident pipeline; LRU under a byte budget."""
 
     def __init__(
         self, device: torch.device, budget_bytes: int, offload_text_encoder: bool = False,
-        graphs: int = 0,
+        graphs: int = 0, compiled_sizes: int = 0,
     ) -> None:
+        """``compiled_sizes``: sizes each resident's transformer keeps compiled (CUDA only;
+        0: the transformer always runs eager)."""
         self.device = device
         self.budget_bytes = budget_bytes
         self.offload_text_encoder = offload_text_encoder
         self.graphs = graphs
-        self._entries: OrderedDict[tuple[str, torch.dtype], Resident] = OrderedDict()
+        self.compiled_sizes = compiled_sizes if device.type == "cuda" else 0
+        if self.compiled_sizes:
+            allow_recompiles(self.compiled_sizes)
+        self._entries: OrderedDict[Key, Resident] = OrderedDict()
         self._lock = threading.Lock()
 
     def resolve_dtype(self, name: str) -> torch.dtype:
@@ -73,28 +99,41 @@ class ModelCache:
     def resident_bytes(self) -> int:
         return sum(e.bytes for e in self._entries.values())
 
-    def keys(self) -> list[tuple[str, torch.dtype]]:
+    def keys(self) -> list[Key]:
+        """(folder, dtype, tier) of the residents, least recently used first."""
         return list(self._entries)
 
-    def get(self, folder: Path, dtype: torch.dtype) -> Resident:
-        key = (str(folder), dtype)
+    def get(self, folder: Path, dtype: torch.dtype, tier: str = "exact",
+            pipeline: str = "WanPipeline") -> Resident:
+        key = (str(folder), dtype, tier)
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None:
                 self._entries.move_to_end(key)
                 return entry
-            entry = self._load(folder, dtype)
+            entry = self._load(folder, dtype, pipeline)
+            self._prepare(entry, tier)
             self._admit(key, entry)
             return entry
 
-    def adopt(self, folder: Path, pipe: Any) -> Resident:
-        """Make an already built pipeline the resident model of ``folder`` (benchmarks build
-        random-weight pipelines on the GPU and write only their configs to ``folder``)."""
+    def adopt(self, folder: Path, pipe: Any, tier: str = "exact") -> Resident:
+        """Make an already built pipeline the resident model of ``folder`` at ``tier``
+        (benchmarks build random-weight pipelines on the GPU and write only their configs to
+        ``folder``). The pipeline's transformers are quantised and compiled in place."""
         dtype = pipe.transformer.dtype if pipe.transformer is not None else torch.float32
         entry = self._resident(pipe, folder, dtype, 0.0)
+        self._prepare(entry, tier)
         with self._lock:
-            self._admit((str(folder), dtype), entry)
+            self._admit((str(folder), dtype, tier), entry)
         return entry
+
+    def _prepare(self, entry: Resident, tier: str) -> None:
+        t0 = time.perf_counter()
+        entry.tier = tier
+        entry.compiled = prepare(entry.pipe, tier, compile=self.compiled_sizes > 0)
+        entry.prepare_s = time.perf_counter() - t0
+        if tier != "exact":  # quantised: charge what the device holds now
+            entry.bytes = self._charge(entry.pipe, entry.text_on_host)
 
     def evict_others(self, keep: Resident) -> None:
         """Drop every model but ``keep``: the smaller working set after an out-of-memory."""
@@ -103,7 +142,7 @@ class ModelCache:
                 del self._entries[key]
         self._release()
 
-    def _admit(self, key: tuple[str, torch.dtype], entry: Resident) -> None:
+    def _admit(self, key: Key, entry: Resident) -> None:
         if entry.bytes > self.budget_bytes:
             raise InvalidJobError(
                 f"generate.model: {entry.folder} needs {entry.bytes / 2**30:.1f} GiB, over the "
@@ -124,30 +163,31 @@ class ModelCache:
         if self.device.type == "cuda" and torch.cuda.is_initialized():
             torch.cuda.empty_cache()
 
-    def _load(self, folder: Path, dtype: torch.dtype) -> Resident:
-        from diffusers import WanPipeline
+    def _load(self, folder: Path, dtype: torch.dtype, pipeline: str) -> Resident:
+        import diffusers
 
         t0 = time.perf_counter()
         try:
-            pipe = WanPipeline.from_pretrained(str(folder), torch_dtype=dtype)
+            pipe = getattr(diffusers, pipeline).from_pretrained(str(folder), torch_dtype=dtype)
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise InvalidJobError(f"generate.model: cannot load {folder}: {e}") from e
         return self._resident(pipe, folder, dtype, time.perf_counter() - t0)
 
     def _resident(self, pipe: Any, folder: Path, dtype: torch.dtype, load_s: float) -> Resident:
         pipe.set_progress_bar_config(disable=True)
-        on_device = [pipe.transformer, pipe.transformer_2, pipe.vae]
-        for module in on_device:
-            if module is not None:
-                module.to(self.device)
+        for module in device_modules(pipe):
+            module.to(self.device)
         host = self.offload_text_encoder and self.device.type == "cuda"
         pipe.text_encoder.to("cpu" if host else self.device)
-        size = sum(module_bytes(m) for m in on_device if m is not None)
-        if not host:
-            size += module_bytes(pipe.text_encoder)
+        size = self._charge(pipe, host)
         log.info("model cache: %s resident (%.1f GiB on %s, text encoder on %s) in %.1f s",
                  folder, size / 2**30, self.device, "cpu" if host else self.device, load_s)
         return Resident(pipe, folder, dtype, size, host, load_s)
+
+    @staticmethod
+    def _charge(pipe: Any, text_on_host: bool) -> int:
+        size = sum(module_bytes(m) for m in device_modules(pipe))
+        return size if text_on_host else size + module_bytes(pipe.text_encoder)
 
     def decoder(self, entry: Resident, tiled: bool = False) -> Any:
         """The streamed decoder over the pipeline's own VAE (built once per model)."""

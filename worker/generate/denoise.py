@@ -17,24 +17,31 @@ from producer.spec import GenerateSpec
 from worker.generate.folder import ModelInfo
 
 
-def job_pipeline(pipe: Any, gen: GenerateSpec, info: ModelInfo) -> Any:
-    """A ``WanPipeline`` over the resident components, with this job's scheduler and boundary.
+def job_pipeline(pipe: Any, gen: GenerateSpec, info: ModelInfo, i2v: bool = False) -> Any:
+    """A ``WanPipeline`` (``i2v``: a ``WanImageToVideoPipeline``) over the resident
+    components, with this job's scheduler and boundary.
 
     The resident pipeline is never mutated: a scheduler carries per-run state, and two jobs
     with different flow shifts must not see each other's.
     """
-    from diffusers import WanPipeline
+    from diffusers import WanImageToVideoPipeline, WanPipeline
 
     overrides = {}
     if gen.flow_shift is not None and info.shift_key is not None:
         overrides[info.shift_key] = gen.flow_shift
     scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config, **overrides)
     boundary = gen.boundary_ratio if gen.boundary_ratio is not None else pipe.config.boundary_ratio
-    run: Any = WanPipeline(
+    parts: dict[str, Any] = dict(
         tokenizer=pipe.tokenizer, text_encoder=pipe.text_encoder, vae=pipe.vae,
         scheduler=scheduler, transformer=pipe.transformer, transformer_2=pipe.transformer_2,
         boundary_ratio=boundary, expand_timesteps=pipe.config.expand_timesteps,
     )
+    if i2v:  # Wan2.1 I2V's CLIP image encoder, where the model has one
+        run: Any = WanImageToVideoPipeline(
+            **parts, image_encoder=getattr(pipe, "image_encoder", None),
+            image_processor=getattr(pipe, "image_processor", None))
+    else:
+        run = WanPipeline(**parts)
     run.set_progress_bar_config(disable=True)
     return run
 
@@ -49,10 +56,13 @@ def denoise(
     pipe: Any, gen: GenerateSpec, info: ModelInfo,
     positive: torch.Tensor, negative: torch.Tensor | None,
     step: Callable[[int, int], None], cancelled: Callable[[], bool],
+    images: dict[str, Any] | None = None,
 ) -> tuple[torch.Tensor, bool]:
     """Run the loop; returns (latents (1, C, T, h, w) normalised as the transformer sees them,
-    whether it was cancelled). ``step(done, total)`` is called after every step."""
-    run = job_pipeline(pipe, gen, info)
+    whether it was cancelled). ``step(done, total)`` is called after every step. ``images``
+    (``image``, ``last_image``: sized PIL images) make it diffusers' image-to-video call."""
+    images = images or {}
+    run = job_pipeline(pipe, gen, info, i2v="image" in images)
     stopped = False
 
     def on_step_end(p: Any, i: int, t: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -78,5 +88,6 @@ def denoise(
         return_dict=False,
         callback_on_step_end=on_step_end,
         callback_on_step_end_tensor_inputs=[],
+        **images,
     )[0]
     return latents, stopped

@@ -18,8 +18,9 @@ from producer.settings import Settings
 from producer.spec import GenerateSpec
 from worker.inputs.paths import local_folder
 
-#: Pipelines a generate job runs (text to video). Image-to-video needs an image input.
-PIPELINES = ("WanPipeline",)
+#: Pipelines a generate job runs: text to video (and, for Wan2.2 TI2V, image to video), and
+#: image to video (Wan2.1 I2V 14B with its CLIP image encoder, Wan2.2 I2V A14B).
+PIPELINES = ("WanPipeline", "WanImageToVideoPipeline")
 
 
 def model_folder(uri: str, settings: Settings | None = None) -> Path:
@@ -78,6 +79,13 @@ class ModelInfo:
     boundary_ratio: float | None
     expand_timesteps: bool  # Wan2.2 TI2V
     shift_key: str | None  # the scheduler's flow-shift option, None if it has none
+    #: how it conditions on an image: none (T2V), "first_frame" (TI2V: the first latent
+    #: frame, expand_timesteps) or "channels" (I2V: mask + image latents beside the noise)
+    image_input: str = "none"
+    image_encoder: bool = False  # Wan2.1 I2V: CLIP image embeddings (image_dim)
+    #: a last frame too: image channels, and CLIP embeddings of two images where it has them
+    #: (FLF2V's pos_embed_seq_len); Wan2.1 I2V's encoder takes one image
+    last_frame: bool = False
 
     @property
     def size_multiple(self) -> tuple[int, int]:
@@ -91,8 +99,7 @@ def read_model(path: Path) -> ModelInfo:
     pipeline = str(index.get("_class_name"))
     if pipeline not in PIPELINES:
         raise InvalidJobError(
-            f"generate.model: {path} is a {pipeline}; generate runs {', '.join(PIPELINES)} "
-            "(text to video)"
+            f"generate.model: {path} is a {pipeline}; generate runs {', '.join(PIPELINES)}"
         )
     listed = [n for n in ("transformer", "transformer_2") if _component(index, n)]
     experts = [n for n in listed if (path / n / "config.json").is_file()]
@@ -108,6 +115,20 @@ def read_model(path: Path) -> ModelInfo:
     patch = transformer.get("patch_size") or (1, 2, 2)
     shift_key = next((k for k in ("flow_shift", "shift") if k in scheduler), None)
     ratio = index.get("boundary_ratio")
+    expand = bool(index.get("expand_timesteps", False))
+    image_input = "first_frame" if expand else "none"
+    if pipeline == "WanImageToVideoPipeline" and not expand:
+        image_input = "channels"
+        z_dim = int(vae.get("z_dim", 16))
+        if int(transformer.get("in_channels", 0)) != 2 * z_dim + 4:
+            raise InvalidJobError(
+                f"generate.model: {path}: an image-to-video transformer takes {2 * z_dim + 4} "
+                f"input channels (noise, mask, image), its config says "
+                f"{transformer.get('in_channels')}")
+    encoder = transformer.get("image_dim") is not None
+    if encoder and not all(_component(index, n) for n in ("image_encoder", "image_processor")):
+        raise InvalidJobError(f"generate.model: {path}: its transformer takes CLIP image "
+                              "embeddings, but image_encoder or image_processor is missing")
     return ModelInfo(
         path=path,
         pipeline=pipeline,
@@ -116,8 +137,12 @@ def read_model(path: Path) -> ModelInfo:
         patch=(int(patch[1]), int(patch[2])),
         experts=len(experts),
         boundary_ratio=None if ratio is None else float(ratio),
-        expand_timesteps=bool(index.get("expand_timesteps", False)),
+        expand_timesteps=expand,
         shift_key=shift_key,
+        image_input=image_input,
+        image_encoder=encoder,
+        last_frame=image_input == "channels" and (
+            not encoder or transformer.get("pos_embed_seq_len") is not None),
     )
 
 
@@ -159,3 +184,26 @@ def check_request(gen: GenerateSpec, info: ModelInfo, settings: Settings) -> Non
             )
     if gen.flow_shift is not None and info.shift_key is None:
         raise InvalidJobError("generate.flow_shift: this model's scheduler has no flow shift")
+    check_inputs(gen, info, settings)
+
+
+def check_inputs(gen: GenerateSpec, info: ModelInfo, settings: Settings) -> None:
+    """The image and the LoRAs against what the model can take."""
+    if gen.image is not None and info.image_input == "none":
+        raise InvalidJobError(
+            f"generate.image: {info.path.name} is a text-to-video model ({info.pipeline} "
+            "without image conditioning); use an image-to-video or TI2V model, or drop the image")
+    if gen.image is None and info.pipeline == "WanImageToVideoPipeline":
+        raise InvalidJobError(f"generate.image: {info.path.name} is an image-to-video model "
+                              "(WanImageToVideoPipeline): give the first frame")
+    if gen.last_image is not None and not info.last_frame:
+        raise InvalidJobError(
+            f"generate.last_image: {info.path.name} takes no last frame (Wan2.2 I2V A14B and "
+            "Wan2.1 FLF2V do; TI2V and Wan2.1 I2V condition on the first only)")
+    if len(gen.loras) > settings.max_loras:
+        raise InvalidJobError(f"generate.loras: {len(gen.loras)} adapters, over the limit of "
+                              f"{settings.max_loras} (FRAMEFLEET_MAX_LORAS)")
+    for i, lora in enumerate(gen.loras):
+        if lora.expert != "both" and info.experts < 2:
+            raise InvalidJobError(f"generate.loras[{i}].expert: {lora.expert} is for two-expert "
+                                  "models; this model has one transformer (use both)")

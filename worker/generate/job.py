@@ -21,24 +21,30 @@ import torch
 
 from producer.errors import JobCancelled
 from producer.settings import Settings
-from producer.spec import GenerateSpec, Progress
+from producer.spec import GenerateFacts, GenerateSpec, Progress
 from worker.devices import out_of_memory
 from worker.generate.cache import ModelCache, Resident, module_bytes
+from worker.generate.conditions import Conditions, adapters_on, read_conditions
 from worker.generate.denoise import denoise
-from worker.generate.folder import check_request, model_folder, read_model
+from worker.generate.folder import ModelInfo, check_request, model_folder, read_model
 from worker.generate.handoff import vae_latents
+from worker.generate.stepcache import check_cache, step_cache
 from worker.generate.text import encode_prompt
+from worker.generate.tiers import check_tier, size_stance
 
 
 @dataclass
 class Generated:
-    """Latents (C, T, h, w) in VAE space on the worker's device, and the stage times."""
+    """Latents (C, T, h, w) in VAE space on the worker's device, the stage times, and what
+    the job ran with (for its manifest)."""
 
     latents: torch.Tensor
     decoder: Any
     load_s: float
     text_encode_s: float
     denoise_s: float
+    facts: GenerateFacts
+    adapter_load_s: float = 0.0
 
 
 def _sync(device: torch.device) -> None:
@@ -59,16 +65,19 @@ def generate_latents(
     gen: GenerateSpec, models: ModelCache, settings: Settings, *, job_id: str,
     progress: Callable[[Progress], None], cancelled: Callable[[], bool], lean: bool = False,
 ) -> Generated:
-    """Validate against the model folder, load (or reuse) the model, encode, denoise."""
+    """Validate against the model folder, load (or reuse) the model, read the job's images and
+    LoRAs, encode, denoise."""
     t0 = time.perf_counter()
     info = read_model(model_folder(gen.model, settings))
     check_request(gen, info, settings)
-    entry = models.get(info.path, models.resolve_dtype(gen.dtype))
+    check_tier(gen.tier, models.device)
+    check_cache(gen.cache, info.experts)
+    entry = models.get(info.path, models.resolve_dtype(gen.dtype), gen.tier, info.pipeline)
     if lean:
         models.evict_others(entry)
         _host_text_encoder(entry)
-    device = models.device
-    load_s = time.perf_counter() - t0
+    cond = read_conditions(gen, info, entry, settings)
+    load_s = time.perf_counter() - t0 - cond.adapter_load_s
 
     def step(done: int, total: int) -> None:
         progress(Progress(frames_done=0, frames_total=gen.num_frames, segments_done=0,
@@ -76,24 +85,44 @@ def generate_latents(
 
     try:
         t1 = time.perf_counter()
-        positive, negative = encode_prompt(entry.pipe, gen, device, on_host=entry.text_on_host)
-        _sync(device)
+        positive, negative = encode_prompt(entry.pipe, gen, models.device,
+                                           on_host=entry.text_on_host)
+        _sync(models.device)
         t2 = time.perf_counter()
         step(0, gen.num_inference_steps)
-        latents, stopped = denoise(entry.pipe, gen, info, positive, negative, step, cancelled)
+        z, compiled = _denoise(models, entry, info, gen, cond, positive, negative, step,
+                               cancelled, job_id)
         del positive, negative
-        if stopped:
-            raise JobCancelled(f"job {job_id} cancelled while denoising")
-        z = vae_latents(entry.pipe.vae, latents)
-        del latents
-        _sync(device)
         t3 = time.perf_counter()
     except torch.OutOfMemoryError as e:
         raise out_of_memory(e, f"denoising {job_id} (lean={lean})") from e
-    return Generated(z, models.decoder(entry, tiled=lean), load_s, t2 - t1, t3 - t2)
+    facts = GenerateFacts(
+        tier=gen.tier, cache=gen.cache.kind if gen.cache else "none",
+        cache_params=gen.cache.model_dump(mode="json") if gen.cache else None,
+        steps=gen.num_inference_steps, compiled=compiled, image=cond.image,
+        last_image=cond.last_image, loras=cond.loras)
+    return Generated(z, models.decoder(entry, tiled=lean), load_s, t2 - t1, t3 - t2, facts,
+                     cond.adapter_load_s)
 
 
-def warm_up(models: ModelCache, folder: str) -> Resident:
-    """Load the configured model (``FRAMEFLEET_WARMUP_MODEL``) before the first job."""
-    info = read_model(model_folder(folder))
-    return models.get(info.path, models.resolve_dtype("auto"))
+def _denoise(models: ModelCache, entry: Resident, info: ModelInfo, gen: GenerateSpec,
+             cond: Conditions, positive: torch.Tensor, negative: torch.Tensor | None,
+             step: Callable[[int, int], None], cancelled: Callable[[], bool],
+             job_id: str) -> tuple[torch.Tensor, bool]:
+    """The denoise with the job's tier (compiled or not), step cache and adapters; the
+    latents in VAE space and whether the transformer ran compiled."""
+    # image channels (Wan I2V 14B) change the transformer's inputs: its own compiled size
+    size = (gen.num_frames, gen.height, gen.width, info.image_input if cond.i2v else "text")
+    adapters_loaded = entry.adapters is not None and entry.adapters.any()
+    with size_stance(entry.sizes, entry.compiled, size, models.compiled_sizes,
+                     eager=adapters_loaded) as compiled, \
+            step_cache(entry.pipe, gen.cache, gen.num_inference_steps), \
+            adapters_on(entry, cond):
+        latents, stopped = denoise(entry.pipe, gen, info, positive, negative, step, cancelled,
+                                   images=cond.call)
+    if stopped:
+        raise JobCancelled(f"job {job_id} cancelled while denoising")
+    z = vae_latents(entry.pipe.vae, latents)
+    del latents
+    _sync(models.device)
+    return z, compiled

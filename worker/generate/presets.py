@@ -2,10 +2,10 @@
 
 The architectures are the published ones (diffusers-layout configs of Wan2.1-T2V-1.3B and
 Wan2.2-TI2V-5B, UMT5-XXL text encoder); the weights are seeded random. ``tiny`` is the same
-pipeline with a few channels, for CPU tests (``tiny-ti2v`` and ``tiny-a14b``: the
-Wan2.2 TI2V and two-expert layouts in miniature). The tokenizer is built locally with the
-``tokenizers`` library (characters as tokens): with random weights only the sequence length
-matters, and no download is needed.
+pipeline with a few channels, for CPU tests and the demo (``tiny-ti2v``, ``tiny-a14b`` and
+``tiny-i2v``: the Wan2.2 TI2V, two-expert and Wan2.1 image-to-video layouts in miniature).
+The tokenizer is built locally with the ``tokenizers`` library (characters as tokens): with
+random weights only the sequence length matters, and no download is needed.
 """
 
 from __future__ import annotations
@@ -41,6 +41,9 @@ class Preset:
     expand_timesteps: bool = False
     default_size: tuple[int, int, int] = (480, 832, 81)  # height, width, frames
     boundary_ratio: float | None = None  # set: a second expert (transformer_2), Wan2.2 A14B
+    #: Wan2.1 I2V: a WanImageToVideoPipeline with this CLIP vision config (and its processor)
+    image_encoder: dict[str, Any] | None = None
+    i2v: bool = False  # a WanImageToVideoPipeline (image channels), with or without CLIP
 
 
 PRESETS: dict[str, Preset] = {
@@ -87,6 +90,26 @@ PRESETS["tiny-a14b"] = Preset(
     "tiny-a14b", _TINY.text_encoder, _TINY.transformer, _TINY.vae, _TINY.scheduler,
     default_size=(32, 48, 9), boundary_ratio=0.875,
 )
+
+
+#: Wan2.1 I2V 14B's layout in miniature: image channels beside the noise (16 + 4 + 16) and a
+#: CLIP image encoder whose embeddings the blocks attend to (diffusers' own test sizes).
+PRESETS["tiny-i2v"] = Preset(
+    "tiny-i2v", _TINY.text_encoder,
+    {**_TINY.transformer, "in_channels": 36, "image_dim": 4, "added_kv_proj_dim": 24,
+     "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads"},
+    _TINY.vae, _TINY.scheduler, default_size=(32, 48, 9),
+    image_encoder={"hidden_size": 4, "projection_dim": 4, "num_hidden_layers": 2,
+                   "num_attention_heads": 2, "image_size": 32, "intermediate_size": 16,
+                   "patch_size": 1},
+)
+#: Wan2.2 I2V A14B's layout in miniature: image channels, no image encoder, two experts.
+PRESETS["tiny-i2v-a14b"] = Preset(
+    "tiny-i2v-a14b", _TINY.text_encoder, {**_TINY.transformer, "in_channels": 36}, _TINY.vae,
+    _TINY.scheduler, default_size=(32, 48, 9), boundary_ratio=0.9, i2v=True,
+)
+#: The layouts ``framefleet models tiny --layout`` writes.
+LAYOUTS = {"t2v": "tiny", "ti2v": "tiny-ti2v", "i2v": "tiny-i2v"}
 
 
 def make_tokenizer(vocab_size: int, max_length: int = 512) -> Any:
@@ -153,7 +176,7 @@ def build_pipeline(
         torch.random.set_rng_state(state)
         if cuda_state is not None:
             torch.cuda.set_rng_state_all(cuda_state)
-    pipe = WanPipeline(
+    parts: dict[str, Any] = dict(
         tokenizer=make_tokenizer(p.text_encoder["vocab_size"]),
         text_encoder=text_encoder.eval().requires_grad_(False),
         vae=vae.eval().requires_grad_(False),
@@ -163,7 +186,19 @@ def build_pipeline(
         boundary_ratio=p.boundary_ratio,
         expand_timesteps=p.expand_timesteps,
     )
-    return pipe
+    from diffusers import WanImageToVideoPipeline
+
+    if p.image_encoder is None:
+        return WanImageToVideoPipeline(**parts) if p.i2v else WanPipeline(**parts)
+    from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel
+
+    torch.manual_seed(seed + 1)
+    with torch.device(device):
+        encoder = cast(CLIPVisionModel(CLIPVisionConfig(**p.image_encoder)), dtype)
+    size = p.image_encoder["image_size"]
+    return WanImageToVideoPipeline(
+        **parts, image_encoder=encoder.eval().requires_grad_(False),
+        image_processor=CLIPImageProcessor(crop_size=size, size=size))
 
 
 def save_configs(pipe: Any, folder: Path) -> Path:
@@ -181,4 +216,7 @@ def save_configs(pipe: Any, folder: Path) -> Path:
     pipe.scheduler.save_config(folder / "scheduler")
     pipe.text_encoder.config.save_pretrained(folder / "text_encoder")
     pipe.tokenizer.save_pretrained(folder / "tokenizer")
+    if getattr(pipe, "image_encoder", None) is not None:
+        pipe.image_encoder.config.save_pretrained(folder / "image_encoder")
+        pipe.image_processor.save_pretrained(folder / "image_processor")
     return folder

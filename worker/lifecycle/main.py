@@ -25,14 +25,12 @@ from celery.signals import (
 from producer.app import make_app
 from producer.control import flags_for
 from producer.cost import configured_prices
-from producer.errors import FramefleetError
 from producer.settings import Settings, get_settings
 from worker import metrics, tasks
 from worker.concerns.cancel import preempt_node
 from worker.lifecycle import persistence, recovery, warmup
 from worker.lifecycle.consumer import install_brpop_guard
 from worker.lifecycle.spot import SpotWatcher
-from worker.run import DecoderCache
 from worker.sinks.webhooks import close_process_notifier
 
 log = logging.getLogger(__name__)
@@ -62,10 +60,9 @@ def _init_process(**_: Any) -> None:
         log.error("metrics server on port %s not started: %s", settings.metrics_port, e)
         port = 0
     metrics.set_gpu_price(configured_prices())
-    # Weights loaded, graphs compiled (from the compile cache) and captured before the first
-    # job, not during it; the worker reports ready (healthcheck, gauge) only after this.
-    if settings.warmup_model is not None:
-        _warm_model(decoders, settings)
+    # Weights loaded, the warm-up model's transformer and the decoder's graphs compiled (from
+    # the compile cache) and captured before the first job, not during it; the worker reports
+    # ready (healthcheck, gauge) only after this.
     warmup.warm_up(decoders, settings)
     if decoders.device.type == "cuda":
         metrics.NvmlSampler().start()
@@ -119,19 +116,6 @@ def _start_recovery(sender: Any = None, **_: Any) -> None:
 @worker_shutdown.connect
 def _stop_recovery(**_: Any) -> None:
     recovery.stop()
-
-
-def _warm_model(decoders: DecoderCache, settings: Settings) -> None:
-    """Load ``FRAMEFLEET_WARMUP_MODEL`` (a generation pipeline) and keep it resident."""
-    from worker.generate.job import warm_up
-
-    assert settings.warmup_model is not None
-    try:  # a bad folder fails the jobs that name it, with the reason; not the worker
-        entry = warm_up(decoders.models, settings.warmup_model)
-        log.info("model %s resident (%.1f GiB) after %.1f s", entry.folder,
-                 entry.bytes / 2**30, entry.load_s)
-    except FramefleetError as e:
-        log.error("FRAMEFLEET_WARMUP_MODEL not loaded: %s", e)
 
 
 @worker_process_shutdown.connect

@@ -19,7 +19,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from producer.readiness import WarmupState, process_start_time, state_dir, write_state
 
@@ -54,10 +54,24 @@ def parse_sizes(text: str) -> list[tuple[int, int]]:
     return sizes
 
 
+def _warm_model(decoders: DecoderCache, settings: Settings) -> dict[str, Any]:
+    """``FRAMEFLEET_WARMUP_MODEL`` resident at its tiers and compiled at its sizes
+    (``worker.generate.warm``). A bad folder fails the jobs that name it, not the worker."""
+    from producer.errors import FramefleetError
+    from worker.generate.warm import describe, warm_up
+
+    try:
+        return describe(warm_up(decoders.models, settings))
+    except FramefleetError as e:
+        log.error("FRAMEFLEET_WARMUP_MODEL not loaded: %s", e)
+        return {"error": str(e)}
+
+
 def warm_up(decoders: DecoderCache, settings: Settings) -> WarmupState:
-    """Build and warm up ``FRAMEFLEET_WARMUP_DECODER`` at every warm-up size, then report
-    ready. Without a warm-up decoder the worker is ready at once. A size whose graph could not
-    be captured (logged by the graph cache) stays eager: ready, its entry says ``graph: false``.
+    """Load and compile ``FRAMEFLEET_WARMUP_MODEL`` (``worker.generate.warm``), build and warm
+    up ``FRAMEFLEET_WARMUP_DECODER`` at every warm-up size, then report ready. Without either
+    the worker is ready at once. A size whose graph could not be captured (logged by the graph
+    cache) stays eager: ready, its entry says ``graph: false``.
     """
     from producer.spec import RANDOM_WEIGHTS, DecoderSpec
     from producer.weights import needs_weights
@@ -71,6 +85,8 @@ def warm_up(decoders: DecoderCache, settings: Settings) -> WarmupState:
     folder = state_dir(settings)
     write_state(folder, state)
     t0 = time.perf_counter()
+    if settings.warmup_model is not None:
+        state.model = _warm_model(decoders, settings)
     if settings.warmup_decoder is not None:
         # The jobs' own weights: a job naming the same folder gets this very decoder (and its
         # captured graphs) from the cache instead of building a second one.

@@ -59,14 +59,19 @@ def run_pipeline(
     cancelled: Callable[[], bool] = lambda: False,
     progress: Callable[[int, int, int], None] | None = None,
     frame_tap: FrameTap | None = None,
+    tail_parts: int = 1,
 ) -> PipelineReport:
-    """Decode ``latents`` (C, T, h, w) to MP4 segments handed to ``sink`` in order of index.
+    """Decode ``latents`` (C, T, h, w) to MP4 segments handed to ``sink``.
 
-    ``progress(frames_done, frames_total, segments_done)`` and ``cancelled()`` are called
-    between chunks. ``frame_tap(first_frame, planes)`` sees each chunk's yuv420p planes on the
-    host just before encoding (tests compare modes with it; copy what you keep). Errors from
-    the decoder, the encoders or the sink propagate unchanged; latents whose shape does not
-    fit the decoder raise :class:`InvalidJobError` before any work starts.
+    The sink runs on the encoder threads: segments that encode side by side may reach it out
+    of index order (``ClosedSegment.last`` marks the job's last one). ``progress(frames_done,
+    frames_total, segments_done)`` and ``cancelled()`` are called between chunks.
+    ``frame_tap(first_frame, planes)`` sees each chunk's yuv420p planes on the host just before
+    encoding (tests compare modes with it; copy what you keep). ``tail_parts``: the last
+    chunk's frames in that many segments of their own, encoded side by side (see
+    ``segments``). Errors from the decoder, the encoders or the sink propagate unchanged;
+    latents whose shape does not fit the decoder raise :class:`InvalidJobError` before any
+    work starts.
     """
     check_shape(decoder, latents)
     _, t, lh, lw = latents.shape
@@ -76,7 +81,8 @@ def run_pipeline(
     report = PipelineReport(total, width, height, cancelled=False, stats=stats)
     segmenter = Segmenter(
         (height, width), video, scratch, sink, stats,
-        threaded=pipeline.mode == "async",
+        threaded=pipeline.mode == "async", total=total,
+        tail_start=frames_for_latents(t - 1), tail_parts=tail_parts,
         max_in_flight=encoder_threads(pipeline.encoder_threads),
     )
     run = _run_async if pipeline.mode == "async" else _run_sequential
@@ -169,6 +175,7 @@ def _run_sequential(
 ) -> bool:
     done = 0
     sync = torch.cuda.synchronize if decoder.device.type == "cuda" else (lambda: None)
+    planes_at = time.perf_counter()
     try:
         chunks = iter(decoder.stream(latents))
         while True:
@@ -185,6 +192,7 @@ def _run_sequential(
             rgb_to_yuv420(host, planes)
             t3 = time.perf_counter()
             stats.add(decode_s=t1 - t0, d2h_s=t2 - t1, postprocess_s=t3 - t2, chunks=1, frames=n)
+            planes_at = t3
             if frame_tap is not None:
                 frame_tap(done, planes)
             for j in range(n):
@@ -196,6 +204,7 @@ def _run_sequential(
                 segmenter.abort()
                 return True
         segmenter.finish()
+        stats.add(tail_s=time.perf_counter() - planes_at)
         if progress is not None:
             progress(done, total, stats.segments)
         return False

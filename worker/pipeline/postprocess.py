@@ -38,9 +38,14 @@ def yuv420_shape(frames: int, height: int, width: int) -> tuple[int, int, int]:
     return frames, height * 3 // 2, width
 
 
-def _mix(rgb: torch.Tensor, coef: tuple[int, int, int], shift: int) -> torch.Tensor:
-    acc = rgb[0] * coef[0] + rgb[1] * coef[1] + rgb[2] * coef[2]
-    return torch.bitwise_right_shift(acc + (1 << (shift - 1)), shift)
+def _mix(rgb: torch.Tensor, coef: tuple[int, int, int], shift: int, offset: int) -> torch.Tensor:
+    """``((rgb · coef + 2^(shift-1)) >> shift) + offset`` clamped to 0…255, in int32 and in place
+    after the first product: five passes instead of eight. Adding ``offset << shift`` before
+    the shift equals adding ``offset`` after it (a whole multiple of the divisor)."""
+    acc = rgb[0] * coef[0]
+    acc.add_(rgb[1], alpha=coef[1]).add_(rgb[2], alpha=coef[2])
+    acc.add_((1 << (shift - 1)) + (offset << shift)).bitwise_right_shift_(shift)
+    return acc.clamp_(0, 255)
 
 
 def rgb_to_yuv420(chunk: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -52,18 +57,21 @@ def rgb_to_yuv420(chunk: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     _, f, h, w = chunk.shape
     if tuple(out.shape) != yuv420_shape(f, h, w) or out.dtype != torch.uint8:
         raise ValueError(f"out must be uint8 {yuv420_shape(f, h, w)}, got {tuple(out.shape)}")
-    x = chunk.float().clamp(-1.0, 1.0)
-    x = x + 1.0
-    x = x * 127.5
-    rgb = x.round_().to(torch.int32)  # 8-bit RGB, exact integers from here on
-    y = _mix(rgb, Y_COEF, SHIFT) + 16
-    # 2×2 sums of R, G, B; the extra shift of 2 divides by 4 (the average).
-    sums = rgb.view(3, f, h // 2, 2, w // 2, 2).sum(dim=(3, 5))
-    cb = _mix(sums, CB_COEF, SHIFT + 2) + 128
-    cr = _mix(sums, CR_COEF, SHIFT + 2) + 128
+    # A float32 copy of our own, then in place: clamp, +1, ×127.5 (two separate operations,
+    # so no fused multiply-add can differ between devices), round half to even.
+    x = chunk.to(torch.float32, copy=True)
+    x.clamp_(-1.0, 1.0).add_(1.0).mul_(127.5).round_()
+    rgb = x.to(torch.int32)  # 8-bit RGB, exact integers from here on
+    # Every product and sum below stays under 2^31 (chroma: 4 × 255 × 2^16 at most).
+    y = _mix(rgb, Y_COEF, SHIFT, 16)
+    # 2×2 sums of R, G, B (in int32, not sum's default int64); the extra shift of 2 divides
+    # by 4 (the average).
+    sums = rgb.view(3, f, h // 2, 2, w // 2, 2).sum(dim=(3, 5), dtype=torch.int32)
+    cb = _mix(sums, CB_COEF, SHIFT + 2, 128)
+    cr = _mix(sums, CR_COEF, SHIFT + 2, 128)
     flat = out.view(f, -1)
     n, q = h * w, (h // 2) * (w // 2)
-    flat[:, :n].copy_(y.reshape(f, n).clamp_(0, 255))
-    flat[:, n : n + q].copy_(cb.reshape(f, q).clamp_(0, 255))
-    flat[:, n + q :].copy_(cr.reshape(f, q).clamp_(0, 255))
+    flat[:, :n].copy_(y.view(f, n))
+    flat[:, n : n + q].copy_(cb.view(f, q))
+    flat[:, n + q :].copy_(cr.view(f, q))
     return out

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from producer.spec import STAGE_NAMES, check_stage_fields
 
 #: Stages the runner times before the pipeline starts: loading the latents, or generating them.
-BEFORE_PIPELINE = ("load", "text_encode", "denoise")
+BEFORE_PIPELINE = ("load", "adapter_load", "text_encode", "denoise")
 #: The stages the pipeline measures: every other stage.
 PIPELINE_STAGES = tuple(s for s in STAGE_NAMES if s not in BEFORE_PIPELINE)
 
@@ -26,6 +26,9 @@ class PipelineStats:
     backpressure_s: float = 0.0
     busy_s: float = 0.0
     window_s: float = 0.0
+    #: From the last chunk's planes on the host to the last segment through the sink: the
+    #: part of the job that no decoding overlaps (the job's tail).
+    tail_s: float = 0.0
     chunks: int = 0
     frames: int = 0
     segments: int = 0

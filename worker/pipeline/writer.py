@@ -7,6 +7,7 @@ slot is never reused while the writer still reads it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import torch
@@ -31,18 +32,21 @@ class Writer(QueueThread[Slot]):
         self.segmenter = segmenter
         self.stats = stats
         self.tap = tap
+        self._planes_at = time.perf_counter()  # when the latest chunk's planes were on the host
 
     def handle(self, item: Slot) -> None:
         self._write(item)
 
     def finish(self) -> None:
         self.segmenter.finish()
+        self.stats.add(tail_s=time.perf_counter() - self._planes_at)
 
     def aborted(self) -> None:
         self.segmenter.abort()
 
     def _write(self, slot: Slot) -> None:
         planes = slot.wait()
+        self._planes_at = time.perf_counter()
         if slot.copy is not None:
             self.stats.add(**slot.copy.seconds())
         if self.tap is not None:

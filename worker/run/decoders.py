@@ -65,5 +65,6 @@ def default_decoders(settings: Settings | None = None) -> DecoderCache:
     settings = settings or get_settings()
     device = resolve_device(settings.device)
     models = ModelCache(device, int(settings.model_cache_gib * 2**30),
-                        settings.text_encoder_offload, graphs=settings.decode_graphs)
+                        settings.text_encoder_offload, graphs=settings.decode_graphs,
+                        compiled_sizes=settings.compiled_sizes)
     return DecoderCache(device, graphs=settings.decode_graphs, models=models, settings=settings)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import time
 
-from producer.cost import with_stages
+from producer.cost import with_denoise, with_stages
+from producer.cost.model import NAMED_STAGES
 from producer.errors import JobConflictError
 from producer.spec import JobResult, JobSpec, Manifest, StageTimings, WorkerInfo, segment_name
 from producer.weights import uses_random_weights
@@ -60,7 +61,7 @@ def finish(run: Run, out: JobOutput, latents: Latents, report: PipelineReport,
         width=report.width, height=report.height, fps=spec.video.fps,
         video_seconds=report.frames / spec.video.fps, segments=segments, full_uri=full_uri,
         playlist_uri=publisher.finish(), latents_uri=latents_uri,
-        random_weights=uses_random_weights(spec.decoder),
+        random_weights=uses_random_weights(spec.decoder), generate=latents.facts,
     )
     # The manifest goes LAST: its presence is the completion marker.
     manifest_uri = out.put_bytes(MANIFEST, manifest.model_dump_json(indent=2).encode())
@@ -73,6 +74,8 @@ def finish(run: Run, out: JobOutput, latents: Latents, report: PipelineReport,
     if run.cost is not None:
         stored = sum(s.bytes for s in segments)
         cost = with_stages(run.cost(spec, wall, out.puts, stored, manifest.video_seconds),
-                           {k: latents.seconds.get(k, 0.0) for k in ("text_encode", "denoise")})
+                           {k: latents.seconds.get(k, 0.0) for k in NAMED_STAGES})
+        if latents.facts is not None:
+            cost = with_denoise(cost, latents.facts, latents.seconds.get("denoise", 0.0))
     return JobResult(manifest=manifest, manifest_uri=manifest_uri, timings=timings, worker=info,
                      cost=cost, finished_at=time.time())

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from producer.spec import GenerateSpec, InputSpec
+from producer.spec import GenerateFacts, GenerateSpec, InputSpec
 from worker.decoders.base import ChunkDecoder
 from worker.generate import generate_latents
 from worker.inputs.latents import load_latents
@@ -30,6 +30,8 @@ class Latents:
     #: Seconds per stage of ``producer.spec.STAGE_NAMES`` before the decode (load,
     #: text_encode, denoise).
     seconds: dict[str, float] = field(default_factory=dict)
+    #: A generated run's settings and inputs, for its manifest.
+    facts: GenerateFacts | None = None
 
 
 def latents_for(run: Run, decoders: DecoderCache) -> Latents:
@@ -56,5 +58,6 @@ def _generated(run: Run, gen: GenerateSpec, decoders: DecoderCache) -> Latents:
         cancelled=run.cancelled, lean=run.tiled,
     )
     return Latents(out.decoder, out.latents, {
-        "load": out.load_s, "text_encode": out.text_encode_s, "denoise": out.denoise_s,
-    })
+        "load": out.load_s, "adapter_load": out.adapter_load_s,
+        "text_encode": out.text_encode_s, "denoise": out.denoise_s,
+    }, out.facts)

@@ -142,9 +142,11 @@ def test_input_reference_is_checked_then_meets_the_image_to_video_seam(
     if "image" in JobSpec.model_fields["generate"].annotation.__args__[0].model_fields:  # type: ignore[union-attr]
         assert r.status_code == 200, r.text  # image-to-video has landed
         assert [o["Key"] for o in left] == [f"in/acme/{r.json()['id']}/input_reference.png"]
+        listed = client.get("/v1/videos", headers=h).json()["data"]
+        assert [v["id"] for v in listed] == [r.json()["id"]]  # only the accepted one
     else:
         # Until generate.image exists the request is refused, naming the field, and the
         # upload it stored is removed again.
         assert r.status_code == 501 and r.json()["error"]["param"] == "input_reference"
         assert left == []
-    assert client.get("/v1/videos", headers=h).json()["data"] == []
+        assert client.get("/v1/videos", headers=h).json()["data"] == []

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from worker.decoders.wan import WanDecoder, build_vae
-from worker.decoders.wan_graph import ChunkGraph, ChunkGraphs, _advance, _DecoderWeights
+from worker.decoders.wan_capture import advance_fn
+from worker.decoders.wan_graph import ChunkGraph, ChunkGraphs, _DecoderWeights
 from worker.decoders.wan_step import CACHE_T, WanStep, subpixel_conv, subpixel_kernel, supports
 
 
@@ -134,7 +135,7 @@ def test_history_written_in_place_equals_the_returned_history(preset: str) -> No
     step = WanStep(vae)
     z = torch.randn(1, vae.config.z_dim, 4, 3, 5, generator=torch.Generator().manual_seed(8))
     eager, _ = _decode(step, z)
-    advance = torch.compile(_advance(step), fullgraph=True, dynamic=False, backend="aot_eager")
+    advance = torch.compile(advance_fn(step), fullgraph=True, dynamic=False, backend="aot_eager")
     with torch.inference_mode():
         first, caches = step(z[:, :, :1])
         chunks = [first] + [advance(z[:, :, i : i + 1], caches) for i in range(1, 4)]

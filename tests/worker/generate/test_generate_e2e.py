@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save_file
@@ -26,23 +25,6 @@ from worker.pipeline.encode import read_frames_rgb
 from worker.run import Run, default_decoders, run_job
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def client(redis_url: str) -> Client:
-    redis.Redis.from_url(redis_url).flushdb()
-    return Client(broker_url=redis_url, backend_url=redis_url)
-
-
-@pytest.fixture
-def worker(worker_factory: Any, tiny_model: Path, tmp_path_factory: Any) -> Any:
-    (w,) = worker_factory(1, env={
-        "FRAMEFLEET_DEVICE": "cpu", "OMP_NUM_THREADS": "1",
-        # the models and the test folders lie under pytest's base folder
-        "FRAMEFLEET_FILE_ROOTS": str(tmp_path_factory.getbasetemp()),
-        "FRAMEFLEET_MAX_DENOISE_STEPS": "2000", "FRAMEFLEET_WARMUP_MODEL": str(tiny_model),
-    })
-    return w
 
 
 def _spec(job_id: str, bucket: str, model: Path, **kw: Any) -> JobSpec:

@@ -180,7 +180,7 @@ def test_flow_shift_changes_the_video(tiny_model: Path, tmp_path: Path) -> None:
             != [s.sha256 for s in shifted.manifest.segments])
     # and the resident pipeline kept its own scheduler config
     (key,) = decoders.models.keys()
-    entry = decoders.models.get(Path(key[0]), key[1])
+    entry = decoders.models.get(Path(key[0]), key[1], key[2])
     assert entry.pipe.scheduler.config.flow_shift == 3.0
 
 
@@ -196,7 +196,7 @@ def test_model_cache_budget(tiny_model: Path, tmp_path: Path) -> None:
     first = cache.get(tiny_model, torch.float32)
     assert cache.get(tiny_model, torch.float32) is first  # resident: not loaded again
     cache.get(tiny_model, torch.bfloat16)
-    assert cache.keys() == [(str(tiny_model), torch.bfloat16)]
+    assert cache.keys() == [(str(tiny_model), torch.bfloat16, "exact")]
 
 
 def test_stage_costs_add_up_and_cost_report_sums_them() -> None:
@@ -261,7 +261,7 @@ def test_out_of_memory_while_denoising_is_retryable_then_lean(
     # The lean retry (tiled=True) keeps only this job's model resident and succeeds
     result = _job(_spec("oom", tmp_path / "b", model=tiny_model), decoders, tiled=True)
     assert result.manifest.frames == 9
-    assert decoders.models.keys() == [(str(tiny_model), torch.float32)]
+    assert decoders.models.keys() == [(str(tiny_model), torch.float32, "exact")]
 
 
 def test_stage_metrics_and_progress_bar_cover_the_new_stages(
@@ -272,7 +272,7 @@ def test_stage_metrics_and_progress_bar_cover_the_new_stages(
 
     def count(stage: str) -> float:
         value = metrics.WORKER_REGISTRY.get_sample_value(
-            "framefleet_stage_seconds_count", {"stage": stage})
+            "framefleet_stage_seconds_count", {"stage": stage, "tier": "exact", "cache": "none"})
         return value or 0.0
 
     before = {s: count(s) for s in ("text_encode", "denoise")}
@@ -280,7 +280,7 @@ def test_stage_metrics_and_progress_bar_cover_the_new_stages(
     metrics.observe_job("success", "gen", result)
     assert {s: count(s) - before[s] for s in before} == {"text_encode": 1.0, "denoise": 1.0}
     total = metrics.WORKER_REGISTRY.get_sample_value(
-        "framefleet_stage_seconds_sum", {"stage": "denoise"})
+        "framefleet_stage_seconds_sum", {"stage": "denoise", "tier": "exact", "cache": "none"})
     assert total is not None and total >= result.timings.denoise_s > 0
     # the CLI bar shows denoise steps, then frames
     bar = _Bar("job")

@@ -55,3 +55,59 @@ def reference_latents(gen: GenerateSpec) -> torch.Tensor:
         max_sequence_length=MAX_SEQUENCE_LENGTH, return_dict=False,
     )[0]
     return vae_latents(pipe.vae, latents)
+
+
+def make_lora(model: Path, path: Path, seed: int = 0, rank: int = 4,
+              targets: tuple[str, ...] = ("to_q", "to_k", "to_v", "to_out.0")) -> Path:
+    """A random LoRA for ``model``'s transformer, in diffusers' format (``transformer.``
+    prefixed ``lora_A``/``lora_B`` weights), saved as ``.safetensors``."""
+    from diffusers import WanTransformer3DModel
+    from peft import LoraConfig, get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    transformer = WanTransformer3DModel.from_pretrained(model / "transformer")
+    torch.manual_seed(seed)
+    transformer.add_adapter(LoraConfig(r=rank, lora_alpha=rank, target_modules=list(targets),
+                                       init_lora_weights=False))
+    state = get_peft_model_state_dict(transformer)
+    save_file({f"transformer.{k}": v.contiguous() for k, v in state.items()}, path)
+    return path
+
+
+@torch.no_grad()
+def reference_lora_latents(gen: GenerateSpec, loras: list[tuple[Path, float]]) -> torch.Tensor:
+    """diffusers alone with ``loras`` loaded (``load_lora_weights`` + ``set_adapters``)."""
+    from diffusers import WanPipeline
+
+    pipe = WanPipeline.from_pretrained(gen.model.removeprefix("file://"))
+    pipe.set_progress_bar_config(disable=True)
+    names = []
+    for i, (path, _) in enumerate(loras):
+        pipe.load_lora_weights(str(path), adapter_name=f"a{i}")
+        names.append(f"a{i}")
+    pipe.set_adapters(names, adapter_weights=[scale for _, scale in loras])
+    latents = pipe(
+        prompt=gen.prompt, negative_prompt=gen.negative_prompt, height=gen.height,
+        width=gen.width, num_frames=gen.num_frames, num_inference_steps=gen.num_inference_steps,
+        guidance_scale=gen.guidance_scale, generator=generator(gen), output_type="latent",
+        max_sequence_length=MAX_SEQUENCE_LENGTH, return_dict=False,
+    )[0]
+    return vae_latents(pipe.vae, latents)
+
+
+@torch.no_grad()
+def reference_i2v_latents(gen: GenerateSpec, image: Any, last_image: Any = None) -> torch.Tensor:
+    """diffusers alone: ``WanImageToVideoPipeline.from_pretrained`` on the same folder, the
+    same (sized) image(s), prompt, steps and seed; VAE-space latents (C, T, h, w)."""
+    from diffusers import WanImageToVideoPipeline
+
+    pipe = WanImageToVideoPipeline.from_pretrained(gen.model.removeprefix("file://"))
+    pipe.set_progress_bar_config(disable=True)
+    extra = {} if last_image is None else {"last_image": last_image}
+    latents = pipe(
+        image=image, prompt=gen.prompt, negative_prompt=gen.negative_prompt, height=gen.height,
+        width=gen.width, num_frames=gen.num_frames, num_inference_steps=gen.num_inference_steps,
+        guidance_scale=gen.guidance_scale, generator=generator(gen), output_type="latent",
+        max_sequence_length=MAX_SEQUENCE_LENGTH, return_dict=False, **extra,
+    )[0]
+    return vae_latents(pipe.vae, latents)

@@ -165,3 +165,58 @@ def test_pipeline_stats_fill_every_stage_but_load(tmp_path: Path) -> None:
     # the CPU path times decode, post-process and encode; there is no copy to time
     assert all(seconds[f"{s}_s"] > 0 for s in ("decode", "postprocess", "encode"))
     assert seconds["d2h_s"] == 0.0 and stats.gpu_busy_ratio is None
+
+
+@pytest.mark.parametrize(("total", "first", "tail", "starts"), [
+    (81, None, None, [0, 48]),
+    (81, None, (77, 1), [0, 48]),  # one part: the plain layout
+    (81, None, (77, 2), [0, 48, 77, 79]),
+    (81, None, (77, 4), [0, 48, 77, 78, 79, 80]),
+    (37, 3, None, [0, 3, 15, 27]),
+    (37, 3, (33, 4), [0, 3, 15, 27, 33, 34, 35, 36]),
+    (96, None, (92, 4), [0, 48, 92, 93, 94, 95]),  # a plain boundary inside the tail goes
+    (5, None, (1, 8), [0, 1, 2, 3, 4]),  # never more parts than frames
+    (1, None, (0, 4), [0]),  # a one-chunk job has no tail to split
+])
+def test_segment_plan(total: int, first: int | None, tail: tuple[int, int] | None,
+                      starts: list[int]) -> None:
+    from worker.pipeline.segments import segment_starts
+
+    video = VideoSpec(segment_frames=48 if first is None else 12, first_segment_frames=first)
+    assert segment_starts(total, video, tail) == starts
+
+
+@pytest.mark.parametrize("mode", ["async", "sequential"])
+@pytest.mark.parametrize("parts", [2, 4])
+def test_last_chunk_in_segments_of_its_own(tmp_path: Path, mode: str, parts: int) -> None:
+    # Given a 41-frame job (last chunk: frames 37-40) whose tail is split in ``parts``
+    segments, report = _run(tmp_path, mode, tail_parts=parts)
+    ordered = sorted(segments, key=lambda s: s.index)
+    # Then every frame arrives once, in order, the last chunk's frames in their own segments
+    assert _indices(segments) == list(range(41))
+    tail = [37 + 4 * i // parts for i in range(parts)]
+    assert [s.first_frame for s in ordered] == [0, 10, 20, 30, *tail]
+    assert [s.last for s in ordered] == [False] * (len(ordered) - 1) + [True]
+    assert report.stats.tail_s > 0  # type: ignore[attr-defined]
+
+
+def test_cancel_after_the_tail_encoders_opened_leaves_no_thread(tmp_path: Path) -> None:
+    seen: list[int] = []
+    _, report = _run(tmp_path, "async", latent_frames=11, seg=10, tail_parts=4,
+                     cancelled=lambda: len(seen) >= 10, progress=lambda d, t, s: seen.append(d))
+    assert report.cancelled  # type: ignore[attr-defined]
+    time.sleep(0.2)
+    assert not [t for t in threading.enumerate() if t.name.startswith(("encode-", "framefleet-w"))]
+
+
+def test_a_decoder_that_stops_short_fails_the_job(tmp_path: Path) -> None:
+    class Short(PatternDecoder):
+        def stream(self, latents: torch.Tensor):  # type: ignore[no-untyped-def]
+            yield from list(super().stream(latents))[:-1]
+
+    with pytest.raises(RuntimeError, match="37 of 41 frames arrived"):
+        run_pipeline(Short(), torch.zeros(16, 11, 4, 4), video=VideoSpec(segment_frames=10),
+                     pipeline=PipelineSpec(), scratch=tmp_path, sink=lambda s: None,
+                     tail_parts=4)
+    # the tail's encoders, opened ahead, left no files
+    assert not [p for p in tmp_path.glob("*.mp4") if p.name >= "segment-00004.mp4"]

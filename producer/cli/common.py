@@ -1,0 +1,89 @@
+"""What the ``framefleet`` commands share: the client, the error line and exit statuses, URIs
+from paths, the result's summary, the wait (its notes, Ctrl-C)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+
+from producer.cli.output import EXIT_INTERRUPTED, EXIT_TIMEOUT, console, errors, fail, note
+from producer.spec import JobResult, job_key
+
+if TYPE_CHECKING:
+    from producer.client import Client
+
+__all__ = ["EXITS", "EXIT_TIMEOUT", "WAIT_TIMEOUT_S", "JobIdArg", "TenantOpt", "TimeoutOpt",
+           "_client", "_errors", "_uri", "_wait", "print_result"]
+#: ``wait``'s default limit, in seconds (``--timeout 0``: none).
+WAIT_TIMEOUT_S = 3600.0
+#: The command's expected failures: one ``error:`` line and the exit status of its kind
+#: (``producer.cli.output``: 3 failed, 4 cancelled, 69 broker unreachable, 124 timed out).
+_errors = errors
+
+
+def _client() -> Client:
+    # Imported when a command needs it: ``framefleet --help`` does not load Celery.
+    from producer.client import Client
+
+    return Client()
+
+
+def _uri(value: Optional[str]) -> Optional[str]:
+    """A URI as given, or a plain local path as its absolute ``file://`` URI."""
+    if value is None or "://" in value or value == "random":
+        return value
+    return Path(value).expanduser().absolute().as_uri()
+
+
+def print_result(result: JobResult) -> None:
+    m = result.manifest
+    key = job_key(m.tenant, m.job_id)  # what status, wait and cancel take
+    console.print(f"[green]SUCCESS[/green] {key}: {m.frames} frames, "
+                  f"{len(m.segments)} segments, {m.width}x{m.height}, "
+                  f"wall {result.timings.wall_s:.2f} s")
+    console.print(f"manifest: {result.manifest_uri}", markup=False)
+    if result.random_weights:
+        console.print('[yellow]random weights[/yellow] (decoder.weights "random"): the '
+                      "frames are noise, not a model's video")
+    facts = m.generate
+    if facts is not None:
+        extra = "".join([f", image {facts.image.sha256[:12]}" if facts.image else "",
+                         *(f", LoRA {lo.sha256[:12]} x{lo.scale:g}" for lo in facts.loras)])
+        console.print(f"generate: tier {facts.tier}, cache {facts.cache}, {facts.steps} steps"
+                      f"{extra}", markup=False)
+    if result.cost is not None:
+        console.print(f"cost: {result.cost.summary()}", markup=False)
+
+
+JobIdArg = Annotated[str, typer.Argument(
+    metavar="JOB", help="the job: its job_id, or TENANT:JOB_ID (what submit prints)")]
+TenantOpt = Annotated[Optional[str], typer.Option(
+    metavar="NAME", help="the tenant of a bare job_id (default: 'default')")]
+TimeoutOpt = Annotated[float, typer.Option(
+    metavar="SECONDS", help="give up after this long (exit status 124); 0: no limit")]
+
+
+EXITS = ("Exit status: 0 succeeded, 1 an error (unknown job, bad setting), 3 the job failed, "
+         "4 it was cancelled, 69 the broker or result backend does not answer (after "
+         "FRAMEFLEET_WAIT_OUTAGE_S), 124 still running after the timeout, 130 interrupted "
+         "(the job goes on).")
+
+
+def _say(line: str) -> None:
+    note(line, "note")
+
+
+def _wait(handle: Any, timeout: float, progress: bool) -> JobResult:
+    """``handle.wait`` with its notes on stderr (above the bar when there is one); Ctrl-C
+    says the job goes on (exit 130)."""
+    try:
+        with _errors():
+            result: JobResult = handle.wait(timeout=timeout or None, progress=progress,
+                                            say=None if progress else _say)
+            return result
+    except KeyboardInterrupt:
+        fail(f"interrupted: job {handle.key} goes on without you (framefleet wait "
+             f"{handle.key} follows it again; framefleet cancel {handle.key} stops it)",
+             EXIT_INTERRUPTED)

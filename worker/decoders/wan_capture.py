@@ -1,0 +1,135 @@
+"""Capturing one Wan decode chunk as a CUDA graph: the graph record, its static inputs and the
+compiled functions a capture replays (see ``wan_graph`` for when graphs are built and kept).
+
+Stream assumptions: everything here runs on the builds' own ``side`` stream; the compiled
+calls before a capture (compilation, autotuning and cuDNN's algorithm search, none of which may
+run while capturing) execute there, and the capture records kernels without running them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from worker.decoders.wan_step import CACHE_T, Caches, WanStep
+
+#: (batch, latent channels, latent h, latent w, dtype)
+Key = tuple[int, int, int, int, torch.dtype]
+
+
+@dataclass
+class ChunkGraph:
+    """One captured steady-state chunk: copy a latent frame in, replay, read ``out``."""
+
+    graph: torch.cuda.CUDAGraph
+    z: torch.Tensor
+    caches: Caches
+    out: torch.Tensor
+    build_s: float
+    #: seconds of the build's parts: ``history`` (the eager first chunk giving the history's
+    #: shapes), ``compile`` (first compiled call: tracing, compiling or loading from the
+    #: compile cache, cuDNN's algorithm search), ``warm`` (two more calls), ``capture``
+    phases: dict[str, float] = field(default_factory=dict)
+    #: The job's first chunk as a graph of its own (None until built): it leaves the history
+    #: in ``caches`` itself, so ``load`` is not needed after it.
+    first: ChunkGraph | None = None
+
+    def load(self, caches: Caches) -> None:
+        """Start from the history the (eager) first chunk left."""
+        for static, c in zip(self.caches, caches, strict=True):
+            static.copy_(c)
+
+    def step(self, z: torch.Tensor) -> torch.Tensor:
+        self.z.copy_(z)
+        self.graph.replay()
+        return self.out
+
+
+def steady_caches(step: WanStep, key: Key, device: torch.device,
+                  memory_format: torch.memory_format) -> Caches:
+    """History tensors of the right shapes for ``key``: one eager first chunk on zeros."""
+    b, c, h, w, dtype = key
+    z = torch.zeros((b, c, 1, h, w), device=device, dtype=dtype)
+    with torch.inference_mode():
+        _, caches = step(z.contiguous(memory_format=memory_format))
+    assert all(t.shape[2] == CACHE_T for t in caches)
+    return caches
+
+
+def static_latent(key: Key, device: torch.device,
+                  memory_format: torch.memory_format) -> torch.Tensor:
+    """A graph's static input: one latent frame at ``key``, zeros."""
+    b, c, h, w, dtype = key
+    return torch.zeros((b, c, 1, h, w), device=device, dtype=dtype) \
+        .contiguous(memory_format=memory_format)
+
+
+def capture(
+    run: Callable[[torch.Tensor, Caches], torch.Tensor], z: torch.Tensor, caches: Caches,
+    side: torch.cuda.Stream, *, scratch: bool = False, pool: Any = None,
+) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, dict[str, float]]:
+    """Three calls of ``run(z, caches)`` on ``side`` (the first compiles), then one captured;
+    the graph, its output and the seconds of ``compile``, ``warm`` and ``capture``.
+
+    ``scratch``: the three calls write a history of the same layout as ``caches`` instead
+    (``caches`` belong to a graph a job may be replaying); ``pool``: the memory pool to capture
+    into (another graph's, replayed one after the other with this one, never at once)."""
+    phases: dict[str, float] = {}
+    t = time.perf_counter()
+    with torch.inference_mode(), torch.cuda.stream(side):
+        # Same sizes, strides and inference-ness as ``caches``: the guards that the compiled
+        # code checks at the capture pass without compiling again.
+        warm = [torch.empty_strided(c.size(), c.stride(), dtype=c.dtype, device=c.device)
+                for c in caches] if scratch else caches
+        for i in range(3):
+            run(z, warm)
+            if i == 0:
+                side.synchronize()
+                phases["compile"], t = time.perf_counter() - t, time.perf_counter()
+    side.synchronize()
+    phases["warm"], t = time.perf_counter() - t, time.perf_counter()
+    del warm
+    graph = torch.cuda.CUDAGraph()
+    # thread_local: the job decoding on another thread meanwhile may allocate (cudaMalloc)
+    # without invalidating this capture; the allocator sends only this stream's allocations
+    # to the graph's pool.
+    with torch.inference_mode(), torch.cuda.graph(graph, pool=pool, stream=side,
+                                                  capture_error_mode="thread_local"):
+        out = run(z, caches)
+    side.synchronize()
+    phases["capture"] = time.perf_counter() - t
+    # The calls' working set (about one eager chunk) sits cached on the build stream, where
+    # the job's compute stream can never reuse it: give it back. The graph's own pool is held
+    # by the graph and stays.
+    torch.cuda.empty_cache()
+    return graph, out, phases
+
+
+def advance_fn(step: WanStep) -> Callable[[torch.Tensor, Caches], torch.Tensor]:
+    """``step`` that writes the new history into ``caches`` in place and returns the frames:
+    compiled, the history is written straight from the kernels that produce it."""
+
+    def advance(z: torch.Tensor, caches: Caches) -> torch.Tensor:
+        out, new = step(z, caches)
+        for static, fresh in zip(caches, new, strict=True):
+            static.copy_(fresh)
+        return out
+
+    return advance
+
+
+def first_chunk_fn(step: WanStep) -> Callable[[torch.Tensor, Caches], torch.Tensor]:
+    """A job's first chunk (no history) that writes the history it leaves into ``caches``
+    in place and returns the frame: what the first-chunk graph captures."""
+
+    def first(z: torch.Tensor, caches: Caches) -> torch.Tensor:
+        out, new = step(z)
+        for static, fresh in zip(caches, new, strict=True):
+            static.copy_(fresh)
+        return out
+
+    return first

@@ -1,0 +1,131 @@
+"""Precision tiers of a resident transformer: ``exact`` (compiled regionally) and ``fp8``.
+
+- **exact**: the model's own diffusers modules in the job's dtype. On CUDA each repeated block
+  (the classes diffusers lists in the model's ``_repeated_blocks``, as its
+  ``compile_repeated_blocks`` does) is compiled with ``fullgraph=True``; on the CPU it runs
+  eager. Compiling changes kernels, not arithmetic: one forward stays within 2e-2 relative L2
+  of eager (``tests/gpu/test_gpu_tiers.py``, ``bench/generate.py``'s quality column).
+- **fp8**: torchao's ``Float8DynamicActivationFloat8WeightConfig(PerRow())`` on the
+  transformer's linear layers (attention and norms stay bfloat16), then compiled the same way.
+  Only a GPU of compute capability 8.9 or more has float8 matrix units: anywhere else the job
+  fails at once, naming ``generate.tier``. There is no fallback to another tier.
+
+Why the blocks' ``forward`` is compiled rather than their ``_call_impl`` (what
+``ModelMixin.compile_repeated_blocks`` does): diffusers' step caches hook a block by replacing
+its ``forward``. A compiled ``_call_impl`` would trace into the hook (graph breaks, which
+``fullgraph`` refuses, and a recompile whenever a cache is switched on or off); a compiled
+``forward`` is what the hook wraps and calls, so the same compiled code runs with or without a
+cache, and switching caches recompiles nothing.
+
+The number of compiled sizes is bounded (``FRAMEFLEET_COMPILED_SIZES``): a job of a size beyond
+the bound runs eager (``torch.compiler.set_stance("force_eager")``) instead of recompiling.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from producer.errors import InvalidJobError
+
+log = logging.getLogger(__name__)
+#: Float8 matrix units: Ada (8.9) and Hopper (9.0) onwards.
+FP8_MIN_CAPABILITY = (8, 9)
+
+
+def check_tier(tier: str, device: torch.device) -> None:
+    """Refuse (``InvalidJobError`` naming ``generate.tier``) a tier this worker cannot run."""
+    if tier != "fp8":
+        return
+    if device.type != "cuda":
+        raise InvalidJobError(
+            "generate.tier: fp8 needs a GPU with float8 matrix units (compute capability "
+            f"{FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]} or more); this worker runs on "
+            "the CPU. Ask for tier exact, or send the job to a GPU fleet")
+    capability = torch.cuda.get_device_capability(device)
+    if capability < FP8_MIN_CAPABILITY:
+        raise InvalidJobError(
+            f"generate.tier: fp8 needs compute capability 8.9 or more; this GPU "
+            f"({torch.cuda.get_device_name(device)}) has {capability[0]}.{capability[1]}")
+    try:
+        import torchao  # noqa: F401
+    except ImportError as e:
+        raise InvalidJobError(f"generate.tier: fp8 needs torchao on this worker: {e}") from e
+
+
+def transformers_of(pipe: Any) -> list[Any]:
+    """The pipeline's denoisers: ``transformer`` and, for two experts, ``transformer_2``."""
+    return [m for m in (pipe.transformer, getattr(pipe, "transformer_2", None)) if m is not None]
+
+
+def quantise_fp8(transformer: Any) -> None:
+    """torchao float8 dynamic activation + weight, per-row scales, on every linear layer."""
+    from torchao.quantization import (
+        Float8DynamicActivationFloat8WeightConfig,
+        PerRow,
+        quantize_,
+    )
+
+    quantize_(transformer, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()))
+
+
+def compile_blocks(transformer: Any) -> int:
+    """Compile the ``forward`` of every repeated block (see the module's docstring); returns
+    how many. Raises ``ValueError`` when the model names no repeated blocks."""
+    names = set(getattr(transformer, "_repeated_blocks", None) or ())
+    count = 0
+    for module in transformer.modules():
+        if type(module).__name__ in names:
+            module.forward = torch.compile(module.forward, fullgraph=True, dynamic=False)
+            count += 1
+    if not count:
+        raise ValueError(f"{type(transformer).__name__} names no repeated blocks to compile")
+    return count
+
+
+def allow_recompiles(sizes: int, tiers: int = 2) -> None:
+    """Let dynamo keep a graph per compiled size and tier (its default limit is 8 per code
+    object; every block class shares one)."""
+    import torch._dynamo
+
+    needed = 2 * sizes * tiers + 8  # two entries a size were seen on the first blocks
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    if getattr(config, name) < needed:
+        setattr(config, name, needed)
+
+
+def prepare(pipe: Any, tier: str, compile: bool) -> bool:
+    """Make ``pipe``'s transformers the ``tier`` (quantised for fp8) and compile their blocks
+    when ``compile`` (CUDA). Returns whether they are compiled."""
+    for transformer in transformers_of(pipe):
+        if tier == "fp8":
+            quantise_fp8(transformer)
+        if compile:
+            compile_blocks(transformer)
+    return compile
+
+
+@contextmanager
+def size_stance(sizes: list[Any], compiled: bool, key: Any, limit: int,
+                eager: bool = False) -> Iterator[bool]:
+    """Run one job's denoise compiled if its size ``key`` is compiled already or the bound
+    ``limit`` leaves room (it is then compiled on first use); else, or with ``eager`` (a job
+    with adapters inside the blocks), eager. Yields whether it runs compiled."""
+    if compiled and not eager and (key in sizes or len(sizes) < limit):
+        if key not in sizes:
+            sizes.append(key)
+        yield True
+        return
+    if compiled:
+        log.info("transformer runs eager for size %s (%s)", key,
+                 "adapters inside its blocks" if eager
+                 else f"{len(sizes)} sizes compiled already: FRAMEFLEET_COMPILED_SIZES")
+        with torch.compiler.set_stance("force_eager"):
+            yield False
+        return
+    yield False
