@@ -88,6 +88,7 @@ class Client:
                 if state not in FINISHED and flags.cancelled(key):
                     # Cancelled, not stopped yet: submitting again means "run it after all".
                     flags.clear_cancel(key)
+                handle.reached = True
                 return handle  # queued, running or finished: the existing job
             # else a worker received it and its result has expired since: send it again (the
             # worker returns the output still stored as ``reused``, or runs it if it is gone).
@@ -113,6 +114,7 @@ class Client:
                 flags.mark_started(key, taken=False)
             raise
         flags.mark_sent(key)  # how long it waits: the hints of status and wait
+        handle.reached = True
         return handle
 
     def get(self, job: str, tenant: str | None = None) -> JobHandle:

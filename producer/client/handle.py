@@ -59,6 +59,7 @@ class JobHandle:
         self._flags = flags
         self.settings = settings or get_settings()
         self._known = False  # the registry has the id (it never forgets one while it lives)
+        self.reached = False  # Redis answered about this job (a submit did): a blip, not a typo
 
     def _async(self) -> AsyncResult:
         return AsyncResult(self.key, app=self.app)
@@ -176,7 +177,7 @@ class _Watch:
         self.outage_s = handle.settings.wait_outage_s if outage_s is None else outage_s
         self.down_since: float | None = None
         self.failures = 0
-        self.reached = False  # one answer seen: only then is no answer an outage
+        self.reached = handle.reached  # one answer seen: only then is no answer an outage
         self.seen = False  # known to Redis once: UNKNOWN later is not "never submitted"
         self.ran = False  # seen on a worker: QUEUED or UNKNOWN later means records lost
         self.said_lost = False

@@ -76,6 +76,7 @@ def test_redis_restarted_under_wait_then_success(
     client = Client(broker_url=own_redis.url, backend_url=own_redis.url)
     key = _long(client, s3, s3_bucket, "blip-1")
     wait = _cli(own_redis, "wait", key, "--json")
+    wait_for(lambda: _polling(own_redis, wait.pid) or None, 30, "wait polling")
     wait_for(lambda: client.state(key).state == "PROGRESS" or None, 60, "the job mid-way")
     # When Redis restarts under them (down 2 s)
     own_redis.stop()
@@ -123,9 +124,8 @@ def test_broker_gone_for_good_is_69_after_the_outage_budget(
     # Given a queued job (no worker) and a wait that tolerates 2 s without Redis
     client = Client(broker_url=own_redis.url, backend_url=own_redis.url)
     client.submit(pattern_spec("away-1", f"s3://{s3_bucket}/in/z.npy", s3_bucket))
-    before = _clients(own_redis)
     wait = _cli(own_redis, "wait", "away-1", "--json", FRAMEFLEET_WAIT_OUTAGE_S="2")
-    wait_for(lambda: _polling(own_redis, before) or None, 30, "wait polling")
+    wait_for(lambda: _polling(own_redis, wait.pid) or None, 30, "wait polling")
     # When Redis goes away and stays away
     own_redis.stop()
     t0 = time.monotonic()
@@ -140,30 +140,28 @@ def test_broker_gone_for_good_is_69_after_the_outage_budget(
     own_redis.start()  # the fixture stops it
 
 
-def _clients(server: RedisServer) -> dict[str, str]:
-    """Redis's clients: id -> the last command each ran."""
+def _polling(server: RedisServer, pid: int) -> bool:
+    """Process ``pid`` (the wait) has read a result from ``server``: one of its connections is
+    a client whose last command was a GET (it is in its loop, having reached Redis once)."""
+    import psutil
     import redis
 
+    ports = {c.laddr.port for c in psutil.Process(pid).net_connections("tcp")
+             if c.raddr and c.raddr.port == server.port}
     admin = redis.Redis.from_url(server.url)
     try:
-        return {str(c["id"]): str(c.get("cmd", "")) for c in admin.client_list()}
+        return any(int(str(c["addr"]).rsplit(":", 1)[1]) in ports
+                   and c.get("cmd") in ("get", "mget") for c in admin.client_list())
     finally:
         admin.close()
-
-
-def _polling(server: RedisServer, before: dict[str, str]) -> bool:
-    """A client that was not there ``before`` has read a result (the wait is in its loop)."""
-    return any(cmd in ("get", "mget") for cid, cmd in _clients(server).items()
-               if cid not in before)
 
 
 def test_ctrl_c_on_wait_says_the_job_goes_on(own_redis: RedisServer, s3: Any,
                                              s3_bucket: str) -> None:
     client = Client(broker_url=own_redis.url, backend_url=own_redis.url)
     client.submit(pattern_spec("ctrl-c-1", f"s3://{s3_bucket}/in/z.npy", s3_bucket))
-    before = _clients(own_redis)
     wait = _cli(own_redis, "wait", "ctrl-c-1", "--json")
-    wait_for(lambda: _polling(own_redis, before) or None, 30, "wait polling")
+    wait_for(lambda: _polling(own_redis, wait.pid) or None, 30, "wait polling")
     os.kill(wait.pid, signal.SIGINT)
     _, err = wait.communicate(timeout=30)
     assert wait.returncode == EXIT_INTERRUPTED, err
