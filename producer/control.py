@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from pathlib import Path
 from typing import Any, Protocol
@@ -23,7 +24,14 @@ from producer.settings import Settings, get_settings
 class Flags(Protocol):
     """The job registry and the cancel and preempted flags (Redis or files)."""
 
-    def claim(self, job_id: str, digest: str, clear_cancel: bool = False) -> str | None: ...
+    def claim(self, job_id: str, digest: str, clear_cancel: bool = False,
+              spec_json: str = "") -> str | None: ...
+    def first_spec(self, job_id: str) -> str | None:
+        """The JSON of the spec ``job_id`` was claimed with, when the claim kept it."""
+        ...
+    def last_taken(self) -> float | None:
+        """Unix time a worker last received a job, or None (never, or since Redis lost it)."""
+        ...
     def release(self, job_id: str) -> None: ...
     def registered(self, job_id: str) -> str | None:
         """The digest ``job_id`` was claimed with, or None: never submitted (or expired)."""
@@ -35,7 +43,15 @@ class Flags(Protocol):
     def preempted(self, node: str) -> bool: ...
     def start_run(self, job_id: str, holder: str) -> tuple[int, str | None]: ...
     def end_run(self, job_id: str, holder: str, final: bool) -> None: ...
-    def mark_started(self, job_id: str) -> None: ...
+    def mark_started(self, job_id: str, taken: bool = True) -> None:
+        """A worker received ``job_id`` (``taken``: and so took a job now, ``last_taken``)."""
+        ...
+    def mark_sent(self, job_id: str) -> None:
+        """The client sent ``job_id`` to the queue now."""
+        ...
+    def sent_at(self, job_id: str) -> float | None:
+        """Unix time the client last sent ``job_id``, or None (not recorded)."""
+        ...
     def take_started(self, job_id: str) -> bool: ...
     def reset_runs(self, job_id: str) -> None: ...
 
@@ -45,15 +61,24 @@ class RedisFlags:
         self.r = client
         self._claim = client.register_script(keys.CLAIM)
 
-    def claim(self, job_id: str, digest: str, clear_cancel: bool = False) -> str | None:
-        old = self._claim(keys=[keys.claim(job_id), keys.cancel(job_id)],
-                          args=[digest, SPEC_TTL_S, "1" if clear_cancel else "0"])
+    def claim(self, job_id: str, digest: str, clear_cancel: bool = False,
+              spec_json: str = "") -> str | None:
+        old = self._claim(keys=[keys.claim(job_id), keys.cancel(job_id), keys.spec_doc(job_id)],
+                          args=[digest, SPEC_TTL_S, "1" if clear_cancel else "0", spec_json])
         if old is None:
             return None
         return old.decode() if isinstance(old, bytes) else str(old)
 
+    def first_spec(self, job_id: str) -> str | None:
+        value = self.r.get(keys.spec_doc(job_id))
+        return None if value is None else _text(value)
+
+    def last_taken(self) -> float | None:
+        value = self.r.get(keys.LAST_TAKEN)
+        return None if value is None else float(_text(value))
+
     def release(self, job_id: str) -> None:
-        self.r.delete(keys.claim(job_id))
+        self.r.delete(keys.claim(job_id), keys.spec_doc(job_id))
 
     def registered(self, job_id: str) -> str | None:
         value = self.r.get(keys.claim(job_id))
@@ -88,10 +113,21 @@ class RedisFlags:
         """``holder``'s run ended (not lost); ``final``: the job ended, its losses are reset."""
         self.r.eval(keys.END_RUN, 1, keys.runs(job_id), holder, "1" if final else "0")
 
-    def mark_started(self, job_id: str) -> None:
+    def mark_started(self, job_id: str, taken: bool = True) -> None:
         """A worker received ``job_id``: from now on a PENDING state means its result expired."""
         key = keys.runs(job_id)
-        self.r.pipeline().hset(key, "started", "1").expire(key, SPEC_TTL_S).execute()
+        pipe = self.r.pipeline().hset(key, "started", "1").expire(key, SPEC_TTL_S)
+        if taken:
+            pipe.set(keys.LAST_TAKEN, repr(time.time()))
+        pipe.execute()
+
+    def mark_sent(self, job_id: str) -> None:
+        key = keys.runs(job_id)
+        self.r.pipeline().hset(key, "sent_at", repr(time.time())).expire(key, SPEC_TTL_S).execute()
+
+    def sent_at(self, job_id: str) -> float | None:
+        value = self.r.hget(keys.runs(job_id), "sent_at")
+        return None if value is None else float(_text(value))
 
     def take_started(self, job_id: str) -> bool:
         """Clear the job's "has run" mark; True for the one caller that found it."""
@@ -110,10 +146,11 @@ def _text(value: Any) -> str:
 class FileFlags:
     def __init__(self, root: Path) -> None:
         self.root = root
-        for sub in ("spec", "cancel", "preempted", "runs", "tmp"):
+        for sub in ("spec", "specdoc", "cancel", "preempted", "runs", "tmp"):
             (root / sub).mkdir(parents=True, exist_ok=True)
 
-    def claim(self, job_id: str, digest: str, clear_cancel: bool = False) -> str | None:
+    def claim(self, job_id: str, digest: str, clear_cancel: bool = False,
+              spec_json: str = "") -> str | None:
         path = self.root / "spec" / job_id
         # Written whole, then linked into place: link() fails if the name exists, and a racing
         # claim never reads a registry file that is created but still empty.
@@ -127,10 +164,25 @@ class FileFlags:
             tmp.unlink()
         if clear_cancel:
             self.clear_cancel(job_id)
+        if spec_json:
+            (self.root / "specdoc" / job_id).write_text(spec_json)
         return None
+
+    def first_spec(self, job_id: str) -> str | None:
+        try:
+            return (self.root / "specdoc" / job_id).read_text()
+        except FileNotFoundError:
+            return None
+
+    def last_taken(self) -> float | None:
+        try:
+            return (self.root / "last_taken").stat().st_mtime
+        except FileNotFoundError:
+            return None
 
     def release(self, job_id: str) -> None:
         (self.root / "spec" / job_id).unlink(missing_ok=True)
+        (self.root / "specdoc" / job_id).unlink(missing_ok=True)
 
     def registered(self, job_id: str) -> str | None:
         try:
@@ -185,10 +237,20 @@ class FileFlags:
             record.pop("lost_on", None)
         self._write_runs(path, record)
 
-    def mark_started(self, job_id: str) -> None:
+    def mark_started(self, job_id: str, taken: bool = True) -> None:
+        if taken:
+            (self.root / "last_taken").touch()
         path, record = self._runs(job_id)
         if not record.get("started"):
             self._write_runs(path, {**record, "started": True})
+
+    def mark_sent(self, job_id: str) -> None:
+        path, record = self._runs(job_id)
+        self._write_runs(path, {**record, "sent_at": time.time()})
+
+    def sent_at(self, job_id: str) -> float | None:
+        value = self._runs(job_id)[1].get("sent_at")
+        return None if value is None else float(value)
 
     def take_started(self, job_id: str) -> bool:
         path, record = self._runs(job_id)

@@ -23,6 +23,7 @@ The tree::
     ├── JobFailed                 the client's view of a job that ended in FAILURE
     ├── UnknownJobError           (LookupError) a job_id that was never submitted
     ├── SettingsError             (ValueError) a FRAMEFLEET_* value is invalid; names it
+    ├── LedgerError               the job ledger cannot be read (not set, unreachable, no boto3)
     ├── ApiRequestError           an HTTP request the gateway refuses (status, code, field)
     └── BrokerError               (ConnectionError) the client cannot use Redis
         ├── BrokerUnavailable     nothing answers: refused, timed out, unknown host
@@ -114,6 +115,11 @@ class UnknownJobError(FramefleetError, LookupError):
 
 class SettingsError(FramefleetError, ValueError):
     """A ``FRAMEFLEET_*`` environment value is invalid; the message names the variable."""
+
+
+class LedgerError(FramefleetError):
+    """The durable job ledger (``FRAMEFLEET_LEDGER_URI``) cannot be read: not configured,
+    unreachable, or boto3 missing for an ``s3://`` one. Names the URI."""
 
 
 class BrokerError(FramefleetError, ConnectionError):

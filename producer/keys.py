@@ -7,13 +7,19 @@ too: ``worker.lifecycle.recovery``).
 framefleet's own keys (``framefleet:`` prefix):
 
 - ``spec:{job}``: the claim, the spec digest a job_id was submitted with (``SET NX``);
+- ``specdoc:{job}``: the spec itself (canonical JSON), written with the claim by the client,
+  so a later conflict can name the fields that differ;
 - ``cancel:{job}``: a cooperative cancel asked for (polled between chunks and steps);
 - ``preempted:{node}``: a spot interruption notice for a worker node;
 - ``runs:{job}``: the run record, a hash: ``running`` (the holder of the run in progress),
-  ``losses`` and ``lost_on`` (runs whose worker died), ``started`` (a worker received it);
+  ``losses`` and ``lost_on`` (runs whose worker died), ``started`` (a worker received it),
+  ``sent_at`` (unix time the client last sent it);
 - ``lease:{job}``: the one run allowed at a time (``SET NX PX``, renewed while it runs);
 - ``held:{job}:{token}``: a ``HeldRun``, GPU time of a run that ended without a result;
 - ``undecodable_total``: messages on the queue that no worker could decode;
+- ``last_taken``: unix time a worker last received a job (``status``/``wait`` hints);
+- ``ledger:runs:{job}``: ``HeldRun``s of the job's runs that sent it back (retry, requeue),
+  kept until its end's ledger record carries them;
 - ``api:job:{job}``, ``api:jobs:{tenant}``, ``api:inflight:{tenant}``, ``api:rate:…``: the HTTP
   gateway's records of the jobs it submitted, each tenant's listing and jobs in flight, and
   the rate limiter's windows.
@@ -34,6 +40,8 @@ FLAG_TTL_S = 2 * 86_400
 #: Pattern and prefix of the ``HeldRun`` records (``framefleet cost report`` scans them).
 HELD_PREFIX = PREFIX + "held:"
 UNDECODABLE = PREFIX + "undecodable_total"
+#: Unix time (text) a worker last received a job of the queue.
+LAST_TAKEN = PREFIX + "last_taken"
 #: Celery's result key of a task id.
 RESULT_PREFIX = "celery-task-meta-"
 #: kombu's Redis transport: delivered, not yet acknowledged messages and their delivery times.
@@ -50,6 +58,14 @@ def claim(job_id: str) -> str:
 
 def cancel(job_id: str) -> str:
     return f"{PREFIX}cancel:{job_id}"
+
+
+def spec_doc(job_id: str) -> str:
+    return f"{PREFIX}specdoc:{job_id}"
+
+
+def ledger_runs(job_id: str) -> str:
+    return f"{PREFIX}ledger:runs:{job_id}"
 
 
 def preempted(node: str) -> str:
@@ -102,11 +118,13 @@ def queue_lists(queue: str) -> list[str]:
 
 # --- Lua: the registry (producer.control) -------------------------------------------------
 
-#: Claim a job_id (SET NX) and, when the claim is new, clear a stale cancel flag: one round
-#: trip. KEYS: claim, cancel. ARGV: digest, TTL, "1" to clear the cancel flag.
+#: Claim a job_id (SET NX) and, when the claim is new, clear a stale cancel flag and keep the
+#: spec (when given): one round trip. KEYS: claim, cancel, spec doc. ARGV: digest, TTL, "1" to
+#: clear the cancel flag, the spec's JSON ('' to keep none).
 CLAIM = """
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
   if ARGV[3] == '1' then redis.call('DEL', KEYS[2]) end
+  if ARGV[4] ~= '' then redis.call('SET', KEYS[3], ARGV[4], 'EX', ARGV[2]) end
   return false
 end
 return redis.call('GET', KEYS[1])

@@ -28,14 +28,16 @@ STAGE_NAMES: tuple[str, ...] = (
 
 class Progress(Frozen):
     """Payload of the Celery custom state ``PROGRESS``: denoise steps first (generate jobs),
-    then frames."""
+    then frames (``decode``), then the last segments' encode and upload once every frame is
+    decoded (``upload``). ``worker`` is the node that runs it (``gpu0@host``)."""
 
     frames_done: int
     frames_total: int
     segments_done: int
-    stage: Literal["denoise", "decode"] = "decode"
+    stage: Literal["denoise", "decode", "upload"] = "decode"
     steps_done: int = 0
     steps_total: int = 0
+    worker: str | None = None
 
     @property
     def text(self) -> str:
@@ -43,6 +45,16 @@ class Progress(Frozen):
         if self.stage == "denoise":
             return f"denoise {self.steps_done}/{self.steps_total}"
         return f"{self.frames_done}/{self.frames_total} frames"
+
+    def describe(self) -> str:
+        """The stage in words: ``denoise 37/40``, ``decode 13/49 frames, 1 segment``,
+        ``upload: 49/49 frames decoded, 3 segments stored``."""
+        segments = f"{self.segments_done} segment{'' if self.segments_done == 1 else 's'}"
+        if self.stage == "denoise":
+            return self.text
+        if self.stage == "upload":
+            return f"upload: {self.text} decoded, {segments} stored"
+        return f"decode {self.text}, {segments}"
 
 
 class SegmentInfo(Frozen):
@@ -162,6 +174,19 @@ class CostReport(Frozen):
     gpu_seconds_per_denoise_step: float | None = Field(
         default=None, description="generate jobs: the denoise stage's GPU-seconds per step")
 
+    def summary(self) -> str:
+        """One line: ``$0.004812 total: GPU $0.004667 (5.00 s), S3 $0.000145; $0.0301 per
+        video-minute (g7e.2xlarge on-demand $3.3600/h)``. ``str()`` gives the same; the whole
+        report (prices, their sources, stages) is ``model_dump()``."""
+        p = self.prices
+        s3 = self.s3_put_usd + self.storage_usd_per_month
+        return (f"${self.total_usd:.6f} total: GPU ${self.gpu_usd:.6f} ({self.gpu_seconds:.2f} "
+                f"s), S3 ${s3:.6f}; ${self.usd_per_video_minute:.4f} per video-minute "
+                f"({p.instance_type} {p.capacity} ${p.instance_usd_per_hour:.4f}/h)")
+
+    def __str__(self) -> str:
+        return self.summary()
+
 
 class ImageFacts(Frozen):
     """An image a job conditioned on: which file (its sha256) and how it was sized."""
@@ -195,6 +220,7 @@ class GenerateFacts(Frozen):
     image: ImageFacts | None = None
     last_image: ImageFacts | None = None
     loras: tuple[LoraFacts, ...] = ()
+
 
 
 class Manifest(Frozen):
@@ -237,3 +263,51 @@ class JobResult(Frozen):
     def random_weights(self) -> bool:
         """Decoded with random weights (``decoder.weights: "random"``): the video is noise."""
         return self.manifest.random_weights
+
+
+class StateTime(Frozen):
+    """One state of a job's run in the ledger, and when it began (unix time)."""
+
+    state: Literal["QUEUED", "STARTED", "SUCCESS", "FAILURE", "REVOKED"]
+    at: float
+
+
+#: The ledger record's own version.
+LEDGER_SCHEMA_VERSION: Literal[1] = 1
+
+
+class LedgerRecord(Frozen):
+    """One ended job in the durable ledger (``FRAMEFLEET_LEDGER_URI``): written once by the
+    worker that ended it (success, failure or cancel), one JSON object per file.
+
+    ``result`` is the ``JobResult`` of a success: its manifest names the output's URIs, its
+    ``timings`` the seconds per stage, its ``cost`` the direct cost. ``held`` are the runs that
+    ended without a result: the earlier runs that sent the job back (retries, requeues) and,
+    for a failure or a cancel, the last one; each with its GPU time and prices. A job
+    submitted again after it ended gets a record of its own for each end.
+    """
+
+    schema_version: Literal[1] = LEDGER_SCHEMA_VERSION
+    key: str = Field(description="tenant:job_id (plain job_id for the default tenant)")
+    job_id: str
+    tenant: str
+    spec_digest: str
+    status: Literal["success", "failure", "cancelled"]
+    reason: str = Field(default="", description="the error's class, for a failure")
+    error: str | None = Field(default=None, description="the error's message, for a failure")
+    node: str = Field(description="the worker that ended it")
+    states: tuple[StateTime, ...] = Field(description="QUEUED, STARTED, then the end")
+    error_retries: int = 0
+    requeues: int = 0
+    output_uri: str = Field(description="the job's folder: {output.uri}/{tenant}/{job_id}")
+    result: JobResult | None = None
+    held: tuple[HeldRun, ...] = ()
+    finished_at: float
+
+    @property
+    def gpu_seconds(self) -> float:
+        """GPU time of every run of this job: the result's and the runs without one."""
+        done = 0.0 if self.result is None else (
+            self.result.cost.gpu_seconds if self.result.cost is not None
+            else self.result.timings.wall_s)
+        return done + sum(h.gpu_seconds for h in self.held)

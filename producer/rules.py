@@ -5,16 +5,27 @@ on receipt (the wire is not trusted), with the same rules on both sides.
 settings: decoder weights named, the time limit under ``FRAMEFLEET_MAX_TIME_LIMIT_S``, the
 output under ``FRAMEFLEET_OUTPUT_PREFIX``, webhooks on the allow-list (before DNS: the
 delivering worker checks the addresses again), and the message under
-``FRAMEFLEET_MAX_MESSAGE_BYTES``. What only a worker can know (its file roots, its devices, what
-its model folders hold) is checked by the worker when it resolves those paths.
+``FRAMEFLEET_MAX_MESSAGE_BYTES``. What only a worker can know (its devices, what its model folders
+hold, where a symlink leads) is checked by the worker when it resolves those paths.
+
+Local paths (``file://``) are the workers' paths. ``check_local_paths`` runs at submit only:
+where ``FRAMEFLEET_FILE_ROOTS`` is set on the producer (or the producer is the embedded mode,
+whose folder it knows), a path outside the roots is refused before anything is queued; where
+it is not set, the producer cannot know, so the client warns that the workers decide. The
+worker checks again with symlinks resolved (``worker/inputs/paths.py``), which a producer
+cannot do for a path on another machine.
 """
 
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Iterator
+from pathlib import PurePosixPath
 from typing import Any
+from urllib.parse import unquote, urlparse
 
-from producer.errors import InvalidJobError
+from producer.errors import InvalidJobError, PathRefusedError
 from producer.settings import Settings
 from producer.spec import JobSpec
 from producer.webhooks import UrlPolicy, check_notify
@@ -43,3 +54,58 @@ def check_spec(spec: JobSpec, settings: Settings) -> None:
     if spec.notify is not None:
         check_notify(spec.notify.urls, UrlPolicy.from_settings(settings))
     check_message_size(spec.model_dump(mode="json"), settings)
+
+
+class LocalPathWarning(UserWarning):
+    """A job names local paths, and this producer cannot tell whether the workers allow
+    them (``FRAMEFLEET_FILE_ROOTS`` is not set here)."""
+
+
+def local_paths(spec: JobSpec) -> Iterator[tuple[str, str]]:
+    """(field, URI) of every ``file://`` URI in ``spec``, fields named as in errors
+    (``output.uri``, ``decoder.weights``, ``generate.model``)."""
+
+    def walk(value: Any, path: str) -> Iterator[tuple[str, str]]:
+        if isinstance(value, dict):
+            for name, item in value.items():
+                yield from walk(item, f"{path}.{name}" if path else str(name))
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                yield from walk(item, f"{path}[{i}]")
+        elif isinstance(value, str) and value.startswith("file://"):
+            yield path, value
+
+    yield from walk(spec.model_dump(mode="json"), "")
+
+
+def submit_roots(settings: Settings) -> tuple[PurePosixPath, ...] | None:
+    """The folders the workers allow, as far as this producer knows them: its own
+    ``FRAMEFLEET_FILE_ROOTS`` (empty: none), or the embedded mode's folder; None: unknown."""
+    if settings.file_roots is not None:
+        return tuple(PurePosixPath(os.path.normpath(r)) for r in settings.file_root_list)
+    if settings.broker_url.startswith("filesystem://"):
+        return (PurePosixPath(os.path.abspath(settings.data_dir)).parent,)
+    return None
+
+
+def check_local_paths(spec: JobSpec, settings: Settings) -> list[str]:
+    """At submit: raise ``PathRefusedError`` naming the first ``file://`` path outside the
+    known roots; return the warnings to give when the roots are not known here."""
+    paths = list(local_paths(spec))
+    roots = submit_roots(settings)
+    if not paths:
+        return []
+    if roots is None:
+        fields = ", ".join(field for field, _ in paths)
+        return [f"{fields}: local paths on the workers, and FRAMEFLEET_FILE_ROOTS is not set "
+                "here, so the workers decide: each refuses a path outside its own "
+                "FRAMEFLEET_FILE_ROOTS (none at all when it is unset there)"]
+    for field, uri in paths:
+        path = PurePosixPath(os.path.normpath(unquote(urlparse(uri).path)))
+        if not any(path == root or path.is_relative_to(root) for root in roots):
+            allowed = ":".join(str(r) for r in roots) or "none"
+            raise PathRefusedError(
+                f"{field}: {uri} is outside FRAMEFLEET_FILE_ROOTS ({allowed}), so the workers "
+                "would refuse it; use a folder under the roots, or add one to "
+                "FRAMEFLEET_FILE_ROOTS here and on the workers")
+    return []

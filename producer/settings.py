@@ -258,6 +258,16 @@ class Settings(BaseSettings):
         description="s3:// or file:// prefix every job's output.uri must be under; unset: any",
     )
 
+    ledger_uri: str | None = Field(
+        default=None, pattern=r"^(s3://[^/\s]+|file:///)\S*$",
+        description="s3:// or file:// prefix of the durable job and cost ledger; unset: none")
+    wait_outage_s: float = Field(default=120.0, ge=0, le=86_400, description="how long `wait` "
+                                 "rides out a broker or backend that stops answering")
+    idle_hint_s: float = Field(default=30.0, ge=1, le=86_400, description="a job queued this "
+                               "long, no job taken for as long: `status` and `wait` hint why")
+    flower_basic_auth: SecretStr | None = Field(default=None, description="`framefleet "
+                                                "flower`'s login: user:password[,user:password]")
+
     # --- `framefleet api`: the HTTP gateway (producer/api) ----------------------------------
     api_addr: IPvAnyAddress = Field(
         default=IPv4Address("127.0.0.1"),
@@ -349,6 +359,14 @@ class Settings(BaseSettings):
                 "FRAMEFLEET_RECOVERY_GRACE_S must be at least 3 x FRAMEFLEET_RECOVERY_PERIOD_S, "
                 "or a live worker that misses one touch loses its jobs to another"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _flower_auth(self) -> Settings:
+        auth = self.flower_basic_auth  # not a field pattern: its error would print the password
+        pairs = [p.partition(":") for p in (auth.get_secret_value() if auth else "").split(",")]
+        if auth and any(not user or not pw or " " in user + pw for user, _, pw in pairs):
+            raise ValueError("FRAMEFLEET_FLOWER_BASIC_AUTH: not user:password (value not shown)")
         return self
 
     @property

@@ -36,8 +36,9 @@ def test_the_cli_block_lists_every_command_and_the_table_every_state() -> None:
 
 
 def test_the_readme_names_only_files_of_the_repository() -> None:
+    text = README + (ROOT / "docs" / "deploy.md").read_text()
     named = set(re.findall(
-        r"`((?:producer|worker|tests|bench|infra|docker|scripts|examples)/[^`\s:]*)", README))
+        r"`((?:producer|worker|tests|bench|infra|docker|scripts|examples)/[^`\s:]*)", text))
     missing = sorted(p for p in named - MADE_BY_THE_READER if not (ROOT / p).exists())
     assert not missing, missing
     # No concrete absolute path of some machine: file:// URIs are placeholders or built
@@ -62,3 +63,22 @@ def test_the_makefile_names_no_missing_file() -> None:
     assert "bench/README.md" in named
     missing = sorted(p for p in named if not (ROOT / p).exists())
     assert not missing, missing
+
+
+def test_every_webhook_event_has_its_payload_documented() -> None:
+    from typing import get_args
+
+    from producer.spec import NotifyEvent
+
+    section = _section("Live playback and webhooks")
+    rows = dict(re.findall(r"(?m)^\| `([a-z]+)` \| [^|]+ \| (`\{.*\}`.*) \|$", section))
+    assert set(rows) == set(get_args(NotifyEvent)), set(rows) ^ set(get_args(NotifyEvent))
+    assert '"message"' in rows["cancelled"] and '"error"' in rows["failed"]
+
+
+def test_the_exit_statuses_are_the_clis() -> None:
+    from producer.cli import output
+
+    table = dict(re.findall(r"(?m)^\| (\d+) \| ([^|]+) \|$", _section("CLI")))
+    codes = {getattr(output, n) for n in dir(output) if n.startswith("EXIT_")}
+    assert codes | {0, 2} == {int(c) for c in table}, table

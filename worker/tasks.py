@@ -28,7 +28,7 @@ from celery.exceptions import Ignore
 from producer.app import TASK_NAME
 from producer.control import Flags, flags_for
 from producer.cost import cost_for_job
-from producer.errors import InvalidJobError, JobConflictError
+from producer.errors import FatalJobError, InvalidJobError, JobConflictError
 from producer.rules import check_message_size, check_spec
 from producer.settings import Settings, get_settings
 from producer.spec import JobSpec, parse_spec
@@ -61,10 +61,12 @@ def register(app: Celery) -> Task:
     """Register ``decode_video`` on ``app`` only, under ``TASK_NAME``; returns the task.
 
     ``shared=False``: Celery's default would also add the task to every other app finalized
-    in this process (a client's, the dashboard's).
+    in this process (a client's, the dashboard's). ``throws``: a fatal job error (bad input,
+    a path outside the file roots, the store's configuration) is the job's answer, not a bug:
+    Celery logs it as one line with the job's id and the message, without a traceback.
     """
     task: Task = app.task(bind=True, name=TASK_NAME, acks_late=True, reject_on_worker_lost=True,
-                          shared=False, lazy=False)(decode_video)
+                          shared=False, lazy=False, throws=(FatalJobError,))(decode_video)
     return task
 
 

@@ -1,26 +1,26 @@
-"""What the ``framefleet`` commands share: the client, the error line, URIs from paths, the
-result's summary."""
+"""What the ``framefleet`` commands share: the client, the error line and exit statuses, URIs
+from paths, the result's summary, the wait (its notes, Ctrl-C)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from producer.cli.output import console, fail
-from producer.errors import FramefleetError
+from producer.cli.output import EXIT_INTERRUPTED, EXIT_TIMEOUT, console, errors, fail, note
 from producer.spec import JobResult, job_key
 
 if TYPE_CHECKING:
     from producer.client import Client
 
+__all__ = ["EXITS", "EXIT_TIMEOUT", "WAIT_TIMEOUT_S", "JobIdArg", "TenantOpt", "TimeoutOpt",
+           "_client", "_errors", "_uri", "_wait", "print_result"]
 #: ``wait``'s default limit, in seconds (``--timeout 0``: none).
 WAIT_TIMEOUT_S = 3600.0
-#: The exit status of a ``wait`` that ran out of time (as timeout(1)'s).
-EXIT_TIMEOUT = 124
+#: The command's expected failures: one ``error:`` line and the exit status of its kind
+#: (``producer.cli.output``: 3 failed, 4 cancelled, 69 broker unreachable, 124 timed out).
+_errors = errors
 
 
 def _client() -> Client:
@@ -28,19 +28,6 @@ def _client() -> Client:
     from producer.client import Client
 
     return Client()
-
-
-@contextmanager
-def _errors() -> Iterator[None]:
-    """The command's expected failures become one ``error:`` line and exit status 1."""
-    try:
-        yield
-    except FramefleetError as e:
-        fail(e)
-    except TimeoutError as e:
-        fail(e, EXIT_TIMEOUT)
-    except ValueError as e:
-        fail(e)
 
 
 def _uri(value: Optional[str]) -> Optional[str]:
@@ -67,8 +54,7 @@ def print_result(result: JobResult) -> None:
         console.print(f"generate: tier {facts.tier}, cache {facts.cache}, {facts.steps} steps"
                       f"{extra}", markup=False)
     if result.cost is not None:
-        console.print(f"cost: ${result.cost.total_usd:.6f} "
-                      f"(${result.cost.usd_per_video_minute:.5f} per video-minute)")
+        console.print(f"cost: {result.cost.summary()}", markup=False)
 
 
 JobIdArg = Annotated[str, typer.Argument(
@@ -79,6 +65,25 @@ TimeoutOpt = Annotated[float, typer.Option(
     metavar="SECONDS", help="give up after this long (exit status 124); 0: no limit")]
 
 
+EXITS = ("Exit status: 0 succeeded, 1 an error (unknown job, bad setting), 3 the job failed, "
+         "4 it was cancelled, 69 the broker or result backend does not answer (after "
+         "FRAMEFLEET_WAIT_OUTAGE_S), 124 still running after the timeout, 130 interrupted "
+         "(the job goes on).")
+
+
+def _say(line: str) -> None:
+    note(line, "note")
+
+
 def _wait(handle: Any, timeout: float, progress: bool) -> JobResult:
-    result: JobResult = handle.wait(timeout=timeout or None, progress=progress)
-    return result
+    """``handle.wait`` with its notes on stderr (above the bar when there is one); Ctrl-C
+    says the job goes on (exit 130)."""
+    try:
+        with _errors():
+            result: JobResult = handle.wait(timeout=timeout or None, progress=progress,
+                                            say=None if progress else _say)
+            return result
+    except KeyboardInterrupt:
+        fail(f"interrupted: job {handle.key} goes on without you (framefleet wait "
+             f"{handle.key} follows it again; framefleet cancel {handle.key} stops it)",
+             EXIT_INTERRUPTED)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from producer.spec import JobResult
 
@@ -34,8 +35,12 @@ def cost_over_time(
     }
 
 
-#: What ``--plot`` needs, and the extra that installs it.
-PLOT_MISSING = "--plot needs matplotlib, which is not installed: pip install 'framefleet[plot]'"
+#: What ``--plot`` needs, the extra that installs it, and where: the environment this
+#: ``framefleet`` runs from (its ``bin/`` holds the command; installing into another one
+#: gives that one a ``framefleet`` of its own).
+PLOT_MISSING = ("--plot needs matplotlib, which is not installed: pip install 'framefleet[plot]' "
+                f"into {sys.prefix}, the environment this framefleet runs from (from a checkout: "
+                "pip install -e '.[plot]')")
 
 
 def require_matplotlib() -> None:
@@ -46,8 +51,11 @@ def require_matplotlib() -> None:
         raise ImportError(PLOT_MISSING) from e
 
 
-def write_plot(results: list[JobResult], path: Path, *, bucket_s: float, by: str | None) -> None:
-    """PNG of $ per video-minute over time, one line per group (matplotlib, Agg backend)."""
+def cost_figure(results: list[JobResult], *, bucket_s: float, by: str | None) -> Any:
+    """A matplotlib Figure (Agg canvas) of $ per video-minute over time, one line per group.
+
+    The time axis spans the points; a single time (one point, or one bucket) gets one bucket
+    either side, not matplotlib's default of several years."""
     require_matplotlib()
     import matplotlib.dates as mdates
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -63,6 +71,12 @@ def write_plot(results: list[JobResult], path: Path, *, bucket_s: float, by: str
         times = mdates.date2num(stamps)  # type: ignore[no-untyped-call]
         ax.plot(times, [v for _, v in points], marker="o", label=group)
     ax.xaxis_date(tz=dt.UTC)
+    starts = {t for points in series.values() for t, _ in points}
+    if len(starts) == 1:
+        (t,) = starts
+        pad = dt.timedelta(seconds=bucket_s)
+        mid = dt.datetime.fromtimestamp(t, tz=dt.UTC)
+        ax.set_xlim(mdates.date2num(mid - pad), mdates.date2num(mid + pad))  # type: ignore[no-untyped-call]
     ax.set_title(f"$ per video-minute (direct), {bucket_s / 60:g}-minute buckets")
     ax.set_ylabel("USD per video-minute")
     ax.set_xlabel("finished (UTC)")
@@ -73,4 +87,9 @@ def write_plot(results: list[JobResult], path: Path, *, bucket_s: float, by: str
     ax.grid(True, alpha=0.3)
     if series:
         ax.legend(loc="best", fontsize="small")
-    fig.savefig(path, dpi=110)
+    return fig
+
+
+def write_plot(results: list[JobResult], path: Path, *, bucket_s: float, by: str | None) -> None:
+    """PNG of $ per video-minute over time (``cost_figure``), at 110 dpi."""
+    cost_figure(results, bucket_s=bucket_s, by=by).savefig(path, dpi=110)

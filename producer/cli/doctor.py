@@ -4,6 +4,9 @@ Each check is a small function of the settings (and of a service it reads) retur
 :class:`Check` with OK, WARN or FAIL; :func:`run_checks` runs them all. FAIL means jobs will be
 lost, run twice or refused; WARN means a weaker guarantee than the README's. The command exits
 non-zero on any FAIL. Light on purpose: no torch and no worker code (boto3 only for S3).
+
+A development Redis without an append-only file FAILs the persistence check on purpose (a
+restart loses the queue); the line says so, and how to make it OK.
 """
 
 from __future__ import annotations
@@ -135,6 +138,50 @@ def check_file_roots(s: Settings) -> Check:
 PERSISTENCE_STATUS: dict[str, Status] = {"aof": "OK", "rdb": "WARN", "none": "FAIL",
                                          "unknown": "WARN"}
 PersistenceProbe = Callable[[str], Persistence | None]
+#: What a FAIL of persistence means on a laptop, said on the line itself.
+DEV_REDIS = ("; expected on a development Redis (redis-server --appendonly yes makes this OK), "
+             "never acceptable in production")
+WorkersProbe = Callable[[Settings], list[str]]
+#: How long the live-workers check waits for pings.
+PING_TIMEOUT_S = 2.0
+
+
+def ping_workers(s: Settings) -> list[str]:
+    """The node names of the workers that answer a ping on the settings' broker."""
+    from producer.client import Client
+    from producer.client.handle import _io
+    from producer.client.hints import ping_workers as ping
+
+    client = Client(settings=s)
+    try:
+        with _io(client.app):
+            return list(ping(client.app, PING_TIMEOUT_S))
+    finally:
+        client.app.close()
+
+
+def check_workers(s: Settings, probe: WorkersProbe = ping_workers) -> Check:
+    """Live workers: who answers a ping now (none: jobs wait in the queue)."""
+    if s.broker_url.startswith("filesystem://"):
+        return Check("live workers", "OK", "embedded mode: `framefleet demo` starts its own")
+    try:
+        names = probe(s)
+    except Exception as e:  # noqa: BLE001 - the broker check names the cause in detail
+        return Check("live workers", "FAIL", f"could not ask: {' '.join(str(e).split())}")
+    if not names:
+        return Check("live workers", "WARN", f"none answered a ping within {PING_TIMEOUT_S:g} "
+                     "s: jobs wait in the queue until one starts (framefleet worker)")
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    return Check("live workers", "OK", f"{len(names)} answered a ping: {shown}")
+
+
+def check_ledger(s: Settings) -> Check:
+    """Where the job and cost history is kept beyond Redis."""
+    if s.ledger_uri is None:
+        return Check("ledger", "WARN", "FRAMEFLEET_LEDGER_URI unset: the job and cost history "
+                     "lives in Redis only, and goes with its data and after "
+                     "FRAMEFLEET_RESULT_EXPIRES_S")
+    return Check("ledger", "OK", f"{s.ledger_uri} (set it on the workers too)")
 
 
 def check_broker(s: Settings, probe: PersistenceProbe = check_broker_url) -> Check:
@@ -145,7 +192,8 @@ def check_broker(s: Settings, probe: PersistenceProbe = check_broker_url) -> Che
         return Check("broker persistence", "FAIL", f"broker unreachable: {e}")
     if found is None:
         return Check("broker persistence", "OK", f"embedded mode: files under {s.data_dir}")
-    return Check("broker persistence", PERSISTENCE_STATUS[found.level], found.detail)
+    dev = DEV_REDIS if found.level == "none" else ""
+    return Check("broker persistence", PERSISTENCE_STATUS[found.level], found.detail + dev)
 
 
 def check_s3(s: Settings, output: str | None, client: Any = None) -> Check:
@@ -183,10 +231,15 @@ def check_s3(s: Settings, output: str | None, client: Any = None) -> Check:
 
 def run_checks(s: Settings, output: str | None = None, *,
                probe: PersistenceProbe = check_broker_url, s3_client: Any = None,
-               container: bool | None = None) -> list[Check]:
+               container: bool | None = None,
+               workers: WorkersProbe = ping_workers) -> list[Check]:
     """Every check, in a fixed order."""
+    broker = check_broker(s, probe)
     return [
-        check_broker(s, probe),
+        broker,
+        # No ping through a broker that does not answer: its line says why already.
+        check_workers(s, workers) if "unreachable" not in broker.detail
+        else Check("live workers", "FAIL", "not asked: the broker does not answer"),
         check_visibility(s),
         check_backoff(s),
         check_recovery(s),
@@ -194,6 +247,7 @@ def run_checks(s: Settings, output: str | None = None, *,
         check_bind(s, container),
         check_compile_cache(s),
         check_file_roots(s),
+        check_ledger(s),
     ]
 
 

@@ -1,12 +1,19 @@
-"""Where the CLI prints: stdout for answers, stderr for errors, one line each."""
+"""Where the CLI prints (stdout for answers, stderr for errors, one line each) and the exit
+statuses it ends with."""
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import NoReturn
 
 import typer
 from rich.console import Console
 from rich.text import Text
+
+from producer.errors import BrokerUnavailable, FramefleetError, JobCancelled, JobFailed
+from producer.rules import LocalPathWarning
 
 #: Answers: a line is never wrapped (a URI stays whole, copy-paste safe).
 console = Console(soft_wrap=True)
@@ -14,9 +21,56 @@ err = Console(stderr=True, soft_wrap=True)
 #: Reports: tables that fold their cells to the terminal's width (80 columns when piped).
 tables = Console()
 
+#: Exit statuses (the README lists them). 2 is click's, for a command line it cannot parse.
+EXIT_ERROR = 1  # a bad spec, setting or argument; an unknown job; a refused password
+EXIT_FAILED = 3  # the job ended in FAILURE
+EXIT_CANCELLED = 4  # the job ended REVOKED (cancelled)
+EXIT_UNAVAILABLE = 69  # the broker or result backend does not answer (sysexits' EX_UNAVAILABLE)
+EXIT_TIMEOUT = 124  # `wait` ran out of time, the job goes on (as timeout(1)'s)
+EXIT_INTERRUPTED = 130  # Ctrl-C on `wait`: the job goes on (128 + SIGINT)
 
-def fail(e: Exception | str, code: int = 1) -> NoReturn:
+
+def fail(e: Exception | str, code: int = EXIT_ERROR) -> NoReturn:
     """Print ``error: MESSAGE`` on one line (no markup, no wrapping) and exit with ``code``."""
     message = " ".join(str(e).split())
     err.print(Text.assemble(("error:", "red"), " ", message))
     raise typer.Exit(code)
+
+
+def note(message: str, label: str = "warning") -> None:
+    """One ``warning: …`` (or other ``label``) line on stderr."""
+    err.print(Text.assemble((f"{label}:", "yellow"), " ", " ".join(message.split())))
+
+
+def exit_code(e: BaseException) -> int:
+    """The exit status an error ends a command with."""
+    if isinstance(e, JobFailed):
+        return EXIT_FAILED
+    if isinstance(e, JobCancelled):
+        return EXIT_CANCELLED
+    if isinstance(e, BrokerUnavailable):
+        return EXIT_UNAVAILABLE
+    if isinstance(e, TimeoutError):
+        return EXIT_TIMEOUT
+    return EXIT_ERROR
+
+
+@contextmanager
+def errors() -> Iterator[None]:
+    """The command's expected failures become one ``error:`` line and their exit status;
+    when it succeeds, warnings raised inside (a local path only the workers can judge) become
+    ``warning:`` lines."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", LocalPathWarning)
+        try:
+            yield
+        except (FramefleetError, TimeoutError, ValueError) as e:
+            fail(e, exit_code(e))  # one line: a warning about what did not happen is moot
+        _warn(caught)
+
+
+def _warn(caught: list[warnings.WarningMessage]) -> None:
+    for w in caught:
+        if issubclass(w.category, LocalPathWarning):
+            note(str(w.message))
+    caught.clear()

@@ -108,7 +108,8 @@ def submit(
     spec: Annotated[Optional[Path], typer.Option(
         metavar="FILE", help="a JobSpec JSON file, instead of the options above")] = None,
     wait: Annotated[bool, typer.Option(
-        "--wait", help="wait for the job with a progress bar, then print its result")] = False,
+        "--wait", help="wait for the job with a progress bar, then print its result (exit "
+        "status as for wait)")] = False,
     timeout: TimeoutOpt = WAIT_TIMEOUT_S,
 ) -> None:
     """Submit one job: latents to decode (--input) or a prompt to generate from (--prompt,
@@ -141,6 +142,7 @@ def submit(
                 "priority": priority,
             })
         handle = _client().submit(job)
-        console.print(job.key, markup=False)  # what status, wait and cancel take
-        if wait:
-            print_result(_wait(handle, timeout, progress=True))
+    # After the block: its warnings (a local path only the workers can judge) come first.
+    console.print(job.key, markup=False)  # what status, wait and cancel take
+    if wait:
+        print_result(_wait(handle, timeout, progress=True))

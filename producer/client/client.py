@@ -5,27 +5,31 @@ Imports no torch, av, boto3 or worker code; it only speaks the wire format of ``
 
 from __future__ import annotations
 
+import json
 import time
+import warnings
 from typing import Any
 
 from celery import Celery
 from celery.result import AsyncResult
 
 from producer.app import ENQUEUED_AT_HEADER, TASK_NAME, make_app, redis_priority
+from producer.client.conflict import conflict
 from producer.client.connection import bound_client_app
 from producer.client.handle import JobHandle, _io, _unknown
 from producer.client.jobstate import FINISHED, JobState
 from producer.control import flags_for
-from producer.errors import InvalidJobError, JobConflictError
-from producer.rules import check_spec
+from producer.errors import InvalidJobError
+from producer.rules import LocalPathWarning, check_local_paths, check_spec
 from producer.settings import Settings, get_settings
 from producer.spec import JobSpec, job_key, split_key
 
 # Resubmitting a job that ended without an output runs it again: FAILURE, and REVOKED too.
 # A cancel stops a run; it does not retire the job_id, which names the job's output folder,
 # so the same spec submitted again after a cancel is a deliberate request to run it. This is
-# why cancel sets a flag and never calls Celery's revoke: workers remember revoked ids and
-# would drop every later run of that id.
+# why cancel sets a flag and never calls Celery's revoke (workers would remember the id and
+# drop every later run of it), and why the workers take Celery's revoke (Flower's button,
+# `celery control revoke`) as this cancel too (``worker.concerns.cancel``).
 RERUNNABLE = {"FAILURE", "REVOKED"}
 
 
@@ -55,25 +59,27 @@ class Client:
         handle instead of running it twice, unless it ended in FAILURE or was cancelled
         (REVOKED), or its result has expired: then it is sent again (a complete stored output
         comes back as ``reused``). Resubmitting a job whose cancel no worker has acted on yet
-        withdraws the cancel. The same job_id with a different spec raises JobConflictError.
-        A spec without ``decoder.weights`` for a decoder that needs them is refused
-        (InvalidJobError) before anything is queued."""
+        withdraws the cancel. The same job_id with a different spec raises JobConflictError
+        naming the fields that differ. A spec the fleet's rules refuse (``producer.rules``:
+        no ``decoder.weights`` for a Wan decoder, a ``file://`` path outside this producer's
+        ``FRAMEFLEET_FILE_ROOTS``, …) raises InvalidJobError before anything is queued; local
+        paths that only the workers can judge (no roots set here) give a ``LocalPathWarning``."""
         with _io(self.app):
             return self._submit(spec)
 
     def _submit(self, spec: JobSpec) -> JobHandle:
         check_spec(spec, self.settings)  # the worker checks again on receipt
+        for warning in check_local_paths(spec, self.settings):
+            warnings.warn(warning, LocalPathWarning, stacklevel=4)
         payload = spec.model_dump(mode="json")
         digest, key = spec.digest(), spec.key
         flags = flags_for(self.app, self.settings)
-        existing = flags.claim(key, digest, clear_cancel=True)
-        handle = JobHandle(self.app, key, flags)
+        existing = flags.claim(key, digest, clear_cancel=True,
+                               spec_json=json.dumps(payload, separators=(",", ":")))
+        handle = JobHandle(self.app, key, flags, self.settings)
         if existing is not None:
             if existing != digest:
-                raise JobConflictError(
-                    f"job_id {spec.job_id!r} of tenant {spec.tenant!r} was already submitted "
-                    "with a different spec"
-                )
+                raise conflict(spec, flags.first_spec(key))
             state = handle.status()
             if state in RERUNNABLE:
                 flags.reset_runs(key)
@@ -82,6 +88,7 @@ class Client:
                 if state not in FINISHED and flags.cancelled(key):
                     # Cancelled, not stopped yet: submitting again means "run it after all".
                     flags.clear_cancel(key)
+                handle.reached = True
                 return handle  # queued, running or finished: the existing job
             # else a worker received it and its result has expired since: send it again (the
             # worker returns the output still stored as ``reused``, or runs it if it is gone).
@@ -104,14 +111,17 @@ class Client:
             if existing is None:
                 flags.release(key)
             else:  # the next resubmit must send it again
-                flags.mark_started(key)
+                flags.mark_started(key, taken=False)
             raise
+        flags.mark_sent(key)  # how long it waits: the hints of status and wait
+        handle.reached = True
         return handle
 
     def get(self, job: str, tenant: str | None = None) -> JobHandle:
         """The handle of a submitted job: ``job`` is its key (``tenant:job_id``, or a bare
         ``job_id`` of ``tenant``, by default the default tenant)."""
-        return JobHandle(self.app, _key(job, tenant), flags_for(self.app, self.settings))
+        return JobHandle(self.app, _key(job, tenant), flags_for(self.app, self.settings),
+                         self.settings)
 
     def state(self, job: str, tenant: str | None = None) -> JobState:
         """``get(job, tenant).state()``: UNKNOWN, QUEUED, STARTED, PROGRESS, RETRY, SUCCESS, …"""
@@ -126,7 +136,7 @@ class Client:
         """
         with _io(self.app):
             flags = flags_for(self.app, self.settings)
-            handle = JobHandle(self.app, _key(job, tenant), flags)
+            handle = JobHandle(self.app, _key(job, tenant), flags, self.settings)
             state = handle.status()
             if state == "PENDING" and not handle.registered():
                 raise _unknown(handle.key)

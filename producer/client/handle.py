@@ -1,26 +1,38 @@
 """A submitted job as the client sees it: its state, progress, result, and a wait with a bar.
 
 ``JobHandle`` is cheap to create; every call asks the result backend (one read of state and
-payload together) and, when the backend knows nothing, the job registry.
+payload together) and, when the backend knows nothing, the job registry. ``wait`` rides out a
+broker or backend that stops answering for a while (``FRAMEFLEET_WAIT_OUTAGE_S``), keeps
+waiting for a job whose records a Redis restart lost (a running job still stores its result),
+and says why a queued job waits (``producer.client.hints``).
 """
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
 from celery import Celery
 from celery.result import AsyncResult
 
+from producer.client.bar import Bar
 from producer.client.connection import broker_errors
+from producer.client.hints import Idle, idle_hint
 from producer.client.jobstate import JobState, from_meta
 from producer.control import Flags, flags_for
-from producer.errors import JobCancelled, JobFailed, UnknownJobError
+from producer.errors import BrokerUnavailable, JobCancelled, JobFailed, UnknownJobError
+from producer.settings import Settings, get_settings
 from producer.spec import JobResult, Progress, split_key
 
+log = logging.getLogger(__name__)
 #: How long ``JobHandle.wait`` lets an id stay unknown before it says so.
 UNKNOWN_GRACE_S = 5.0
+#: How often ``wait`` looks again at why a queued job waits (a ping takes up to a second).
+HINT_PERIOD_S = 15.0
+_Bar = Bar  # the name tests and older callers import
 
 
 def _io(app: Celery) -> AbstractContextManager[None]:
@@ -39,12 +51,15 @@ class JobHandle:
     ``key`` is the job's identity (``producer.spec.job_key``: ``tenant:job_id``, a bare
     ``job_id`` for the default tenant); ``tenant`` and ``job_id`` are its parts."""
 
-    def __init__(self, app: Celery, key: str, flags: Flags | None = None) -> None:
+    def __init__(self, app: Celery, key: str, flags: Flags | None = None,
+                 settings: Settings | None = None) -> None:
         self.app = app
         self.key = key
         self.tenant, self.job_id = split_key(key)
         self._flags = flags
+        self.settings = settings or get_settings()
         self._known = False  # the registry has the id (it never forgets one while it lives)
+        self.reached = False  # Redis answered about this job (a submit did): a blip, not a typo
 
     def _async(self) -> AsyncResult:
         return AsyncResult(self.key, app=self.app)
@@ -74,6 +89,13 @@ class JobHandle:
         status, info = self._meta()
         return from_meta(self.key, status, info, status == "PENDING" and self.registered())
 
+    def idle(self) -> Idle | None:
+        """Why this job waits, if it is queued while no worker took a job for a while
+        (``producer.client.hints``); None when nothing is amiss."""
+        with _io(self.app):
+            return idle_hint(self.app, self._flags or flags_for(self.app, self.settings),
+                             self.key, self.settings)
+
     def progress(self) -> Progress | None:
         state, info = self._meta()
         if state == "PROGRESS" and isinstance(info, dict):
@@ -99,74 +121,137 @@ class JobHandle:
 
     def wait(
         self, timeout: float | None = None, progress: bool = False, poll_s: float = 0.05,
-        unknown_grace_s: float = UNKNOWN_GRACE_S,
+        unknown_grace_s: float = UNKNOWN_GRACE_S, outage_s: float | None = None,
+        say: Callable[[str], None] | None = None,
     ) -> JobResult:
         """Block until the job finishes; with ``progress`` draw a rich progress bar that shows
-        the state (queued, started, retrying and why, frames done).
+        the state (queued, started, retrying and why, the stage and the worker).
 
         Raises ``UnknownJobError`` when the id is still unknown (never submitted) after
         ``unknown_grace_s``: a job sent around the client, straight to the queue, is known only
         once a worker starts it. JobFailed / JobCancelled as ``result()``; TimeoutError after
-        ``timeout`` s (None: no limit).
+        ``timeout`` s (None: no limit). A broker or backend that stops answering once it has
+        answered is waited for up to ``outage_s`` (default ``FRAMEFLEET_WAIT_OUTAGE_S``) before
+        ``BrokerUnavailable`` is raised; one that never answered raises it at once. ``say``
+        gets the lines worth a person's attention (the outage and its end, records lost, why
+        a queued job waits); default: this module's log, or above the bar.
         """
+        bar = Bar(self.key) if progress else None
+        watch = _Watch(self, outage_s, say or (bar.say if bar is not None else log.warning))
         start = time.monotonic()
         deadline = None if timeout is None else start + timeout
-        bar = _Bar(self.key) if progress else None
         try:
             while True:
-                js = self.state()
-                if js.state == "UNKNOWN" and time.monotonic() - start >= unknown_grace_s:
+                js = watch.state()
+                if js is not None and js.state == "UNKNOWN" and not watch.seen and (
+                        time.monotonic() - start >= unknown_grace_s):
                     raise _unknown(self.key)
-                if js.finished:
-                    result = self.result()
-                    if bar is not None:
-                        done = result.manifest
-                        bar.update(Progress(
-                            frames_done=done.frames, frames_total=done.frames,
-                            segments_done=len(done.segments)))
-                    return result
-                if bar is not None:
+                if js is not None and js.finished:
+                    result = watch.result()
+                    if result is not None:
+                        if bar is not None:
+                            done = result.manifest
+                            bar.update(Progress(
+                                frames_done=done.frames, frames_total=done.frames,
+                                segments_done=len(done.segments), stage="upload",
+                                worker=result.worker.node))
+                        return result
+                if js is not None and bar is not None:
                     bar.show(js)
                 if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(f"job {self.key} still {js.state} after {timeout:g} s")
-                time.sleep(poll_s)
+                    state = js.state if js is not None else "unreachable"
+                    raise TimeoutError(f"job {self.key} still {state} after {timeout:g} s")
+                time.sleep(watch.pause(poll_s))
         finally:
             if bar is not None:
                 bar.close()
 
 
-class _Bar:
-    """A rich progress bar fed from PROGRESS states (imported lazily: rich is for the CLI)."""
+class _Watch:
+    """What ``wait`` keeps between two looks: an outage in progress, whether the job was seen,
+    when it last looked at why a queued job waits."""
 
-    def __init__(self, job_id: str) -> None:
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    def __init__(self, handle: JobHandle, outage_s: float | None,
+                 say: Callable[[str], None]) -> None:
+        self.handle, self.say = handle, say
+        self.outage_s = handle.settings.wait_outage_s if outage_s is None else outage_s
+        self.down_since: float | None = None
+        self.failures = 0
+        self.reached = handle.reached  # one answer seen: only then is no answer an outage
+        self.seen = False  # known to Redis once: UNKNOWN later is not "never submitted"
+        self.ran = False  # seen on a worker: QUEUED or UNKNOWN later means records lost
+        self.said_lost = False
+        self.next_hint = 0.0
+        self.hint: tuple[str, ...] | None = None
 
-        # The state column is plain text: a retry's reason may hold brackets.
-        self.progress = Progress(
-            "[bold]{task.description}", BarColumn(), TextColumn("{task.fields[what]}",
-                                                               markup=False),
-            TimeElapsedColumn(),
-        )
-        self.task = self.progress.add_task(job_id, total=None, what="submitted", unit="")
-        self.progress.start()
+    def _call(self, read: Callable[[], Any]) -> Any:
+        """``read()``, or None while the broker or backend is unreachable (within budget)."""
+        try:
+            value = read()
+        except BrokerUnavailable as e:
+            if not self.reached:  # never reached: a wrong URL, not a blip; say so at once
+                raise
+            now = time.monotonic()
+            if self.down_since is None:
+                self.down_since = now
+                if self.outage_s > 0:
+                    self.say(f"{e}; waiting up to {self.outage_s:g} s for it to come back "
+                             "(FRAMEFLEET_WAIT_OUTAGE_S); the job itself goes on")
+            self.failures += 1
+            down = now - self.down_since
+            if down >= self.outage_s:
+                raise BrokerUnavailable(f"{e} (no answer for {down:.0f} s; "
+                                        f"FRAMEFLEET_WAIT_OUTAGE_S={self.outage_s:g})") from e
+            return None
+        self.reached = True
+        if self.down_since is not None:
+            self.say(f"job {self.handle.key}: reachable again after "
+                     f"{time.monotonic() - self.down_since:.1f} s")
+            self.down_since, self.failures = None, 0
+        return value
 
-    def show(self, js: JobState) -> None:
-        """Queued, started, retrying (and why) before the frames, then the frames."""
-        if js.progress is not None:
-            self.update(js.progress)
-        else:
-            self.progress.update(self.task, what=js.describe())
+    def state(self) -> JobState | None:
+        js: JobState | None = self._call(self.handle.state)
+        if js is None:
+            return None
+        if js.state != "UNKNOWN":
+            self.seen = True
+        if js.state in ("STARTED", "PROGRESS", "RETRY", "REQUEUED"):
+            self.ran = True
+        elif js.state in ("QUEUED", "UNKNOWN") and self.ran:
+            self._lost()
+        elif js.state == "QUEUED":
+            self._hint()
+        return js
 
-    def update(self, p: Progress) -> None:
-        if p.stage == "denoise":  # generate jobs: denoise 12/50, then frames
-            self.progress.update(self.task, completed=p.steps_done, total=p.steps_total,
-                                 what=p.text, unit="denoise steps")
+    def result(self) -> JobResult | None:
+        result: JobResult | None = self._call(self.handle.result)
+        return result
+
+    def _lost(self) -> None:
+        """A job seen running reads queued or unknown again: Redis lost its records (a
+        restart without persistence). Said once; a running job still stores its result."""
+        if not self.said_lost:
+            self.said_lost = True
+            self.say(f"job {self.handle.key}: Redis lost its records (restarted without "
+                     "persistence?); its worker still stores the result, which this waits for")
+
+    def _hint(self) -> None:
+        """Every ``HINT_PERIOD_S`` while queued: why it waits, said when the verdict (no
+        worker alive, or how many) changes."""
+        now = time.monotonic()
+        if now < self.next_hint:
             return
-        self.progress.update(
-            self.task, completed=p.frames_done, total=p.frames_total,
-            what=f"{p.frames_done}/{p.frames_total} frames, {p.segments_done} segments",
-            unit="frames",
-        )
+        h = self.handle
+        idle = self._call(h.idle)
+        # Not idle yet: look again soon (two Redis reads); idle: a ping each time, so rarely.
+        self.next_hint = now + (HINT_PERIOD_S if idle is not None
+                                else min(HINT_PERIOD_S, h.settings.idle_hint_s / 2))
+        verdict = None if idle is None else idle.workers
+        if idle is not None and verdict != self.hint:
+            self.say(f"job {h.key} is queued: {idle.text()}")
+        self.hint = verdict
 
-    def close(self) -> None:
-        self.progress.stop()
+    def pause(self, poll_s: float) -> float:
+        """Seconds to the next look: ``poll_s``, longer while the broker is away."""
+        return poll_s if self.failures == 0 else min(2.0, 0.25 * 2 ** min(self.failures, 3))

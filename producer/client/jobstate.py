@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
 from producer.spec import Progress
 
 #: Every state ``JobState.state`` takes, in a job's order (RETRY goes back to QUEUED).
@@ -26,7 +28,7 @@ MEANING = {
     "UNKNOWN": "never submitted (or its record expired)",
     "QUEUED": "submitted, waiting for a worker (or its result expired)",
     "STARTED": "a worker took it",
-    "PROGRESS": "decoding: frames and segments done",
+    "PROGRESS": "running: the stage (denoise n/N, decode frames, upload) and the worker",
     "RETRY": "a transient error; runs again after a back-off (the reason is shown)",
     "REQUEUED": "its worker's host was lost; back in the queue for another (reason shown)",
     "SUCCESS": "finished: the manifest is written",
@@ -50,21 +52,22 @@ class JobState:
         return self.state in FINISHED
 
     def detail(self) -> str:
-        """What goes with the state, for ``framefleet status`` ('' when nothing does)."""
+        """What goes with the state, for ``framefleet status`` ('' when nothing does):
+        ``denoise 37/40 on gpu0@host``, ``decode 13/49 frames, 1 segment on …``."""
         if self.state == "UNKNOWN":
             return MEANING["UNKNOWN"]
+        where = f" on {self.worker}" if self.worker else ""
         if self.state == "PROGRESS" and self.progress is not None:
-            p = self.progress
-            return f"{p.frames_done}/{p.frames_total} frames, {p.segments_done} segments"
+            return self.progress.describe() + where
         if self.state == "STARTED" and self.worker:
             return f"on {self.worker}"
         return self.reason or ""
 
     def describe(self) -> str:
-        """A short human text: ``queued``, ``retrying: StorageError: …``, ``13/33 frames``."""
+        """A short human text: ``queued``, ``retrying: StorageError: …``, ``decode 13/33
+        frames, 1 segment``."""
         if self.state == "PROGRESS" and self.progress is not None:
-            p = self.progress
-            return f"{p.frames_done}/{p.frames_total} frames, {p.segments_done} segments"
+            return self.progress.describe()
         if self.state == "STARTED":
             return f"started on {self.worker}" if self.worker else "started"
         if self.state == "RETRY":
@@ -91,7 +94,11 @@ def from_meta(job_id: str, status: str, result: Any, registered: bool) -> JobSta
     if status == "PENDING":
         return JobState(job_id, "QUEUED" if registered else "UNKNOWN")
     if status == "PROGRESS" and isinstance(result, dict):
-        return JobState(job_id, status, progress=Progress.model_validate(result))
+        try:
+            progress = Progress.model_validate(result)
+        except ValidationError:  # a newer worker's report: the state still reads
+            return JobState(job_id, status, worker=result.get("worker"))
+        return JobState(job_id, status, progress=progress, worker=progress.worker)
     if status == "STARTED":
         worker = result.get("hostname") if isinstance(result, dict) else None
         return JobState(job_id, status, worker=worker)

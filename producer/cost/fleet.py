@@ -16,12 +16,15 @@ from dataclasses import dataclass
 from typing import Literal
 
 from producer.cost import SECONDS_PER_HOUR, gpu_usd_per_second
-from producer.spec import HeldRun, JobResult
+from producer.spec import HeldRun, JobResult, job_key
+
+#: What ``fleet_summary`` groups by: a row per tenant, per job (its key), or one row.
+Group = Literal["tenant", "job"] | None
 
 
 @dataclass(frozen=True)
 class FleetRow:
-    """One row of the fleet summary (one tenant, or ``"all"``).
+    """One row of the fleet summary (one tenant, one job's key, or ``"all"``).
 
     ``jobs`` are successful jobs (a JobResult); ``busy_gpu_hours`` is the GPU time they held.
     ``failed_runs``/``retried_runs`` (retries and requeues)/``cancelled_runs`` ended without a
@@ -88,14 +91,21 @@ def inferred_fleet_gpu_hours(results: Iterable[JobResult], held: Iterable[HeldRu
     return (end - start) * workers / SECONDS_PER_HOUR
 
 
+def _group(by: Group, tenant: str, job_id: str) -> str:
+    if by == "tenant":
+        return tenant
+    return job_key(tenant, job_id) if by == "job" else "all"
+
+
 def fleet_summary(
     results: list[JobResult],
     *,
-    by: Literal["tenant"] | None = "tenant",
+    by: Group = "tenant",
     fleet_gpu_hours: float | None = None,
     held: Sequence[HeldRun] = (),
 ) -> list[FleetRow]:
-    """Aggregate job results and held runs per tenant (``by="tenant"``) or in one row.
+    """Aggregate job results and held runs per tenant (``by="tenant"``), per job (``"job"``:
+    its key, ``tenant:job_id``) or in one row.
 
     Utilisation-adjusted $ = (direct GPU $ + held $) * fleet GPU-hours / busy GPU-hours
     (fleet-wide, every run), so idle GPU time the fleet paid for is charged to the work it
@@ -104,8 +114,8 @@ def fleet_summary(
     GPU-hours if smaller (overlapping windows cannot mean negative idle time). An explicit
     value below the busy GPU-hours is an error. Rows are sorted by group name.
     """
-    if by not in ("tenant", None):
-        raise ValueError(f"by must be 'tenant' or None, got {by!r}")
+    if by not in ("tenant", "job", None):
+        raise ValueError(f"by must be 'tenant', 'job' or None, got {by!r}")
     if not results and not held:
         return []
     busy_s = sum(_busy_seconds(r) for r in results) + sum(h.gpu_seconds for h in held)
@@ -123,9 +133,9 @@ def fleet_summary(
     factor = fleet_hours / busy_hours if busy_hours > 0 else 1.0
     groups: dict[str, tuple[list[JobResult], list[HeldRun]]] = {}
     for r in results:
-        groups.setdefault(r.manifest.tenant if by == "tenant" else "all", ([], []))[0].append(r)
+        groups.setdefault(_group(by, r.manifest.tenant, r.manifest.job_id), ([], []))[0].append(r)
     for h in held:
-        groups.setdefault(h.tenant if by == "tenant" else "all", ([], []))[1].append(h)
+        groups.setdefault(_group(by, h.tenant, h.job_id), ([], []))[1].append(h)
     rows = []
     for name in sorted(groups):
         items, runs = groups[name]

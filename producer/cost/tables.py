@@ -18,20 +18,22 @@ from producer.cost.pricing import format_usd
 from producer.spec import HeldRun, JobResult
 
 
-def narrow_table(title: str, columns: tuple[str, ...]) -> Table:
+def narrow_table(title: str, columns: tuple[str, ...], first: str = "tenant") -> Table:
     """A table that fits 80 columns: no borders, headers that may wrap, numbers never cut
-    (they do not wrap; a long tenant name folds instead)."""
+    (they do not wrap; a long tenant name or job key folds instead)."""
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
                   collapse_padding=True)
-    table.add_column("tenant", overflow="fold", min_width=8)
+    table.add_column(first, overflow="fold", min_width=8)
     for name in columns:
         table.add_column(name, justify="right", no_wrap=True)
     return table
 
 
-def report_tables(rows: list[FleetRow], total: FleetRow | None, title: str) -> list[Table]:
+def report_tables(rows: list[FleetRow], total: FleetRow | None, title: str,
+                  first: str = "tenant") -> list[Table]:
     """The report as two or three tables: cost of the jobs that finished, the utilisation-
-    adjusted view, and (when there were any) the runs that ended without a result."""
+    adjusted view, and (when there were any) the runs that ended without a result. ``first``
+    names the rows' column (tenant, job)."""
     shown = [*rows, total] if total is not None else rows
 
     def name(row: FleetRow) -> str:
@@ -40,14 +42,15 @@ def report_tables(rows: list[FleetRow], total: FleetRow | None, title: str) -> l
     def usd(value: float) -> str:
         return format_usd(value, sign=False)
 
-    direct = narrow_table(title, ("jobs", "video\nmin", "GPU-h", "$\ndirect", "$ per\nvideo-min"))
+    direct = narrow_table(title, ("jobs", "video\nmin", "GPU-h", "$\ndirect", "$ per\nvideo-min"),
+                          first)
     adjusted = narrow_table(
         "utilisation-adjusted: idle and wasted GPU time charged to the work served",
-        ("$ held\nw/o result", "$ util-\nadjusted", "$ per\nvideo-min"),
+        ("$ held\nw/o result", "$ util-\nadjusted", "$ per\nvideo-min"), first,
     )
     held = narrow_table(
         "runs that ended without a result (failed, retried, cancelled): GPU time paid for",
-        ("failed", "retried", "cancelled", "GPU-h", "$"),
+        ("failed", "retried", "cancelled", "GPU-h", "$"), first,
     )
     for row in shown:
         style = "bold" if row is total else None
@@ -71,10 +74,10 @@ def report_tables(rows: list[FleetRow], total: FleetRow | None, title: str) -> l
 
 def print_report(console: Console, rows: list[FleetRow], total_row: FleetRow | None,
                  everything: FleetRow, scope: str, results: list[JobResult],
-                 held: list[HeldRun]) -> None:
+                 held: list[HeldRun], first: str = "tenant") -> None:
     """The tables, then how the fleet's hours were found, the prices used, and what a CPU
     worker's price means."""
-    for table in report_tables(rows, total_row, f"cost of jobs finished {scope}"):
+    for table in report_tables(rows, total_row, f"cost of jobs finished {scope}", first):
         console.print(table)
     how = ("inferred: first run start to last run end x distinct workers"
            if everything.fleet_gpu_hours_inferred else "given")

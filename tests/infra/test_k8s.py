@@ -216,8 +216,8 @@ def _referenced_secret_keys(objects: list[dict[str, Any]]) -> set[tuple[str, str
 
 
 def _documented_secrets() -> dict[str, set[str]]:
-    """Secrets the README tells the operator to create: name -> keys (--from-literal)."""
-    text = (REPO / "README.md").read_text()
+    """Secrets docs/deploy.md tells the operator to create: name -> keys (--from-literal)."""
+    text = (REPO / "docs" / "deploy.md").read_text()
     found: dict[str, set[str]] = {}
     for m in re.finditer(r"create secret generic ([a-z0-9-]+)((?:[^\n]*\\\n)*[^\n]*)", text):
         found[m.group(1)] = set(re.findall(r"--from-literal=([a-z0-9-]+)=", m.group(2)))

@@ -102,7 +102,8 @@ def test_keda_counts_every_list_the_workers_consume(overlay: str) -> None:
     if made:
         broker = made[0]["spec"]["target"]["template"]["data"]["broker-url"]
     else:
-        match = re.search(r"--from-literal=broker-url=(\S+)", (REPO / "README.md").read_text())
+        deploy = (REPO / "docs" / "deploy.md").read_text()
+        match = re.search(r"--from-literal=broker-url=(\S+)", deploy)
         assert match is not None
         broker = match.group(1)
     db = re.search(r":\d+/(\d+)", broker)

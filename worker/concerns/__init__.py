@@ -2,7 +2,8 @@
 
 The task body (``worker.tasks``) only parses, claims, leases and runs; everything a run needs
 around it (progress, cancel and preemption, the worker-loss cap, the OOM fallback, retries,
-metrics, ending the live playlist, webhooks) is a concern, in the manner of Dramatiq's middleware.
+metrics, ending the live playlist, webhooks, the ledger record of its end) is a concern, in
+the manner of Dramatiq's middleware.
 
 The interface (``worker.concerns.base``):
 
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 from worker.concerns.base import Concern, Failed, Outcome, Succeeded, run_concerns
 from worker.concerns.cancel import CancelAndPreempt
+from worker.concerns.ledger import JobLedger
 from worker.concerns.losses import WorkerLosses
 from worker.concerns.metrics import JobMetrics
 from worker.concerns.notify import Notifications
@@ -59,6 +61,7 @@ CONCERNS: tuple[type[Concern], ...] = (
     JobMetrics,
     EndPlaylist,  # before Notifications: a `failed` webhook finds the playlist ended
     Notifications,
+    JobLedger,  # last: the record of the end, once the webhooks are on their way
 )
 
 __all__ = ["CONCERNS", "Concern", "Failed", "Outcome", "Succeeded", "run_concerns"]

@@ -7,16 +7,26 @@ The runner polls the flags (``producer.control``) between chunks, at most every
 - Preempted (a spot interruption notice: ``preempt_node`` has stopped this worker consuming
   and flagged the node) → the job goes back to the queue at once for another worker; a
   requeue, not a failure.
+
+Celery's own revoke (Flower's buttons, ``celery control revoke``, ``AsyncResult.revoke``) is
+this cancel too: ``revoke`` below replaces Celery's remote-control command of that name in
+the worker. Celery's would keep the id in every worker's memory and drop each later message of
+it, so a job_id once revoked could never run again until the workers restarted; a framefleet
+job's id names its output folder, and submitting it again must run it. For a job the registry
+knows, the command sets the cancel flag (with or without ``terminate``: the run stops between
+chunks, within ``FRAMEFLEET_CANCEL_POLL_S``); any other id gets Celery's revoke.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import ClassVar, NoReturn
+from typing import Any, ClassVar, NoReturn
 
-from celery import Celery, Task
+from celery import Celery, Task, states
 from celery.exceptions import Ignore
+from celery.utils.functional import maybe_list
+from celery.worker import control
 
 from producer.app import QUEUE
 from producer.control import flags_for
@@ -84,3 +94,28 @@ def preempt_node(app: Celery, node: str) -> None:
     stops between chunks and is requeued by ``CancelAndPreempt``."""
     app.control.cancel_consumer(QUEUE, destination=[node])
     flags_for(app).set_preempted(node)
+
+
+#: Celery's own command (the function, not the registry entry this module replaces).
+_celery_revoke = control.revoke
+
+
+@control.control_command(variadic="task_id", signature="[id1 [id2 [... [idN]]]]")
+def revoke(state: Any, task_id: Any, terminate: bool = False, signal: str | None = None,
+           **kwargs: Any) -> dict[str, str]:
+    """Revoke by task id: a framefleet job is cancelled (its cancel flag set; a resubmit runs
+    it again), any other task gets Celery's revoke."""
+    ids = {str(i) for i in maybe_list(task_id) or []}
+    app = state.consumer.app
+    flags = flags_for(app)
+    jobs = {i for i in ids if flags.registered(i) is not None}
+    for job in jobs:
+        if app.backend.get_state(job) not in states.READY_STATES:  # a finished job stays
+            flags.set_cancel(job)
+    if jobs:
+        log.info("revoke of %s: cancel requested (a framefleet cancel: submitting the job "
+                 "again runs it)", ", ".join(sorted(jobs)))
+    others = ids - jobs
+    if others:
+        _celery_revoke(state, sorted(others), terminate=terminate, signal=signal, **kwargs)
+    return {"ok": f"cancel requested for {sorted(jobs)}; revoked {sorted(others)}"}

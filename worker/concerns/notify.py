@@ -4,12 +4,17 @@
 then one of ``succeeded``, ``failed`` or ``cancelled`` when the run's end is decided. A retry or
 a requeue is no end: its next run sends ``started`` again (with a higher ``attempt``). Delivery
 runs on the process's notifier thread: it never blocks nor fails the job.
+
+Webhooks are configured on both sides or refused: a job that asks for them on a worker without
+``FRAMEFLEET_WEBHOOK_SECRET`` (which signs every event; nothing is ever sent unsigned) fails at
+once, naming ``notify``, before any work, rather than succeeding in silence.
 """
 
 from __future__ import annotations
 
 from celery import Task
 
+from producer.errors import InvalidJobError
 from worker.concerns.base import Concern, Outcome
 from worker.run.run import Run
 from worker.sinks.webhooks import process_notifier
@@ -20,11 +25,18 @@ class Notifications(Concern):
 
     def __init__(self, run: Run, task: Task) -> None:
         super().__init__(run, task)
-        # No notifier (and no delivery thread) for the jobs that ask for no webhooks.
-        self.events = None if run.spec.notify is None else process_notifier(
+        # No notifier (and no delivery thread) for the jobs that ask for no webhooks, nor for
+        # those this worker cannot sign (they fail in before_run).
+        unsigned = run.spec.notify is None or run.settings.webhook_secret is None
+        self.events = None if unsigned else process_notifier(
             run.settings).for_job(run.spec, int(task.request.retries or 0))
 
     def before_run(self) -> None:
+        if self.run.spec.notify is not None and self.run.settings.webhook_secret is None:
+            raise InvalidJobError(
+                "notify: this worker has no FRAMEFLEET_WEBHOOK_SECRET, so it cannot sign "
+                "webhooks and sends none; set the secret on the workers (and give it to the "
+                "receivers), or submit the job without notify")
         if self.events is None:
             return
         self.run.segment_hooks.append(self.events.segment)

@@ -1,7 +1,7 @@
 """Progress: the runner's reports become the job's PROGRESS state in the result backend.
 
 At most one write every ``PROGRESS_PERIOD_S`` (the last report, all frames done, always goes
-through). Best effort: Redis being away fails no job.
+through), each naming the worker. Best effort: Redis being away fails no job.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ class ProgressReport(Concern):
         if not self.every.due(final=p.frames_done == p.frames_total):
             return
         try:
-            self.task.update_state(state="PROGRESS", meta=p.model_dump())
+            # The worker's name goes with every report: `status` says where a job runs.
+            meta = p.model_copy(update={"worker": self.node}).model_dump()
+            self.task.update_state(state="PROGRESS", meta=meta)
         except REDIS_DOWN as e:
             log.warning("job %s: progress not stored: %s", self.run.spec.key, e)

@@ -57,7 +57,9 @@ def _decode(run: Run, latents: Latents, publisher: SegmentPublisher,
     spec = run.spec
 
     def progress(done: int, total: int, segments: int) -> None:
-        run.report(Progress(frames_done=done, frames_total=total, segments_done=segments))
+        # Every frame decoded: what is left is the last segments' encode and upload.
+        run.report(Progress(frames_done=done, frames_total=total, segments_done=segments,
+                            stage="upload" if done >= total else "decode"))
 
     try:
         report = run_pipeline(

@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 
 from producer.app import QUEUE
 from producer.cli.app import EXIT_TIMEOUT, _uri, cli
+from producer.cli.output import EXIT_UNAVAILABLE
 from producer.settings import get_settings
 from tests.services import REPO_ROOT, free_port
 
@@ -146,8 +147,10 @@ def test_status_of_a_queued_job_and_wait_timing_out(env: str, tmp_path: Path) ->
     submit = runner.invoke(cli, ["submit", "--input", (tmp_path / "z.npy").as_uri(),
                                  "--output", (tmp_path / "o").as_uri(), "--decoder", "pattern",
                                  "--job-id", "queued-cli"])
-    assert submit.exit_code == 0 and submit.output.strip() == "queued-cli"
-    assert runner.invoke(cli, ["status", "queued-cli"]).output.strip() == "queued-cli: QUEUED"
+    assert submit.exit_code == 0 and submit.stdout.strip() == "queued-cli"
+    # No FRAMEFLEET_FILE_ROOTS here: the CLI says that the workers decide on local paths
+    assert "warning: input.uri, output.uri: local paths on the workers" in submit.stderr
+    assert runner.invoke(cli, ["status", "queued-cli"]).stdout.strip() == "queued-cli: QUEUED"
     wait = runner.invoke(cli, ["wait", "queued-cli", "--timeout", "0.5", "--json"])
     assert wait.exit_code == EXIT_TIMEOUT
     assert "still QUEUED after 0.5 s" in _one_error_line(wait.output)
@@ -164,7 +167,7 @@ def test_redis_down_is_one_line_naming_the_url_masked(args: list[str]) -> None:
     t0 = time.monotonic()
     out = _framefleet(*args, FRAMEFLEET_BROKER_URL=f"redis://:hunter2@127.0.0.1:{port}/0")
     took = time.monotonic() - t0
-    assert out.returncode == 1, out.stdout + out.stderr
+    assert out.returncode == EXIT_UNAVAILABLE, out.stdout + out.stderr
     line = _one_error_line(out.stderr)
     assert f"redis://:**@127.0.0.1:{port}/0" in line and "connection refused" in line
     assert "hunter2" not in out.stderr + out.stdout and "Traceback" not in out.stderr
@@ -186,3 +189,18 @@ def test_errors_keep_brackets_and_stay_on_one_line(env: str, tmp_path: Path) -> 
     line = _one_error_line(result.output)
     assert "job_id" in line and "output" in line  # every bad field, on the one line
     assert "[A-Za-z0-9._-]{1,128}" in line  # not eaten as markup
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["worker", "--gpus", "foo"],
+     "error: --gpus: 'foo' is not 'all', a count such as 2, or GPU indices such as 0,2"),
+    (["demo", "--frames", "10"],
+     "error: --frames: 10 is not 4k+1 (the decoder makes 1 frame from the first latent frame "
+     "and 4 from each next one): use 9 or 13"),
+    (["demo", "--frames", "0"], "error: --frames: 0 is not 4k+1"),
+], ids=["gpus", "frames", "no-frames"])
+def test_a_bad_count_is_one_line_before_anything_starts(args: list[str], message: str) -> None:
+    out = _framefleet(*args)
+    assert out.returncode == 1
+    assert _one_error_line(out.stderr).startswith(message), out.stderr
+    assert out.stdout == ""  # no demo started, no worker launched

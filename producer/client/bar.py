@@ -1,0 +1,46 @@
+"""The progress bar of ``JobHandle.wait(progress=True)`` (rich, imported when a bar is drawn)."""
+
+from __future__ import annotations
+
+from producer.client.jobstate import JobState
+from producer.spec import Progress
+
+
+class Bar:
+    """A rich progress bar fed from the job's states: queued, started, retrying (and why),
+    then denoise steps, frames, and the last uploads."""
+
+    def __init__(self, job_id: str) -> None:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        # The state column is plain text: a retry's reason may hold brackets.
+        self.progress = Progress(
+            "[bold]{task.description}", BarColumn(), TextColumn("{task.fields[what]}",
+                                                               markup=False),
+            TimeElapsedColumn(),
+        )
+        self.task = self.progress.add_task(job_id, total=None, what="submitted", unit="")
+        self.progress.start()
+
+    def say(self, line: str) -> None:
+        """Print ``line`` above the bar (the bar stays whole)."""
+        self.progress.console.print(line, markup=False, highlight=False)
+
+    def show(self, js: JobState) -> None:
+        """Queued, started, retrying (and why) before the frames, then the frames."""
+        if js.progress is not None:
+            self.update(js.progress)
+        else:
+            self.progress.update(self.task, what=js.describe())
+
+    def update(self, p: Progress) -> None:
+        where = f" on {p.worker}" if p.worker else ""
+        if p.stage == "denoise":  # generate jobs: denoise 12/50, then frames
+            self.progress.update(self.task, completed=p.steps_done, total=p.steps_total,
+                                 what=p.describe() + where, unit="denoise steps")
+            return
+        self.progress.update(self.task, completed=p.frames_done, total=p.frames_total,
+                             what=p.describe() + where, unit="frames")
+
+    def close(self) -> None:
+        self.progress.stop()

@@ -1,0 +1,45 @@
+"""Writing the durable job and cost ledger (``producer.ledger`` has the layout and the reader).
+
+One record per ended job, written once through the store code of this package (``file://``
+confined to ``FRAMEFLEET_FILE_ROOTS``, ``s3://`` through boto3), then named in the job's own
+folder (``ledger.json``: the records of each of its ends, newest last).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+
+from producer.errors import InputNotFoundError
+from producer.ledger import LEDGER_LINK, record_name
+from producer.results import LedgerRecord
+from producer.settings import Settings
+from worker.sinks.storage import JobOutput, open_uri
+
+#: How much of an existing link file is read back (it lists one line per end of the job).
+MAX_LINK_BYTES = 1024**2
+
+
+def write_record(record: LedgerRecord, settings: Settings) -> str:
+    """Store ``record`` under ``FRAMEFLEET_LEDGER_URI``; its URI. Raises the store's errors."""
+    assert settings.ledger_uri is not None
+    store, prefix = open_uri(settings.ledger_uri, settings, "FRAMEFLEET_LEDGER_URI")
+    name = record_name(record, secrets.token_hex(4))
+    key = f"{prefix.rstrip('/')}/{name}" if prefix.strip("/") else name
+    # One line: the object is one JSON document and also valid JSON Lines (Athena, DuckDB).
+    store.put_bytes(key, record.model_dump_json().encode() + b"\n", "application/json")
+    return store.uri(key)
+
+
+def link_record(record: LedgerRecord, uri: str, output_prefix: str, settings: Settings) -> str:
+    """Add ``uri`` to the job folder's ``ledger.json`` (read, append, write: one run of a job
+    at a time holds its lease); the link's URI."""
+    out = JobOutput(output_prefix, settings)
+    entries: list[dict[str, object]] = []
+    try:
+        entries = list(json.loads(out.get_bytes(LEDGER_LINK, MAX_LINK_BYTES)).get("records", []))
+    except (InputNotFoundError, FileNotFoundError, ValueError, AttributeError):
+        entries = []  # the first end of this job (or a link nobody can read: start again)
+    entries.append({"uri": uri, "status": record.status, "finished_at": record.finished_at})
+    body = json.dumps({"key": record.key, "records": entries}, indent=2).encode()
+    return out.put_bytes(LEDGER_LINK, body)
