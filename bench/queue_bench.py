@@ -132,10 +132,10 @@ def run_latency(url: str, tmp: Path, n: int, warmup: int, idle_s: float, long_n:
             client.submit(spec)
             t1 = now()
             try:
-                wait_end(r, spec.job_id, seen)
+                wait_end(r, spec.key, seen)
             except (RuntimeError, TimeoutError) as e:
                 raise RuntimeError(f"{e}; worker log tail:\n{worker.log_text()[-3000:]}") from e
-            ev = seen[spec.job_id]
+            ev = seen[spec.key]
             if label in rows:
                 rows[label].append((t0, t1, ev["received"], ev["start"], ev["end"]))
     finally:

@@ -23,7 +23,7 @@ def send_raw(client: Client) -> Send:
 
     def send(spec: JobSpec) -> Any:
         return client.app.send_task(
-            TASK_NAME, args=[spec.model_dump(mode="json")], task_id=spec.job_id,
+            TASK_NAME, args=[spec.model_dump(mode="json")], task_id=spec.key,
             priority=redis_priority(spec.priority), soft_time_limit=spec.time_limit_s,
             time_limit=spec.time_limit_s + 60)
 
@@ -68,8 +68,9 @@ def submit_many(c: Client, jobs: list[JobSpec], size: int = 100) -> None:
         chunk = jobs[i:i + size]
         with r.pipeline(transaction=False) as pipe:
             for spec in chunk:
-                claim(keys=[keys.claim(spec.job_id), keys.cancel(spec.job_id)],
-                      args=[spec.digest(), keys.SPEC_TTL_S, "1"], client=pipe)
+                claim(keys=[keys.claim(spec.key), keys.cancel(spec.key),
+                            keys.spec_doc(spec.key)],
+                      args=[spec.digest(), keys.SPEC_TTL_S, "1", ""], client=pipe)
             claimed = pipe.execute()
         with c.app.producer_or_acquire() as producer, producer.batch():
             for spec, old in zip(chunk, claimed, strict=True):
@@ -77,7 +78,7 @@ def submit_many(c: Client, jobs: list[JobSpec], size: int = 100) -> None:
                     again.append(spec)
                     continue
                 c.app.send_task(
-                    TASK_NAME, args=[spec.model_dump(mode="json")], task_id=spec.job_id,
+                    TASK_NAME, args=[spec.model_dump(mode="json")], task_id=spec.key,
                     priority=redis_priority(spec.priority), soft_time_limit=spec.time_limit_s,
                     time_limit=spec.time_limit_s + 60, producer=producer,
                     argsrepr=f"[<JobSpec {spec.job_id}>]", kwargsrepr="{}")
