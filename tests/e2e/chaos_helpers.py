@@ -9,7 +9,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -23,6 +23,7 @@ from producer.client import Client, JobHandle
 from producer.spec import JobResult, JobSpec, Progress, segment_name
 from tests.e2e.helpers import pattern_spec, put_latents, verify_output
 from tests.services import WorkerProcess
+from tests.waiting import wait_for
 
 T = TypeVar("T")
 
@@ -64,19 +65,6 @@ SMALL_JOB = {"latent_frames": 6, "h": 32, "w": 40, "segment_frames": 12}
 def count(reduced: int, full: int) -> int:
     """``full`` under ``make chaos`` (FRAMEFLEET_CHAOS_FULL=1), else ``reduced``."""
     return full if FULL else reduced
-
-
-def wait_for(check: Callable[[], T | None], timeout: float, what: str,
-             interval: float = 0.05) -> T:
-    """Poll ``check()`` until it returns something truthy; return it, or fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} within {timeout:.0f} s")
-        time.sleep(interval)
 
 
 @dataclass

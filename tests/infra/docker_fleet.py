@@ -16,9 +16,8 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -78,19 +77,6 @@ def scratch_copy(dest: Path) -> Path:
         else:
             shutil.copy2(src, dst)
     return dest
-
-
-def wait_for(check: Callable[[], T | None], timeout: float, what: str, interval: float = 1.0,
-             detail: Callable[[], str] = lambda: "") -> T:
-    """Poll ``check`` until it returns something truthy; fail naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:.0f} s. {detail()}")
-        time.sleep(interval)
 
 
 @dataclass
