@@ -5,34 +5,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
-BLOCKER = """
-import importlib, pkgutil, sys
-BLOCKED = set(sys.argv[1].split(","))
-class Block:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in BLOCKED:
-            raise ImportError(f"blocked import of {name}")
-        return None
-sys.meta_path.insert(0, Block())
-import producer
-skip = tuple(p for p in sys.argv[2].split(",") if p)
-for info in pkgutil.walk_packages(producer.__path__, "producer."):
-    if info.name.startswith(skip) or info.name.endswith("__main__"):
-        continue
-    importlib.import_module(info.name)
-loaded = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
-assert not loaded, loaded
-print("ok")
-"""
+from tests.blocked_imports import ROOT, import_blocked
 
 
 def _import_all(blocked: str, skip: str = "") -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", BLOCKER, blocked, skip], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    return import_blocked(["producer"], blocked.split(","), walk=True,
+                          skip=[p for p in skip.split(",") if p])
 
 
 def test_producer_imports_without_heavy_packages() -> None:

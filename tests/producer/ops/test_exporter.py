@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-import subprocess
-import sys
 import threading
 import time
 from typing import Any
@@ -21,7 +19,8 @@ from producer.client import Client
 from producer.ops import exporter
 from producer.ops.cloudwatch import put_queue_depth
 from producer.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec
-from tests.services import REPO_ROOT, free_port
+from tests.blocked_imports import import_blocked
+from tests.services import free_port
 from tests.worker.test_metrics import scrape, value
 
 
@@ -163,26 +162,10 @@ def test_queue_names_cover_every_priority_step() -> None:
     assert len(names) == len(set(names)) == 1 + 2 * 9
 
 
-_WITHOUT_WORKER_EXTRA = """
-import sys
-BLOCKED = {"torch", "av", "diffusers", "safetensors", "pynvml", "numpy"}
-class Block:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in BLOCKED:
-            raise ImportError(f"blocked import of {name}")
-        return None
-sys.meta_path.insert(0, Block())
-import producer.ops.exporter, producer.ops.cloudwatch
-print("ok")
-"""
-
-
 def test_exporter_imports_without_the_worker_extra() -> None:
     # The exporter runs in the producer image, which has the [ops] extra but no torch or av.
-    done = subprocess.run(
-        [sys.executable, "-c", _WITHOUT_WORKER_EXTRA], cwd=REPO_ROOT, capture_output=True,
-        text=True, timeout=120, check=False,
-    )  # fmt: skip
+    done = import_blocked(["producer.ops.exporter", "producer.ops.cloudwatch"],
+                          ["torch", "av", "diffusers", "safetensors", "pynvml", "numpy"])
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
 
