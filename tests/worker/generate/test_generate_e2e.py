@@ -18,7 +18,16 @@ from producer.app import TASK_NAME
 from producer.client import Client, JobHandle
 from producer.errors import JobCancelled, JobFailed
 from producer.settings import Settings
-from producer.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec, Progress, VideoSpec
+from producer.spec import (
+    DEFAULT_TENANT,
+    DecoderSpec,
+    InputSpec,
+    JobSpec,
+    OutputSpec,
+    Progress,
+    VideoSpec,
+    job_key,
+)
 from tests.e2e.chaos_helpers import kill_pool_child, new_pool_child, wait_for
 from tests.worker.generate.tiny import reference_latents, tiny_generate, without_transformer
 from worker.pipeline.encode import read_frames_rgb
@@ -72,10 +81,12 @@ def test_hand_off_exact_and_progress_in_order(
     result = handle.wait(timeout=10)
     # Then progress went denoise (steps rising) and then frames (rising), never back
     stages = [p.stage for p in states]
-    assert "denoise" in stages and "decode" in stages, stages
-    assert stages == sorted(stages, key=["denoise", "decode"].index), stages
+    # (a fast job's decode can fall between two polls: the frames then show as upload, the
+    # last segments' encode and upload once every frame is decoded)
+    assert "denoise" in stages and {"decode", "upload"} & set(stages), stages
+    assert stages == sorted(stages, key=["denoise", "decode", "upload"].index), stages
     steps = [p.steps_done for p in states if p.stage == "denoise"]
-    frames = [p.frames_done for p in states if p.stage == "decode"]
+    frames = [p.frames_done for p in states if p.stage != "denoise"]
     assert steps == sorted(steps) and frames == sorted(frames)
     assert all(p.steps_total == 20 for p in states if p.stage == "denoise")
     # and its latents are exactly diffusers' own for the same seed (no host round trip)
@@ -109,7 +120,7 @@ def test_cancel_mid_denoise_is_revoked_without_manifest(
 ) -> None:
     handle = client.submit(_spec("gen-cancel", s3_bucket, tiny_model, num_inference_steps=1500))
     p = wait_for(lambda: _mid_denoise(handle), 60, "denoise progress")
-    client.cancel("gen-cancel")
+    client.cancel(handle.key)
     with pytest.raises(JobCancelled):
         handle.wait(timeout=60)
     assert handle.status() == "REVOKED"
@@ -162,8 +173,9 @@ def test_bad_generate_specs_fail_at_once_naming_the_field(
         "both": (both, "input, generate: give exactly one"),
     }
     for name, (payload, words) in cases.items():
-        client.app.send_task(TASK_NAME, args=[payload], task_id=payload["job_id"])
-        handle = JobHandle(client.app, payload["job_id"])
+        key = job_key(payload.get("tenant", DEFAULT_TENANT), payload["job_id"])
+        client.app.send_task(TASK_NAME, args=[payload], task_id=key)
+        handle = JobHandle(client.app, key)
         t0 = time.monotonic()
         with pytest.raises(JobFailed) as e:
             handle.wait(timeout=30)

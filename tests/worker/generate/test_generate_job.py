@@ -143,8 +143,10 @@ def test_hand_off_is_exact_and_progress_goes_denoise_then_frames(
     # and progress went denoise 0/2, 1/2, 2/2, then frames
     texts = [p.text for p in states]
     assert texts[:3] == ["denoise 0/2", "denoise 1/2", "denoise 2/2"]
-    assert [p.stage for p in states[3:]] == ["decode"] * (len(states) - 3)
-    assert texts[-1] == "9/9 frames"
+    # (the last segments' encode and upload, once every frame is decoded, report as upload)
+    assert {p.stage for p in states[3:]} <= {"decode", "upload"}, [p.stage for p in states]
+    assert [p.stage for p in states[3:]][:1] == ["decode"]
+    assert states[-1].frames_done == states[-1].frames_total == 9
     assert result.timings.denoise_s > 0 and result.timings.text_encode_s > 0
 
 

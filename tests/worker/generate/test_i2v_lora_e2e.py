@@ -191,7 +191,7 @@ def test_framefleet_submit_prompt_image_lora(
          "--job-id", "cli-i2v", "--wait", "--timeout", "120"],
         env=env, capture_output=True, text=True, timeout=180, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS cli-i2v" in done.stdout and "LoRA" in done.stdout
-    result = client.get("cli-i2v").wait(timeout=10)
+    assert "SUCCESS i2v:cli-i2v" in done.stdout and "LoRA" in done.stdout
+    result = client.get("cli-i2v", tenant="i2v").wait(timeout=10)
     facts = result.manifest.generate
     assert facts is not None and facts.image is not None and facts.loras[0].scale == 0.5

@@ -83,7 +83,8 @@ def test_sink_error_fails_the_job(tmp_path: Path) -> None:
     assert 1 in calls
     # No worker thread is left behind.
     time.sleep(0.2)
-    assert not [t for t in threading.enumerate() if t.name.startswith(("encode-", "framefleet-w"))]
+    assert not [t for t in threading.enumerate()
+                if t.name.startswith(("encode-", "framefleet-writer"))]
 
 
 def test_decoder_error_propagates(tmp_path: Path) -> None:
@@ -206,7 +207,8 @@ def test_cancel_after_the_tail_encoders_opened_leaves_no_thread(tmp_path: Path) 
                      cancelled=lambda: len(seen) >= 10, progress=lambda d, t, s: seen.append(d))
     assert report.cancelled  # type: ignore[attr-defined]
     time.sleep(0.2)
-    assert not [t for t in threading.enumerate() if t.name.startswith(("encode-", "framefleet-w"))]
+    assert not [t for t in threading.enumerate()
+                if t.name.startswith(("encode-", "framefleet-writer"))]
 
 
 def test_a_decoder_that_stops_short_fails_the_job(tmp_path: Path) -> None:
