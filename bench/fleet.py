@@ -37,6 +37,9 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=81)
     ap.add_argument("--out", default="bench/results/fleet.json")
     args = ap.parse_args()
+    # SIGTERM (a test's time limit) ends this process through its finally: the launcher, in a
+    # session of its own, is stopped too instead of outliving it.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     work = Path(tempfile.mkdtemp(prefix="fffleet-"))
     # The launcher's workers read these from their environment; this process gets the same
     # settings explicitly.

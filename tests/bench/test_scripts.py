@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,9 +18,23 @@ GPU_ONLY = ["decode.py", "decode_fast.py", "generate.py", "warm_start.py"]
 
 
 def _bench(script: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run a benchmark script; past ``timeout`` it gets SIGTERM (so it stops what it started)
+    and then SIGKILL, and the test fails."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    argv = [sys.executable, str(ROOT / "bench" / script), *args]
+    with subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                out, err = proc.communicate(timeout=150)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                out, err = proc.communicate()
+            pytest.fail(f"{script} ran over {timeout:.0f} s:\n{out[-2000:]}{err[-3000:]}")
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 @pytest.mark.parametrize("script", GPU_ONLY)
