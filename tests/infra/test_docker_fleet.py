@@ -36,10 +36,10 @@ from tests.infra.docker_fleet import (
     readme_block,
     scratch_copy,
     venv_bin,
-    wait_for,
 )
 from tests.require import missing, require_binary
 from tests.services import free_ports
+from tests.waiting import wait_for
 from worker.decoders.pattern import read_frame_index
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(3600)]
