@@ -12,7 +12,7 @@ Times are ``CLOCK_MONOTONIC``: on Linux one clock for every process of the host,
 benchmark (same host) can subtract its own readings from them, and NTP steps cannot skew a
 sample. The clock is read before the Redis push, so the push does not count. Without
 ``BENCH_QUEUE_PROBE_URL`` the handlers do nothing (a benchmark's hook, so deliberately not a
-``FRAMEFLEET_*`` variable: those are the product's settings, all in ``producer/settings.py``).
+``FRAMEFLEET_*`` variable: those are the product's settings, all in ``producer/settings``).
 """
 
 from __future__ import annotations

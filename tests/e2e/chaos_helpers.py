@@ -30,7 +30,7 @@ T = TypeVar("T")
 #: ``make chaos`` sets it: full counts instead of the reduced ones ``make test`` runs.
 FULL = os.environ.get("FRAMEFLEET_CHAOS_FULL", "").lower() in {"1", "true", "yes"}
 
-#: The smallest delivery settings ``producer/settings.py`` allows: a job may run 60 s, and a
+#: The smallest delivery settings ``producer/settings`` allows: a job may run 60 s, and a
 #: message a dead worker held is visible again 61 s after it was delivered.
 VISIBILITY_S = 61
 #: What kombu's Redis transport waits between two sweeps for such messages: a sweep every

@@ -1,0 +1,55 @@
+"""The worker's device, input limits, scratch folders and decoder warm-up."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+
+class WorkerSettings(BaseModel):
+    """What a worker process decodes on, refuses and warms up."""
+
+    device: Literal["auto", "cuda", "cpu"] = Field(
+        default="auto", description="where decoding runs; auto: CUDA when available"
+    )
+    max_frames: int = Field(default=4_000, ge=1, description="reject jobs with more frames")
+    max_pixels: int = Field(
+        default=1920 * 1088, ge=64, description="reject frames larger than this (width x height)"
+    )
+    max_input_bytes: int = Field(
+        default=2 * 1024**3, ge=1024, description="reject latents files larger than this"
+    )
+    max_message_bytes: int = Field(
+        default=64 * 1024, ge=1024, description="reject job messages larger than this"
+    )
+    work_dir: str | None = Field(
+        default=None, description="scratch folder for segments before upload (default: tmp)"
+    )
+    data_dir: str = Field(
+        default=".framefleet", description="embedded mode: broker folders and sqlite results"
+    )
+    warmup_decoder: Literal["wan2.1-vae", "wan2.2-vae", "pattern"] | None = Field(
+        default=None, description="decoder built and warmed up when a worker starts"
+    )
+    warmup_latent_size: str = Field(
+        default="60x104", pattern=r"^[0-9]{1,4}x[0-9]{1,4}(,[0-9]{1,4}x[0-9]{1,4}){0,7}$",
+        description="latent HxW of the warm-up, up to 8 comma-separated (60x104 = 480x832 "
+        "frames with wan2.1-vae; 44x80 = 704x1280 with wan2.2-vae); the worker reports ready "
+        "once every size is compiled and captured",
+    )
+    warmup_weights: str | None = Field(
+        default=None,
+        description="the warm-up decoder's weights folder (file://, diffusers layout): give the "
+        "jobs' decoder.weights so they use the warmed decoder; unset: a seeded random init",
+    )
+    compile_cache_dir: str | None = Field(
+        default=None,
+        description="CUDA: folder kept across worker restarts for torch.compile's caches "
+        "(inductor FX graphs, Triton kernels, autotuning): a restarted worker replays its "
+        "warm-up sizes in seconds instead of compiling again; None: the process's temp folder",
+    )
+    decode_graphs: int = Field(
+        default=2, ge=0, le=16,
+        description="CUDA: compiled, graph-captured decode sizes kept per decoder; 0: eager",
+    )
