@@ -5,12 +5,25 @@ Light on purpose (stdlib only): the client imports it, and so can a receiver tha
 signatures.
 
 **Where a job may send.** ``FRAMEFLEET_WEBHOOK_SCHEMES`` (default ``https``) and
-``FRAMEFLEET_WEBHOOK_HOSTS``: host names (``hooks.example.com``), wildcard suffixes
-(``*.example.com``), IP addresses or networks (``10.2.0.0/16``). An empty list admits any host
-name. Whatever the list, an address that is not public (private, loopback, link-local such as
-the 169.254.169.254 metadata service, carrier-grade NAT, multicast, reserved) is refused unless
-it lies inside a listed network; workers apply that rule to every address a name resolves to,
-then connect to the address they checked (no second lookup: DNS rebinding cannot swap it).
+``FRAMEFLEET_WEBHOOK_HOSTS``, a comma-separated list of entries (``producer/webhook_hosts.py``):
+
+- ``scheme://host[:port][/path]``: that scheme, host and port (none: the scheme's default), and
+  only paths under ``/path`` (compared segment-wise after decoding once and resolving dot
+  segments). ``host`` is a name, ``*.suffix``, an IP (``[::1]``) or a network in brackets
+  (``http://[10.0.0.0/8]:8080/hooks``).
+- ``host``, ``*.suffix``, an IP or a CIDR network alone: a **host-only** entry, which allows any
+  path but only the default port of an allowed scheme (443 for https, 80 for http). Listing
+  ``127.0.0.1/32`` does not open 127.0.0.1:6379 or :9333; say ``http://127.0.0.1:8080/hooks``.
+- An empty list admits any host name and public IP, on the scheme's default port only.
+
+Hosts are read as a connection would read them first (``2852039166``, ``0xa9fea9fe``,
+``0251.0376.0251.0376`` and ``127.1`` are IPv4 addresses; ``::ffff:a.b.c.d`` is its IPv4
+address), so the client refuses them at submit. Whatever the list, an address that is not
+public (private, loopback, link-local such as the 169.254.169.254 metadata service,
+carrier-grade NAT, multicast, reserved) is refused unless it lies inside the network of an
+entry that allows the URL's scheme, port and path; workers apply that rule to every address a
+name resolves to, then connect to the address they checked (no second lookup: DNS rebinding
+cannot swap it), and send the path they checked.
 
 **Signature.** ``X-Framefleet-Signature: sha256=<hex>``, the HMAC-SHA256 keyed with the fleet's
 ``FRAMEFLEET_WEBHOOK_SECRET`` over ``<timestamp>.<body>``, where ``<timestamp>`` is the
@@ -25,10 +38,22 @@ import hmac
 import ipaddress
 import time
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 from producer.errors import InvalidJobError
 from producer.settings import Settings
+from producer.webhook_hosts import (
+    DEFAULT_PORTS,
+    Address,
+    Entry,
+    HostError,
+    Network,
+    normalise_host,
+    normalise_path,
+    parse_entries,
+    quote_path,
+    under,
+    url_parts,
+)
 
 SIGNATURE_HEADER = "X-Framefleet-Signature"
 TIMESTAMP_HEADER = "X-Framefleet-Timestamp"
@@ -38,8 +63,6 @@ DELIVERY_HEADER = "X-Framefleet-Delivery"
 TOLERANCE_S = 300
 MAX_URL_CHARS = 2048
 
-Address = ipaddress.IPv4Address | ipaddress.IPv6Address
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 
 
@@ -69,12 +92,17 @@ def _split(value: str) -> list[str]:
 
 
 def _embedded_v4(addr: Address) -> ipaddress.IPv4Address | None:
-    """The IPv4 address an IPv6 one stands for (mapped ::ffff:a.b.c.d or NAT64), if any."""
+    """The IPv4 address an IPv6 one stands for (mapped ::ffff:a.b.c.d, NAT64, 6to4 or
+    Teredo's client), if any."""
     if isinstance(addr, ipaddress.IPv6Address):
         if addr.ipv4_mapped is not None:
             return addr.ipv4_mapped
         if addr in _NAT64:
             return ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)
+        if addr.sixtofour is not None:
+            return addr.sixtofour
+        if addr.teredo is not None:
+            return addr.teredo[1]
     return None
 
 
@@ -93,9 +121,20 @@ class Target:
 
     url: str
     scheme: str
-    host: str
+    host: str  # normalised: a name, or an address's canonical text
     port: int
-    path: str  # path and query, what goes on the request line
+    path: str  # path (normalised, re-encoded) and query: what goes on the request line
+    #: Networks where this URL's addresses may be non-public: those of the entries that allow
+    #: its scheme, port and path.
+    networks: tuple[Network, ...] = ()
+
+    @property
+    def receiver(self) -> tuple[str, str, int]:
+        """(scheme, host, port): deliveries to one receiver go one at a time, in order."""
+        return self.scheme, self.host, self.port
+
+
+HOSTS_VAR = "FRAMEFLEET_WEBHOOK_HOSTS"
 
 
 class UrlPolicy:
@@ -103,84 +142,88 @@ class UrlPolicy:
 
     def __init__(self, schemes: str, hosts: str) -> None:
         self.schemes = set(_split(schemes))
-        self.names: list[str] = []
-        self.networks: list[Network] = []
-        for entry in _split(hosts):
-            try:
-                self.networks.append(ipaddress.ip_network(entry, strict=False))
-            except ValueError:
-                self.names.append(entry)
-        self.listed = bool(self.names or self.networks)
+        try:
+            self.entries = parse_entries(hosts)
+        except HostError as e:  # the settings check this too; a policy made by hand may not
+            raise InvalidJobError(f"{HOSTS_VAR}: {e}") from None
+        self.listed = bool(self.entries)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> UrlPolicy:
         return cls(settings.webhook_schemes, settings.webhook_hosts)
 
-    def _name_listed(self, host: str) -> bool:
-        for name in self.names:
-            if name.startswith("*."):
-                if host.endswith(name[1:]) and len(host) > len(name) - 1:
-                    return True
-            elif host == name:
-                return True
-        return False
-
-    def check_address(self, addr: Address, field: str) -> None:
-        """Raise unless ``addr`` is public or inside a listed network."""
-        if any(addr in net for net in self.networks):
-            return
+    def check_address(self, addr: Address, field: str, target: Target | None = None) -> None:
+        """Raise unless ``addr`` is public or inside a network of an entry that allows
+        ``target``'s scheme, port and path (every listed network without a target)."""
+        networks = target.networks if target is not None else tuple(
+            e.network for e in self.entries if e.network is not None)
         v4 = _embedded_v4(addr)
-        if v4 is not None and any(v4 in net for net in self.networks):
+        if any(addr in net or (v4 is not None and v4 in net) for net in networks):
             return
         if not is_public(addr):
             raise InvalidJobError(
                 f"{field}: address {addr} is not public (private, loopback, link-local or "
-                "metadata) and not in FRAMEFLEET_WEBHOOK_HOSTS"
+                f"metadata) and not in a {HOSTS_VAR} entry for this port and path"
             )
+
+    def _matching(self, scheme: str, port: int, path: str) -> list[Entry]:
+        return [e for e in self.entries if e.scheme in (None, scheme)
+                and e.allows_port(scheme, port) and under(path, e.path)]
+
+    def _refuse(self, field: str, scheme: str, host: str, address: Address | None,
+                port: int, path: str) -> InvalidJobError:
+        """The message for a URL no entry allows: what its nearest entry does allow."""
+        hosts = [e for e in self.entries if e.host_matches(host, address)]
+        if not hosts:
+            return InvalidJobError(f"{field}: host {host} not in {HOSTS_VAR}")
+        schemed = [e for e in hosts if e.scheme in (None, scheme)]
+        if not schemed:
+            return InvalidJobError(f"{field}: {host}: no {HOSTS_VAR} entry allows {scheme}")
+        ported = [e for e in schemed if e.allows_port(scheme, port)]
+        if not ported:
+            allowed = "; ".join(e.describe_port(scheme) for e in schemed)
+            return InvalidJobError(
+                f"{field}: port {port} of {host} not allowed ({HOSTS_VAR}: {allowed}; "
+                f"list {scheme}://{host}:{port}/path to allow a port and path)")
+        prefixes = "; ".join(f"{e.text!r} allows paths under {e.path}" for e in ported)
+        return InvalidJobError(f"{field}: path {path} of {host}:{port} not allowed "
+                               f"({HOSTS_VAR}: {prefixes})")
 
     def check_url(self, url: str, field: str) -> Target:
         """Parse ``url`` and apply every rule that needs no DNS; raise naming ``field``."""
         if len(url) > MAX_URL_CHARS:
             raise InvalidJobError(f"{field}: URL longer than {MAX_URL_CHARS} characters")
         try:
-            parts = urlsplit(url)
-            port = parts.port
-        except ValueError as e:
-            raise InvalidJobError(f"{field}: not a URL: {e}") from None
-        scheme = parts.scheme.lower()
+            scheme, raw_host, port, raw_path, query = url_parts(url)
+            if scheme in self.schemes:
+                host, address = normalise_host(raw_host)
+                path = normalise_path(raw_path)
+        except HostError as e:
+            raise InvalidJobError(f"{field}: {e}") from None
         if scheme not in self.schemes:
             raise InvalidJobError(
                 f"{field}: scheme {scheme or '(none)'!r} not allowed "
                 f"(FRAMEFLEET_WEBHOOK_SCHEMES: {', '.join(sorted(self.schemes)) or 'none'})"
             )
-        host = (parts.hostname or "").lower()
-        if not host:
-            raise InvalidJobError(f"{field}: URL has no host")
-        if parts.username is not None or parts.password is not None:
-            raise InvalidJobError(f"{field}: credentials in the URL are not allowed")
-        if parts.fragment:
-            raise InvalidJobError(f"{field}: URL fragments are not allowed")
-        try:
-            literal: Address | None = ipaddress.ip_address(host)
-        except ValueError:
-            literal = None
-        if literal is not None:
-            if self.listed and not any(literal in net for net in self.networks):
-                raise InvalidJobError(f"{field}: host {host} not in FRAMEFLEET_WEBHOOK_HOSTS")
-            self.check_address(literal, field)
-        else:
-            if self.names and not self._name_listed(host):
-                raise InvalidJobError(f"{field}: host {host} not in FRAMEFLEET_WEBHOOK_HOSTS")
-            if self.networks and not self.names:
+        port = port or DEFAULT_PORTS[scheme]
+        line = quote_path(path) + ("?" + query if query else "")
+        if not self.listed:
+            if port != DEFAULT_PORTS[scheme]:
                 raise InvalidJobError(
-                    f"{field}: host {host}: FRAMEFLEET_WEBHOOK_HOSTS lists networks only"
-                )
-            if host == "localhost" or host.endswith(".localhost"):  # loopback by definition
-                self.check_address(ipaddress.ip_address("127.0.0.1"), field)
-        path = parts.path or "/"
-        if parts.query:
-            path += "?" + parts.query
-        return Target(url, scheme, host, port or (443 if scheme == "https" else 80), path)
+                    f"{field}: port {port} not allowed: with {HOSTS_VAR} empty, webhooks go to "
+                    f"public addresses on {scheme}'s port {DEFAULT_PORTS[scheme]} only")
+            target = Target(url, scheme, host, port, line)
+        else:
+            allowing = self._matching(scheme, port, path)
+            if not any(e.host_matches(host, address) for e in allowing):
+                raise self._refuse(field, scheme, host, address, port, path)
+            networks = tuple(e.network for e in allowing if e.network is not None)
+            target = Target(url, scheme, host, port, line, networks)
+        if host == "localhost" or host.endswith(".localhost"):  # loopback by definition
+            address = ipaddress.ip_address("127.0.0.1")
+        if address is not None:
+            self.check_address(address, field, target)
+        return target
 
 
 def check_notify(urls: tuple[str, ...], policy: UrlPolicy) -> list[Target]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import ssl
 import threading
 import time
@@ -100,3 +102,91 @@ class Receiver:
                 self.end_headers()
 
         return Handler
+
+
+@dataclass
+class Trickle:
+    """One connection to a :class:`Trickler`: when it came, when the peer closed it (None
+    while open), and the answer's bytes sent by then."""
+
+    accepted: float  # monotonic
+    closed: float | None = None
+    sent: int = 0
+
+
+class Trickler:
+    """A receiver that reads the request, then answers one byte every ``interval_s`` for up
+    to ``total_s`` (a status line and headers that never end in time): a read timeout alone
+    never fires against it. Each connection's fate is recorded in ``connections``."""
+
+    ANSWER = b"HTTP/1.1 200 OK\r\n" + b"X-Slow: " + b"a" * 200 + b"\r\n\r\n"
+
+    def __init__(self, interval_s: float = 2.0, total_s: float = 45.0) -> None:
+        self.interval_s = interval_s
+        self.total_s = total_s
+        self.connections: list[Trickle] = []
+        self.lock = threading.Lock()
+        self.closing = threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.2)
+        self.threads: list[threading.Thread] = []
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+
+    @property
+    def port(self) -> int:
+        return int(self.listener.getsockname()[1])
+
+    def url(self, path: str = "/hook") -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def __enter__(self) -> Trickler:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.closing.set()
+        self.thread.join(5)
+        for thread in self.threads:
+            thread.join(5)
+        self.listener.close()
+
+    def wait(self, count: int, timeout: float) -> list[Trickle]:
+        """The first ``count`` connections, waiting up to ``timeout`` s for them."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                if len(self.connections) >= count:
+                    return list(self.connections)
+            time.sleep(0.02)
+        raise AssertionError(f"{len(self.connections)} of {count} connections in {timeout} s")
+
+    def _accept(self) -> None:
+        while not self.closing.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            record = Trickle(time.monotonic())
+            with self.lock:
+                self.connections.append(record)
+            thread = threading.Thread(target=self._trickle, args=(conn, record), daemon=True)
+            self.threads.append(thread)
+            thread.start()
+
+    def _trickle(self, conn: socket.socket, record: Trickle) -> None:
+        with conn:
+            conn.settimeout(self.interval_s)
+            end = time.monotonic() + self.total_s
+            with contextlib.suppress(OSError):
+                conn.recv(65536)  # the request (one read is enough: the answer never ends)
+                while time.monotonic() < end and not self.closing.is_set():
+                    conn.sendall(self.ANSWER[record.sent % len(self.ANSWER):][:1])
+                    record.sent += 1
+                    try:  # wait one interval, but see at once when the peer goes
+                        if conn.recv(65536) == b"":
+                            break
+                    except TimeoutError:
+                        continue
+            record.closed = time.monotonic()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, Field, SecretStr, field_validator
+
+from producer.webhook_hosts import HostError, parse_entries
 
 
 class WebhookSettings(BaseModel):
@@ -17,11 +19,19 @@ class WebhookSettings(BaseModel):
     )
     webhook_hosts: str = Field(
         default="", max_length=4096,
-        description="comma-separated webhook allow-list: host names, *.suffix wildcards, IPs or "
-        "networks (CIDR); empty: any host. Non-public addresses only inside listed networks",
+        description="comma-separated webhook allow-list: scheme://host[:port][/path] entries "
+        "(host: name, *.suffix, IP, [network]), or host-only entries (name, *.suffix, IP, CIDR) "
+        "that allow the scheme's default port (443/80) only; empty: any public host on the "
+        "default port. Non-public addresses only inside a network of a matching entry",
     )
     webhook_timeout_s: float = Field(
-        default=5.0, gt=0, le=60, description="connect and read timeout of one delivery"
+        default=5.0, gt=0, le=60, description="deadline of one delivery attempt, all of it: "
+        "connect, TLS, sending and every read of the answer (a receiver that trickles bytes "
+        "is cut off at it)",
+    )
+    webhook_threads: int = Field(
+        default=4, ge=1, le=64, description="webhook delivery threads per worker process; "
+        "one receiver (scheme, host, port) is served by one of them at a time, in order",
     )
     webhook_max_attempts: int = Field(
         default=6, ge=1, le=20, description="deliveries of one event before it is dropped"
@@ -38,3 +48,12 @@ class WebhookSettings(BaseModel):
     webhook_queue: int = Field(
         default=1000, ge=1, le=100_000, description="webhook events waiting per worker process"
     )
+
+    @field_validator("webhook_hosts")
+    @classmethod
+    def _entries(cls, value: str) -> str:
+        try:
+            parse_entries(value)
+        except HostError as e:
+            raise ValueError(str(e)) from None
+        return value

@@ -12,38 +12,22 @@ import pytest
 import redis
 
 from producer.app import QUEUE
-from producer.client import Client
 from producer.errors import InvalidJobError, JobFailed
-from producer.settings import get_settings
 from producer.spec import JobResult, NotifySpec
 from tests.e2e.helpers import pattern_spec, put_latents, verify_output
+from tests.e2e.webhook_fleet import SECRET, TIMEOUT_S, Fleet, start_fleet
 from tests.receiver import Receiver
 from tests.services import free_port
 
 pytestmark = pytest.mark.e2e
 
-SECRET = "fleet-webhook-secret-e2e"
-TIMEOUT_S = 8.0  # one delivery attempt to a receiver that does not answer
-WEBHOOK_ENV = {
-    "FRAMEFLEET_WEBHOOK_SECRET": SECRET,
-    "FRAMEFLEET_WEBHOOK_SCHEMES": "http",
-    "FRAMEFLEET_WEBHOOK_HOSTS": "127.0.0.1",
-    "FRAMEFLEET_WEBHOOK_TIMEOUT_S": str(TIMEOUT_S),
-    "FRAMEFLEET_WEBHOOK_BACKOFF_S": "0.5",
-}
 ALL_EVENTS = ("started", "segment", "succeeded", "failed", "cancelled")
 
 
 @pytest.fixture
-def client(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Client]:
-    """A client with the fleet's allow-list (loopback over http, for these tests only)."""
-    redis.Redis.from_url(redis_url).flushdb()
-    for key, value in WEBHOOK_ENV.items():
-        monkeypatch.setenv(key, value)
-    get_settings.cache_clear()
-    yield Client(broker_url=redis_url, backend_url=redis_url)
-    monkeypatch.undo()
-    get_settings.cache_clear()
+def fleet(redis_url: str, monkeypatch: pytest.MonkeyPatch, worker_factory: Any) -> Iterator[Fleet]:
+    """``fleet(*ports, workers=1, **env)``: a client and workers sharing an allow-list."""
+    yield from start_fleet(redis_url, monkeypatch, worker_factory)
 
 
 def _job(s3: Any, bucket: str, job_id: str, urls: tuple[str, ...],
@@ -54,10 +38,10 @@ def _job(s3: Any, bucket: str, job_id: str, urls: tuple[str, ...],
 
 
 def test_signed_events_arrive_in_order(
-    client: Client, worker_factory: Any, s3: Any, s3_bucket: str, tmp_path: Path
+    fleet: Fleet, s3: Any, s3_bucket: str, tmp_path: Path
 ) -> None:
-    worker_factory(1, env=WEBHOOK_ENV)
     with Receiver() as rx:
+        client = fleet(rx.port)
         result = client.submit(_job(s3, s3_bucket, "hook-ok", (rx.url(),))).wait(timeout=90)
         verify_output(s3, s3_bucket, result, tmp_path)
         # started, one event per segment in playlist order, then succeeded
@@ -82,11 +66,12 @@ def test_signed_events_arrive_in_order(
 
 
 def test_a_down_or_slow_receiver_neither_delays_nor_fails_the_job(
-    client: Client, worker_factory: Any, s3: Any, s3_bucket: str, tmp_path: Path
+    fleet: Fleet, s3: Any, s3_bucket: str, tmp_path: Path
 ) -> None:
-    worker_factory(1, env=WEBHOOK_ENV)
-    down = f"http://127.0.0.1:{free_port()}/hook"  # nothing listens there
+    down_port = free_port()
+    down = f"http://127.0.0.1:{down_port}/hook"  # nothing listens there
     with Receiver(delay_s=60) as slow:
+        client = fleet(slow.port, down_port)
         spec = _job(s3, s3_bucket, "hook-slow", (slow.url(), down), latent_frames=30)
         result = client.submit(spec).wait(timeout=90)
         verify_output(s3, s3_bucket, result, tmp_path)
@@ -101,11 +86,9 @@ def test_a_down_or_slow_receiver_neither_delays_nor_fails_the_job(
         assert nxt.timings.wall_s < TIMEOUT_S
 
 
-def test_a_failed_job_says_why(
-    client: Client, worker_factory: Any, s3: Any, s3_bucket: str
-) -> None:
-    worker_factory(1, env=WEBHOOK_ENV)
+def test_a_failed_job_says_why(fleet: Fleet, s3: Any, s3_bucket: str) -> None:
     with Receiver() as rx:
+        client = fleet(rx.port)
         spec = _job(s3, s3_bucket, "hook-fail", (rx.url(),), events=("failed", "succeeded"))
         spec = spec.model_copy(update={"input": spec.input.model_copy(
             update={"uri": f"s3://{s3_bucket}/in/missing.npy"})})
@@ -119,14 +102,17 @@ def test_a_failed_job_says_why(
 
 
 @pytest.mark.parametrize(("urls", "field", "why"), [
-    (("http://127.0.0.1:9/ok", "http://169.254.169.254/latest/meta-data/"), "notify.urls[1]",
+    (("http://127.0.0.1:9/hook", "http://169.254.169.254/latest/meta-data/"), "notify.urls[1]",
      "not in FRAMEFLEET_WEBHOOK_HOSTS"),
     (("https://10.0.0.5/hook",), "notify.urls[0]", "scheme 'https' not allowed"),
-    (("http://hooks.example.com/",), "notify.urls[0]", "lists networks only"),
+    (("http://hooks.example.com/",), "notify.urls[0]", "not in FRAMEFLEET_WEBHOOK_HOSTS"),
+    (("http://127.0.0.1:9/elsewhere",), "notify.urls[0]", "path /elsewhere of 127.0.0.1:9"),
+    (("http://127.0.0.1:10/hook",), "notify.urls[0]", "port 10 of 127.0.0.1 not allowed"),
 ])
 def test_a_url_not_allowed_is_rejected_at_submit(
-    client: Client, s3: Any, s3_bucket: str, urls: tuple[str, ...], field: str, why: str
+    fleet: Fleet, s3: Any, s3_bucket: str, urls: tuple[str, ...], field: str, why: str
 ) -> None:
+    client = fleet(9, workers=0)
     spec = _job(s3, s3_bucket, "hook-refused", urls)
     with pytest.raises(InvalidJobError, match=rf"^{re.escape(field)}: .*{why}"):
         client.submit(spec)

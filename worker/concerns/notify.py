@@ -3,7 +3,7 @@
 ``started`` once the run begins, ``segment`` as each segment is listed in the live playlist,
 then one of ``succeeded``, ``failed`` or ``cancelled`` when the run's end is decided. A retry or
 a requeue is no end: its next run sends ``started`` again (with a higher ``attempt``). Delivery
-runs on the process's notifier thread: it never blocks nor fails the job.
+runs on the process's notifier threads: it never blocks nor fails the job.
 
 Webhooks are configured on both sides or refused: a job that asks for them on a worker without
 ``FRAMEFLEET_WEBHOOK_SECRET`` (which signs every event; nothing is ever sent unsigned) fails at

@@ -1,44 +1,35 @@
-"""Webhook delivery: signed JSON POSTs on a thread of their own, so a job never waits for one.
+"""Webhook delivery: signed JSON POSTs on threads of their own, so a job never waits for one.
 
-One :class:`Notifier` per worker process owns a bounded queue and one delivery thread (the
-pipeline's thread shape: bounded queue, stop flag, ``get(timeout=…)``). A job talks to it
-through :meth:`Notifier.for_job`, whose ``emit`` only enqueues: it never blocks, never raises,
-and a full queue drops the event (logged) instead of stalling the GPU.
+One :class:`Notifier` per worker process. A job talks to it through :meth:`Notifier.for_job`,
+whose ``emit`` only enqueues: it never blocks, never raises, and a full backlog drops the event
+(logged) instead of stalling the GPU. The parts, by role:
 
-Deliveries to one URL of one job go out in the order they were emitted: an event that failed
-holds the later ones back until it is delivered or given up. A failure (connection error,
-timeout, HTTP 408/429/5xx) is retried with exponential back-off, at most
-``FRAMEFLEET_WEBHOOK_MAX_ATTEMPTS`` times and for at most ``FRAMEFLEET_WEBHOOK_MAX_AGE_S``;
+- ``webhook_pool``: the bounded backlog, one lane per receiver (scheme, host, port), served by
+  ``FRAMEFLEET_WEBHOOK_THREADS`` threads, one thread per lane at a time: a receiver gets its
+  events one at a time and in order, and a slow receiver does not delay the others.
+- ``webhook_transport``: one POST to a checked address, within one deadline for the whole
+  attempt (``FRAMEFLEET_WEBHOOK_TIMEOUT_S``: connect, TLS, send, every read), enforced by a
+  watchdog against a receiver that trickles its answer.
+- this module: the allow-list check of a job's URLs, signing, judging an answer, and the
+  events of one job (:class:`JobEvents`).
+
+A failure (connection error, deadline, HTTP 408/429/5xx) is retried with exponential back-off,
+at most ``FRAMEFLEET_WEBHOOK_MAX_ATTEMPTS`` times and for at most ``FRAMEFLEET_WEBHOOK_MAX_AGE_S``;
 an answer's ``Retry-After`` (seconds or an HTTP date) delays the next attempt at least that
 long, and an event it would push past the age limit is given up at once instead of being
-hammered early;
-any other answer ends the event (2xx: delivered; 3xx: redirects are never followed; 4xx:
-refused by the receiver). One slow receiver delays the deliveries behind it by at most its
-timeout per attempt, never a job.
-
-Each attempt resolves the host, refuses it unless every address passes the allow-list
-(producer/webhooks.py), and connects to the checked address itself (``http.client`` with the
-socket opened here; TLS still verifies the host name), so DNS cannot answer differently
-between the check and the connection. No proxy environment variables are honoured.
+hammered early; any other answer ends the event (2xx: delivered; 3xx: redirects are never
+followed; 4xx: refused by the receiver).
 """
 
 from __future__ import annotations
 
-import email.utils
 import http.client
-import ipaddress
 import json
 import logging
 import os
-import queue
-import socket
-import ssl
 import threading
 import time
 import uuid
-from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from producer.errors import InvalidJobError
@@ -55,95 +46,23 @@ from producer.webhooks import (
     signature,
 )
 from worker.sinks.hls import PLAYLIST
+from worker.sinks.webhook_pool import Delivery, DeliveryPool, Outcome
+from worker.sinks.webhook_transport import USER_AGENT, Resolver, post, resolve, retry_after_s
 
+__all__ = ["USER_AGENT", "Address", "Delivery", "JobEvents", "Notifier", "Outcome",
+           "close_process_notifier", "process_notifier", "resolve", "retry_after_s"]
 log = logging.getLogger(__name__)
-USER_AGENT = "framefleet-webhooks/1"
 RETRY_STATUS = {408, 429}
-#: Resolves (host, port) to the addresses to try, in order (a parameter for tests).
-Resolver = Callable[[str, int], list[Address]]
 
 
-def resolve(host: str, port: int) -> list[Address]:
-    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return [ipaddress.ip_address(info[4][0]) for info in infos]
-
-
-class _PinnedHTTP(http.client.HTTPConnection):
-    """HTTP to a checked address; Host header and URL keep the name."""
-
-    def __init__(self, host: str, port: int, address: Address, timeout: float) -> None:
-        super().__init__(host, port, timeout=timeout)
-        self.address = address
-
-    def connect(self) -> None:
-        self.sock = socket.create_connection((str(self.address), self.port), self.timeout)
-
-
-class _PinnedHTTPS(http.client.HTTPSConnection):
-    """HTTPS to a checked address; the certificate is verified against the host name."""
-
-    def __init__(self, host: str, port: int, address: Address, timeout: float) -> None:
-        self.tls = ssl.create_default_context()
-        super().__init__(host, port, timeout=timeout, context=self.tls)
-        self.address = address
-
-    def connect(self) -> None:
-        sock = socket.create_connection((str(self.address), self.port), self.timeout)
-        self.sock = self.tls.wrap_socket(sock, server_hostname=self.host)
-
-
-@dataclass
-class Delivery:
-    """One event for one URL, retried until delivered or given up."""
-
-    target: Target
-    channel: tuple[str, str]  # (job_id, url): the unit of ordering
-    event: str
-    delivery_id: str
-    body: bytes
-    created: float  # monotonic
-    attempts: int = 0
-    due: float = 0.0  # monotonic time of the next attempt
-    retry_after: float | None = None  # seconds the last answer's Retry-After asked for
-
-
-def retry_after_s(value: str | None, now: float | None = None) -> float | None:
-    """Seconds a ``Retry-After`` header value asks for: delta-seconds or an HTTP date
-    (RFC 9110 10.2.3); None when absent or unreadable (the back-off applies alone)."""
-    if value is None:
-        return None
-    value = value.strip()
-    if value.isascii() and value.isdigit():
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:  # not an HTTP date (those are GMT)
-        return None
-    return max(0.0, when.timestamp() - (time.time() if now is None else now))
-
-
-class Outcome:
-    DELIVERED, RETRY, GIVE_UP = "delivered", "retry", "give up"
-
-
-class Notifier:
+class Notifier(DeliveryPool):
     """Delivers webhook events of every job of this process; see the module docstring."""
 
     def __init__(self, settings: Settings | None = None, resolver: Resolver = resolve) -> None:
-        self.settings = settings or get_settings()
-        self.policy = UrlPolicy.from_settings(self.settings)
+        settings = settings or get_settings()
+        self.policy = UrlPolicy.from_settings(settings)
         self.resolver = resolver
-        self.items: queue.Queue[Delivery | None] = queue.Queue(maxsize=self.settings.webhook_queue)
-        self.stop = threading.Event()
-        self.dropped = 0  # events lost to a full queue
-        self.sent = 0  # events delivered (2xx)
-        self.given_up = 0  # events that exhausted their attempts or were refused
-        self._channels: dict[tuple[str, str], deque[Delivery]] = {}
-        self._closing = False
-        self._thread = threading.Thread(target=self._run, name="framefleet-webhooks", daemon=True)
-        self._thread.start()
+        super().__init__(settings, self._attempt_one)
 
     def for_job(self, spec: JobSpec, attempt: int = 0) -> JobEvents:
         """The events of one run of ``spec`` (a no-op when it asks for none)."""
@@ -161,95 +80,7 @@ class Notifier:
                         log.error("job %s: webhook refused: %s", spec.job_id, e)
         return JobEvents(self, spec, attempt, targets)
 
-    def submit(self, delivery: Delivery) -> None:
-        """Enqueue without blocking; a full queue drops the event."""
-        if self._closing:
-            return
-        try:
-            self.items.put_nowait(delivery)
-        except queue.Full:
-            self.dropped += 1
-            log.error("webhook queue full (%d): %s event of job %s dropped",
-                      self.items.maxsize, delivery.event, delivery.channel[0])
-
-    def close(self, timeout: float) -> bool:
-        """Deliver what is pending for at most ``timeout`` s, then stop; True if all went."""
-        self._closing = True
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                self.items.put(None, timeout=max(0.01, deadline - time.monotonic()))
-                break
-            except queue.Full:
-                if time.monotonic() >= deadline:
-                    break
-        self._thread.join(max(0.0, deadline - time.monotonic()))
-        clean = not self._thread.is_alive()
-        self.stop.set()
-        self._thread.join(1.0)
-        pending = sum(len(c) for c in self._channels.values()) + self.items.qsize()
-        if pending:
-            log.warning("webhooks: %d events not delivered at shutdown", pending)
-        return clean and not pending
-
-    # -- the delivery thread ---------------------------------------------------------------
-
-    def _run(self) -> None:
-        ended = False
-        while not self.stop.is_set():
-            now = time.monotonic()
-            heads = [c[0].due for c in self._channels.values()]
-            wait = min([0.2, *(max(0.0, due - now) for due in heads)])
-            if not ended:
-                try:
-                    item = self.items.get(timeout=wait)
-                    if item is None:
-                        ended = True
-                    else:
-                        self._channels.setdefault(item.channel, deque()).append(item)
-                except queue.Empty:
-                    pass
-            elif not self._channels:
-                return
-            else:
-                time.sleep(wait)
-            self._deliver_due()
-
-    def _deliver_due(self) -> None:
-        for key in list(self._channels):
-            channel = self._channels[key]
-            while channel and channel[0].due <= time.monotonic() and not self.stop.is_set():
-                delivery = channel[0]
-                outcome = self._attempt(delivery)
-                delay = max(self._backoff(delivery.attempts), delivery.retry_after or 0.0)
-                if outcome == Outcome.RETRY and self._may_retry(delivery, delay):
-                    delivery.due = time.monotonic() + delay
-                    break
-                channel.popleft()
-                if outcome == Outcome.DELIVERED:
-                    self.sent += 1
-                else:
-                    self.given_up += 1
-                    log.error("webhook %s (%s) of job %s to %s given up after %d attempt(s)",
-                              delivery.delivery_id, delivery.event, key[0], key[1],
-                              delivery.attempts)
-            if not channel:
-                del self._channels[key]
-
-    def _may_retry(self, delivery: Delivery, delay: float) -> bool:
-        s = self.settings
-        age = time.monotonic() - delivery.created + delay
-        if delivery.attempts < s.webhook_max_attempts and age > s.webhook_max_age_s:
-            log.warning("webhook to %s: next attempt in %.0f s would pass "
-                        "FRAMEFLEET_WEBHOOK_MAX_AGE_S=%.0f", delivery.target.url, delay,
-                        s.webhook_max_age_s)
-        return delivery.attempts < s.webhook_max_attempts and age <= s.webhook_max_age_s
-
-    def _backoff(self, attempts: int) -> float:
-        s = self.settings
-        return float(min(s.webhook_backoff_max_s, s.webhook_backoff_s * 2 ** (attempts - 1)))
-
-    def _attempt(self, delivery: Delivery) -> str:
+    def _attempt_one(self, delivery: Delivery) -> str:
         """One POST; never raises."""
         delivery.attempts += 1
         delivery.retry_after = None
@@ -259,7 +90,7 @@ class Notifier:
             if not addresses:
                 raise OSError(f"{target.host}: no address")
             for addr in addresses:
-                self.policy.check_address(addr, target.url)
+                self.policy.check_address(addr, target.url, target)
         except InvalidJobError as e:
             log.error("webhook to %s refused after DNS: %s", target.url, e)
             return Outcome.GIVE_UP
@@ -269,30 +100,18 @@ class Notifier:
         timestamp = int(time.time())
         headers = {
             "Content-Type": "application/json",
-            "User-Agent": USER_AGENT,
             EVENT_HEADER: delivery.event,
             DELIVERY_HEADER: delivery.delivery_id,
             TIMESTAMP_HEADER: str(timestamp),
             SIGNATURE_HEADER: signature(self._secret(), timestamp, delivery.body),
         }
-        last: Exception | None = None
-        for addr in addresses:  # the first address that accepts a connection gets it
-            kind = _PinnedHTTPS if target.scheme == "https" else _PinnedHTTP
-            conn = kind(target.host, target.port, addr, self.settings.webhook_timeout_s)
-            try:
-                conn.request("POST", target.path, body=delivery.body, headers=headers)
-                response = conn.getresponse()
-                response.read(64 * 1024)  # bounded: the answer's body is not ours to keep
-                status = response.status
-                delivery.retry_after = retry_after_s(response.getheader("Retry-After"))
-            except (OSError, http.client.HTTPException) as e:
-                last = e
-                continue
-            finally:
-                conn.close()
-            return self._judge(delivery, status)
-        log.warning("webhook to %s: %s (attempt %d)", target.url, last, delivery.attempts)
-        return Outcome.RETRY
+        try:
+            status, delivery.retry_after = post(
+                target, addresses, headers, delivery.body, self.settings.webhook_timeout_s)
+        except (OSError, http.client.HTTPException) as e:
+            log.warning("webhook to %s: %s (attempt %d)", target.url, e, delivery.attempts)
+            return Outcome.RETRY
+        return self._judge(delivery, status)
 
     def _judge(self, delivery: Delivery, status: int) -> str:
         if 200 <= status < 300:

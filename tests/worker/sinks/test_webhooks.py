@@ -27,8 +27,6 @@ from producer.webhooks import (
     DELIVERY_HEADER,
     EVENT_HEADER,
     TIMESTAMP_HEADER,
-    UrlPolicy,
-    check_notify,
     signature,
     verify,
 )
@@ -41,7 +39,7 @@ SECRET = "s3cr3t-for-tests"
 
 def _settings(**kw: Any) -> Settings:
     base: dict[str, Any] = {
-        "webhook_secret": SECRET, "webhook_schemes": "http", "webhook_hosts": "127.0.0.1",
+        "webhook_secret": SECRET, "webhook_schemes": "http",
         "webhook_timeout_s": 2.0, "webhook_backoff_s": 0.2, "webhook_backoff_max_s": 1.0,
     }
     return Settings(**{**base, **kw})
@@ -61,48 +59,20 @@ def notifiers() -> Iterator[list[Notifier]]:
         n.close(timeout=2.0)
 
 
-def _notifier(made: list[Notifier], **kw: Any) -> Notifier:
+def _notifier(made: list[Notifier], *ports: int, **kw: Any) -> Notifier:
+    """A notifier whose allow-list is ``http://127.0.0.1:<port>`` for each of ``ports``
+    (unless ``webhook_hosts`` is given)."""
     resolver = kw.pop("resolver", None)
+    kw.setdefault("webhook_hosts", ",".join(f"http://127.0.0.1:{p}" for p in ports))
     n = Notifier(_settings(**kw), **({"resolver": resolver} if resolver else {}))
     made.append(n)
     return n
 
 
-# -- the allow-list -------------------------------------------------------------------------
+# -- the spec and signatures (the allow-list's own tests: tests/producer/test_webhooks.py) ----
 
 
-@pytest.mark.parametrize(("hosts", "url", "refused"), [
-    ("", "https://hooks.example.com/x", None),
-    ("", "http://hooks.example.com/x", "scheme 'http' not allowed"),
-    ("", "https://169.254.169.254/latest/meta-data", "not public"),
-    ("", "https://[fd00:ec2::254]/", "not public"),
-    ("", "https://10.1.2.3/", "not public"),
-    ("", "https://127.0.0.1/", "not public"),
-    ("", "https://[::ffff:127.0.0.1]/", "not public"),
-    ("", "https://100.64.0.1/", "not public"),
-    ("", "https://localhost:8443/", "not public"),
-    ("", "https://user:pw@hooks.example.com/", "credentials"),
-    ("*.example.com", "https://a.hooks.example.com/", None),
-    ("*.example.com", "https://example.com.evil.net/", "not in FRAMEFLEET_WEBHOOK_HOSTS"),
-    ("hooks.example.com", "https://other.example.com/", "not in FRAMEFLEET_WEBHOOK_HOSTS"),
-    ("hooks.example.com,10.0.0.0/8", "https://10.1.2.3/", None),
-    ("127.0.0.1", "https://127.0.0.1:9/", None),
-    ("127.0.0.1", "https://127.0.0.2/", "not in FRAMEFLEET_WEBHOOK_HOSTS"),
-])
-def test_allow_list(hosts: str, url: str, refused: str | None) -> None:
-    policy = UrlPolicy("https", hosts)
-    if refused is None:
-        assert policy.check_url(url, "notify.urls[0]").url == url
-    else:
-        with pytest.raises(InvalidJobError, match=rf"^notify\.urls\[0\]: .*{refused}"):
-            policy.check_url(url, "notify.urls[0]")
-
-
-def test_the_refused_url_is_named_by_its_index() -> None:
-    policy = UrlPolicy("https", "")
-    with pytest.raises(InvalidJobError, match=r"notify\.urls\[1\]: address 192\.168\.0\.7"):
-        check_notify(("https://hooks.example.com/", "https://192.168.0.7/"), policy)
-    # The spec itself refuses what is not an http(s) URL, naming the field
+def test_the_spec_refuses_what_is_not_an_http_url() -> None:
     with pytest.raises(InvalidJobError, match=r"notify\.urls\[0\]: expected an http\(s\)"):
         parse_spec({**_spec("https://a.example.com/").model_dump(mode="json"),
                     "notify": {"urls": ["file:///etc/passwd"]}})
@@ -143,7 +113,7 @@ def _emit_three(n: Notifier, url: str) -> None:
 
 def test_signed_events_arrive_in_order_through_retries(notifiers: list[Notifier]) -> None:
     with Receiver(statuses=(503, 500)) as rx:
-        n = _notifier(notifiers)
+        n = _notifier(notifiers, rx.port)
         _emit_three(n, rx.url())
         got = rx.wait(5, timeout=20)
     # The first event was refused twice, retried with back-off, and held the others back
@@ -175,7 +145,7 @@ def test_retry_after_reads_seconds_and_http_dates(value: str | None, seconds: fl
 def test_retry_after_delays_the_retry_beyond_the_back_off(notifiers: list[Notifier]) -> None:
     # Given a receiver that is rate-limiting (429, Retry-After: 2) and a back-off of 0.2 s
     with Receiver(statuses=(429,), retry_after="2") as rx:
-        n = _notifier(notifiers)
+        n = _notifier(notifiers, rx.port)
         n.for_job(_spec(rx.url(), events=("started",))).started("node-a")
         got = rx.wait(2, timeout=15)
     # Then the second attempt came after the 2 s it asked for, not after 0.2 s
@@ -189,7 +159,7 @@ def test_a_retry_after_beyond_the_age_limit_gives_up_without_hammering(
 ) -> None:
     # Given a receiver that asks for an hour, and events that may live 30 s
     with Receiver(statuses=(503, 503, 503), retry_after="3600") as rx:
-        n = _notifier(notifiers, webhook_max_age_s=30.0)
+        n = _notifier(notifiers, rx.port, webhook_max_age_s=30.0)
         n.for_job(_spec(rx.url(), events=("started",))).started("node-a")
         rx.wait(1, timeout=10)
         deadline = time.monotonic() + 10
@@ -203,7 +173,7 @@ def test_a_retry_after_beyond_the_age_limit_gives_up_without_hammering(
 
 def test_redirects_are_not_followed(notifiers: list[Notifier]) -> None:
     with Receiver(statuses=(302,), location="/elsewhere") as rx:
-        n = _notifier(notifiers)
+        n = _notifier(notifiers, rx.port)
         n.for_job(_spec(rx.url(), events=("started",))).started("node-a")
         rx.wait(1, timeout=10)
         deadline = time.monotonic() + 10
@@ -222,17 +192,23 @@ def test_addresses_are_checked_after_dns_and_the_checked_one_is_used(
     loopback: list[Address] = [ipaddress.ip_address("127.0.0.1")]
     with Receiver() as rx:
         url = f"http://hooks.example.test:{rx.port}/hook"
-        rebound = _notifier(notifiers, webhook_hosts="hooks.example.test",
+        rebound = _notifier(notifiers, webhook_hosts=f"http://hooks.example.test:{rx.port}",
                             resolver=lambda host, port: loopback)
         rebound.for_job(_spec(url, events=("started",))).started("node-a")
-        pinned = _notifier(notifiers, webhook_hosts="hooks.example.test,127.0.0.1/32",
+        # 127.0.0.1 listed for the default port only: still refused for this port
+        other_port = _notifier(notifiers, webhook_hosts=f"http://hooks.example.test:{rx.port},"
+                               "127.0.0.1/32", resolver=lambda host, port: loopback)
+        other_port.for_job(_spec(url, events=("started",))).started("node-a")
+        pinned = _notifier(notifiers, webhook_hosts=f"http://hooks.example.test:{rx.port},"
+                           f"http://[127.0.0.1/32]:{rx.port}",
                            resolver=lambda host, port: loopback)
         pinned.for_job(_spec(url, events=("started",))).started("node-a")
         (got,) = rx.wait(1, timeout=10)
         deadline = time.monotonic() + 10
-        while rebound.given_up == 0 and time.monotonic() < deadline:
+        while rebound.given_up + other_port.given_up < 2 and time.monotonic() < deadline:
             time.sleep(0.02)
     assert rebound.given_up == 1 and rebound.sent == 0
+    assert other_port.given_up == 1 and other_port.sent == 0
     assert got.headers["Host"] == f"hooks.example.test:{rx.port}"
     assert len(rx.received) == 1
 
@@ -241,16 +217,16 @@ def test_a_url_refused_by_the_worker_is_skipped_and_no_secret_sends_nothing(
     notifiers: list[Notifier],
 ) -> None:
     with Receiver() as rx:
-        n = _notifier(notifiers)
+        n = _notifier(notifiers, rx.port)
         events = n.for_job(_spec("http://10.9.9.9/hook", rx.url(), events=("started",)))
         assert [t.url for t in events.targets] == [rx.url()]
-        unsigned = _notifier(notifiers, webhook_secret=None)
+        unsigned = _notifier(notifiers, rx.port, webhook_secret=None)
         assert unsigned.for_job(_spec(rx.url())).targets == []
 
 
 def test_emit_never_blocks_on_a_dead_or_slow_receiver(notifiers: list[Notifier]) -> None:
     with Receiver(delay_s=30) as slow:
-        n = _notifier(notifiers, webhook_queue=4, webhook_timeout_s=1.0)
+        n = _notifier(notifiers, slow.port, 9, webhook_queue=4, webhook_timeout_s=1.0)
         events = n.for_job(_spec(slow.url(), "http://127.0.0.1:9/hook", events=("segment",)))
         t0 = time.monotonic()
         for _ in range(200):
@@ -277,9 +253,11 @@ def test_https_verifies_the_certificate_of_the_name_over_the_pinned_address(
     server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     server.load_cert_chain(cert, key)
     loopback: list[Address] = [ipaddress.ip_address("127.0.0.1")]
-    settings = {"webhook_schemes": "https", "webhook_hosts": "hooks.example.test,127.0.0.1/32",
-                "webhook_max_attempts": 2, "resolver": lambda host, port: loopback}
     with Receiver(tls=server) as rx:
+        settings = {"webhook_schemes": "https", "webhook_max_attempts": 2,
+                    "webhook_hosts": f"https://hooks.example.test:{rx.port},"
+                                     f"https://[127.0.0.1/32]:{rx.port}",
+                    "resolver": lambda host, port: loopback}
         url = f"https://hooks.example.test:{rx.port}/hook"
         # A certificate nobody vouches for: nothing is sent, and the event is given up
         untrusted = _notifier(notifiers, **settings)
