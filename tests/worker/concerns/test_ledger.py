@@ -18,6 +18,7 @@ from producer.errors import StorageError
 from producer.ledger import LEDGER_LINK, LedgerReader
 from producer.settings import Settings
 from producer.spec import JobResult, NotifySpec
+from tests.services import free_ports
 from tests.worker.concerns.scripted import Scripted, job_spec, real_run
 from worker.run import DecoderCache, Run
 
@@ -92,9 +93,12 @@ def test_a_ledger_that_cannot_be_written_changes_nothing_about_the_job(
 def test_webhooks_on_a_worker_without_a_secret_fail_at_once_naming_notify(
     app: Celery, tmp_path: Path, tenant: str
 ) -> None:
-    # Given a job that asks for webhooks, on a worker with no FRAMEFLEET_WEBHOOK_SECRET
+    # Given a job that asks for webhooks (to a closed loopback port: nothing leaves the host),
+    # on a worker with no FRAMEFLEET_WEBHOOK_SECRET
+    (port,) = free_ports(1)
+    receiver = f"http://127.0.0.1:{port}"
     spec = job_spec(tmp_path, tenant).model_copy(
-        update={"notify": NotifySpec(urls=("https://hooks.example.com/a",))})
+        update={"notify": NotifySpec(urls=(f"{receiver}/a",))})
     ran: list[int] = []
 
     def work(run: Run, attempt: int) -> JobResult:
@@ -108,7 +112,8 @@ def test_webhooks_on_a_worker_without_a_secret_fail_at_once_naming_notify(
     assert str(result.result).startswith("notify: this worker has no FRAMEFLEET_WEBHOOK_SECRET")
     # With a secret, the same job runs
     real = real_run(DecoderCache(torch.device("cpu")))
-    signed = Settings(file_roots=str(tmp_path), webhook_secret="s3cret")
+    signed = Settings(file_roots=str(tmp_path), webhook_secret="s3cret", webhook_schemes="http",
+                      webhook_hosts=f"{receiver}/")
     again = job_spec(tmp_path, tenant).model_copy(update={"notify": spec.notify})
     assert Scripted(app, again, signed, lambda run, attempt: real(run)).apply(
         again.key).state == "SUCCESS"
