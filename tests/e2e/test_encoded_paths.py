@@ -24,7 +24,7 @@ import redis
 from producer.app import TASK_NAME
 from producer.client import Client, JobHandle
 from producer.errors import InvalidJobError, JobFailed
-from producer.rules import LocalPathWarning
+from producer.settings import Settings
 from producer.spec import JobSpec, OutputSpec
 from tests.e2e.helpers import pattern_spec, put_latents
 from tests.services import REPO_ROOT
@@ -65,6 +65,12 @@ def _cli(redis_url: str, *args: str, **env: str) -> subprocess.CompletedProcess[
                           capture_output=True, text=True, timeout=120,
                           env={**base, "PYTHONPATH": str(REPO_ROOT), "COLUMNS": "400",
                                "FRAMEFLEET_BROKER_URL": redis_url, **env})
+
+
+def _client(redis_url: str, **settings: str) -> Client:
+    """The real client, with the fleet's prefix (and roots) in its own settings."""
+    return Client(settings=Settings(broker_url=redis_url, result_backend=redis_url,
+                                    **settings))  # type: ignore[arg-type]
 
 
 def _raw(client: Client, payload: dict[str, Any]) -> JobHandle:
@@ -121,7 +127,7 @@ def test_encoded_traversal_under_file_roots(
     prefix = (root / "out").as_uri()
     env = {"FRAMEFLEET_FILE_ROOTS": str(root), "FRAMEFLEET_OUTPUT_PREFIX": prefix}
     (worker,) = worker_factory(1, env={**env, "FRAMEFLEET_DEVICE": "cpu"})
-    client = Client(broker_url=redis_url, backend_url=redis_url)
+    client = _client(redis_url, file_roots=str(root), output_prefix=prefix)
     good = JobSpec.model_validate({"job_id": "good", "input": {"uri": (root / "in" / "z.npy")
                                                                .as_uri()},
                                    "decoder": {"name": "pattern"}, "output": {"uri": prefix}})
@@ -158,8 +164,7 @@ def test_encoded_traversal_under_file_roots(
     assert _files(root) == before
     assert not (root / "escaped").exists() and not (tmp_path / "escaped").exists()
     # and the worker is healthy: a good job succeeds, under the prefix
-    with pytest.warns(LocalPathWarning):  # no roots where this test runs: the worker decides
-        done = client.submit(good).wait(timeout=60)
+    done = client.submit(good).wait(timeout=60)
     assert done.manifest.frames == 5
     assert (root / "out" / "default" / "good" / "manifest.json").is_file()
     assert {p for p in _files(root) - before if not p.startswith("out")} == set()
@@ -173,7 +178,7 @@ def test_encoded_traversal_in_s3_keys(
     prefix = f"s3://{s3_bucket}/videos"
     env = {"FRAMEFLEET_OUTPUT_PREFIX": prefix}
     (worker,) = worker_factory(1, env=env)
-    client = Client(broker_url=redis_url, backend_url=redis_url)
+    client = _client(redis_url, output_prefix=prefix)
     good_in = put_latents(s3, s3_bucket, "in/good.npy", latent_frames=2, fmt="npy")
     put_latents(s3, s3_bucket, "secret.npy", latent_frames=2, fmt="npy")
     good = pattern_spec("good", good_in, s3_bucket).model_copy(
