@@ -29,13 +29,13 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 from pydantic import ValidationError
 
 from producer.errors import LedgerError
 from producer.results import LedgerRecord
 from producer.settings import Settings
+from producer.wire import decode_uri
 
 #: The file in a job's folder that names its ledger records.
 LEDGER_LINK = "ledger.json"
@@ -68,17 +68,18 @@ class LedgerReader:
     """Lists and reads the records under one ledger URI."""
 
     def __init__(self, uri: str, settings: Settings) -> None:
-        parsed = urlparse(uri)
+        try:  # decoded once, as the writing worker's store decodes it
+            loc = decode_uri(uri, field="FRAMEFLEET_LEDGER_URI")
+        except ValueError as e:
+            raise LedgerError(str(e)) from None
         self.uri = uri.rstrip("/")
-        self.scheme = parsed.scheme
-        if parsed.scheme == "file":
-            self.root = Path(unquote(parsed.path))
-        elif parsed.scheme == "s3":
-            self.bucket = parsed.netloc
-            self.prefix = parsed.path.strip("/")
-            self.client = _s3_client(settings)
+        self.scheme = loc.scheme
+        if loc.scheme == "file":
+            self.root = Path(loc.path)
         else:
-            raise LedgerError(f"FRAMEFLEET_LEDGER_URI: {uri!r} is not s3:// or file://")
+            self.bucket = loc.bucket
+            self.prefix = loc.key
+            self.client = _s3_client(settings)
 
     # --- listing --------------------------------------------------------------------------
 

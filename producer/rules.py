@@ -23,13 +23,13 @@ import os
 from collections.abc import Iterator
 from pathlib import PurePosixPath
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 from producer.errors import InvalidJobError, PathRefusedError
 from producer.settings import Settings
-from producer.spec import JobSpec
+from producer.spec import RANDOM_WEIGHTS, JobSpec
 from producer.webhooks import UrlPolicy, check_notify
 from producer.weights import check_job_weights
+from producer.wire import decode_uri
 
 
 def check_message_size(payload: Any, settings: Settings) -> None:
@@ -41,9 +41,37 @@ def check_message_size(payload: Any, settings: Settings) -> None:
                               "(FRAMEFLEET_MAX_MESSAGE_BYTES)")
 
 
+def spec_uris(spec: JobSpec) -> Iterator[tuple[str, str]]:
+    """(field, URI) of every store URI ``spec`` names, fields named as in errors."""
+    if spec.input is not None:
+        yield "input.uri", spec.input.uri
+    if spec.decoder.weights not in (None, RANDOM_WEIGHTS):
+        yield "decoder.weights", str(spec.decoder.weights)
+    gen = spec.generate
+    if gen is not None:
+        yield "generate.model", gen.model
+        yield from ((f"generate.{name}", uri) for name, uri in
+                    (("image", gen.image), ("last_image", gen.last_image)) if uri is not None)
+        yield from ((f"generate.loras[{i}].uri", lora.uri) for i, lora in enumerate(gen.loras))
+    yield "output.uri", spec.output.uri
+
+
+def check_uris(spec: JobSpec) -> None:
+    """Decode every URI of ``spec`` once (``producer.wire.decode_uri``), as the stores will:
+    ``InvalidJobError`` naming the first field that does not decode to a safe path or key.
+    The validators did this already, unless the spec was built past them
+    (``model_construct``); the rules do not rely on it."""
+    for field, uri in spec_uris(spec):
+        try:
+            decode_uri(uri, field=field)
+        except ValueError as e:
+            raise InvalidJobError(str(e)) from None
+
+
 def check_spec(spec: JobSpec, settings: Settings) -> None:
     """Raise ``InvalidJobError`` (or ``FatalJobError`` for a refused output) unless ``spec``
     keeps the fleet's rules; each message names the field."""
+    check_uris(spec)
     check_job_weights(spec)
     if spec.time_limit_s > settings.max_time_limit_s:
         raise InvalidJobError(
@@ -64,18 +92,7 @@ class LocalPathWarning(UserWarning):
 def local_paths(spec: JobSpec) -> Iterator[tuple[str, str]]:
     """(field, URI) of every ``file://`` URI in ``spec``, fields named as in errors
     (``output.uri``, ``decoder.weights``, ``generate.model``)."""
-
-    def walk(value: Any, path: str) -> Iterator[tuple[str, str]]:
-        if isinstance(value, dict):
-            for name, item in value.items():
-                yield from walk(item, f"{path}.{name}" if path else str(name))
-        elif isinstance(value, list):
-            for i, item in enumerate(value):
-                yield from walk(item, f"{path}[{i}]")
-        elif isinstance(value, str) and value.startswith("file://"):
-            yield path, value
-
-    yield from walk(spec.model_dump(mode="json"), "")
+    return ((field, uri) for field, uri in spec_uris(spec) if uri[:7].lower() == "file://")
 
 
 def submit_roots(settings: Settings) -> tuple[PurePosixPath, ...] | None:
@@ -101,7 +118,8 @@ def check_local_paths(spec: JobSpec, settings: Settings) -> list[str]:
                 "here, so the workers decide: each refuses a path outside its own "
                 "FRAMEFLEET_FILE_ROOTS (none at all when it is unset there)"]
     for field, uri in paths:
-        path = PurePosixPath(os.path.normpath(unquote(urlparse(uri).path)))
+        # decoded once, as the worker's store will read it (no '..' left to normalise)
+        path = PurePosixPath(decode_uri(uri, field=field).path)
         if not any(path == root or path.is_relative_to(root) for root in roots):
             allowed = ":".join(str(r) for r in roots) or "none"
             raise PathRefusedError(

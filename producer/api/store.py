@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlparse
 
 from producer.errors import ApiRequestError
 from producer.settings import Settings
+from producer.wire import Location, decode_uri
 
 CHUNK = 256 * 1024
 
@@ -25,20 +25,30 @@ class Obj:
     key: str
 
 
+def _s3(uri: str) -> Location | None:
+    """``uri`` decoded once (``producer.wire.decode_uri``, as the workers' stores decode it),
+    or None for anything but a safe ``s3://`` object key."""
+    try:
+        loc = decode_uri(uri, field="uri")
+    except ValueError:
+        return None
+    return loc if loc.scheme == "s3" else None
+
+
 def parse(uri: str) -> Obj:
-    parsed = urlparse(uri)
-    if parsed.scheme != "s3" or not parsed.netloc:
+    """The bucket and the decoded key of an ``s3://`` URI: the key the workers wrote."""
+    loc = _s3(uri)
+    if loc is None:
         raise ApiRequestError(500, "not_s3", "the gateway reads s3:// outputs only")
-    return Obj(parsed.netloc, parsed.path.lstrip("/"))
+    return Obj(loc.bucket, loc.key)
 
 
 def under(uri: str, prefix: str) -> bool:
-    """Whether ``uri`` names an object strictly under ``prefix``, with no ``.``/``..``/``%``
-    trickery in its key (S3 takes keys literally; a reader of the URL may not)."""
-    base, target = prefix.rstrip("/") + "/", uri
-    path = urlparse(target).path
-    return (target.startswith(base) and "%" not in target
-            and not any(p in {".", ".."} for p in path.split("/")))
+    """Whether ``uri`` names an object strictly under ``prefix``, both decoded once and
+    compared segment by segment: no ``.``/``..``, encoded separator, control character or
+    ``%`` left after decoding gets past (S3 takes keys literally; a reader of the URL may not)."""
+    target, base = _s3(uri), _s3(prefix)
+    return target is not None and base is not None and target.within(base, strict=True)
 
 
 class Store:

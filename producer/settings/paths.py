@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from producer.errors import InvalidJobError
+from producer.wire import decode_uri
 
 
 class PathSettings(BaseModel):
@@ -20,14 +21,23 @@ class PathSettings(BaseModel):
         description="s3:// or file:// prefix every job's output.uri must be under; unset: any",
     )
 
+    @field_validator("output_prefix")
+    @classmethod
+    def _prefix(cls, v: str | None) -> str | None:
+        return v if v is None else decode_uri(v, field="FRAMEFLEET_OUTPUT_PREFIX").uri
+
     def check_output_uri(self, uri: str) -> None:
-        """Refuse (``InvalidJobError`` naming ``output.uri``) an output outside
-        ``output_prefix``; the client checks at submit, the worker again on receipt."""
+        """Refuse (``InvalidJobError`` naming ``output.uri``) an output that does not decode
+        (``producer.wire.decode_uri``) or lies outside ``output_prefix``, compared decoded,
+        segment by segment; the client checks at submit, the worker again on receipt."""
+        try:
+            target = decode_uri(uri, field="output.uri")
+        except ValueError as e:
+            raise InvalidJobError(str(e)) from None
         prefix = self.output_prefix
         if prefix is None:
             return
-        base, target = prefix.rstrip("/"), uri.rstrip("/")
-        if target != base and not target.startswith(base + "/"):
+        if not target.within(decode_uri(prefix, field="FRAMEFLEET_OUTPUT_PREFIX")):
             raise InvalidJobError(f"output.uri: {uri} is not under this fleet's output prefix "
                                   f"{prefix} (FRAMEFLEET_OUTPUT_PREFIX)")
 

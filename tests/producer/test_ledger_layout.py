@@ -8,10 +8,13 @@ import datetime as dt
 import json
 from pathlib import Path
 
+import pytest
+
 from producer.client.conflict import conflict, differences
 from producer.client.jobstate import from_meta
 from producer.cost.fleet import fleet_summary
 from producer.cost.pricing import default_catalog, prices_for
+from producer.errors import LedgerError
 from producer.ledger import NAME_RE, LedgerReader, day_prefixes, record_name
 from producer.results import HeldRun, LedgerRecord, Progress, StateTime
 from producer.settings import Settings
@@ -67,6 +70,19 @@ def test_the_file_reader_filters_by_time_tenant_and_job(tmp_path: Path) -> None:
                          held=[h for r in found for h in r.held])
     assert [(row.group, row.jobs, row.failed_runs) for row in rows] == [
         ("acme:a1", 1, 0), ("acme:a2", 0, 1), ("beta:b1", 1, 0)]
+
+
+def test_the_reader_opens_the_ledger_decoded_once(tmp_path: Path) -> None:
+    record = _record("a1", "acme", DEC_1)
+    path = tmp_path / "the ledger" / record_name(record, "00000000")
+    path.parent.mkdir(parents=True)
+    path.write_text(record.model_dump_json() + "\n")
+    reader = LedgerReader(f"{tmp_path.as_uri()}/the%20ledger", Settings())
+    assert [r.job_id for r in reader.records()] == ["a1"]
+    for uri in (f"{tmp_path.as_uri()}/the%20ledger/%2e%2e", f"{tmp_path.as_uri()}/x%2F..%2Fy",
+                "s3://b/ledger/%252e%252e", "s3://b//ledger", "http://h/ledger"):
+        with pytest.raises(LedgerError, match=r"^FRAMEFLEET_LEDGER_URI: "):
+            LedgerReader(uri, Settings())
 
 
 def test_cost_prints_as_one_line_summary() -> None:

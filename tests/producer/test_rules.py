@@ -1,14 +1,16 @@
 """The rules' submit-time check of local paths: refused outside the producer's roots, a warning
-when the producer cannot know them."""
+when the producer cannot know them; every URI and the output prefix judged decoded once."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from producer.errors import PathRefusedError
-from producer.rules import check_local_paths, local_paths
+from producer.errors import InvalidJobError, PathRefusedError, SettingsError
+from producer.rules import check_local_paths, check_spec, check_uris, local_paths, spec_uris
 from producer.settings import Settings
-from producer.spec import JobSpec
+from producer.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec
 
 
 def _spec(input_uri: str, output_uri: str, weights: str | None = None) -> JobSpec:
@@ -59,3 +61,81 @@ def test_the_embedded_mode_knows_its_own_folder() -> None:
                              settings) == []
     with pytest.raises(PathRefusedError, match="output.uri"):
         check_local_paths(_spec("file:///srv/demo/in.npy", "file:///srv/other"), settings)
+
+
+def test_local_paths_are_judged_decoded_once() -> None:
+    settings = Settings(file_roots="/data", broker_url="redis://127.0.0.1:1/0")
+    # %64 is 'd': the worker's store opens /data/in/z.npy, so the client accepts it
+    assert check_local_paths(_spec("file:///%64ata/in/z.npy", "s3://b/o"), settings) == []
+    with pytest.raises(PathRefusedError, match=r"^input\.uri: file:///d%61tabase/z\.npy"):
+        check_local_paths(_spec("file:///d%61tabase/z.npy", "s3://b/o"), settings)
+
+
+OUT = "file:///R/out"
+
+
+@pytest.mark.parametrize("uri", [f"{OUT}/%2e%2e/escaped", f"{OUT}/%2E%2E/escaped",
+                                 f"{OUT}/x%2F..%2F..%2Fescaped", f"{OUT}/%252e%252e/escaped",
+                                 f"{OUT}/x%00/escaped", f"{OUT}/..%5Cescaped",
+                                 "file:///R/outside", "s3://b/R/out/x"])
+def test_the_output_prefix_is_checked_on_the_decoded_form(uri: str) -> None:
+    settings = Settings(output_prefix=OUT, broker_url="redis://127.0.0.1:1/0")
+    with pytest.raises(InvalidJobError, match=r"^output\.uri: "):
+        settings.check_output_uri(uri)
+    with pytest.raises(InvalidJobError, match=r"^output\.uri: "):  # built past the validators
+        check_spec(_unchecked(output=uri), settings)
+
+
+def test_an_output_under_the_prefix_passes_however_it_is_spelt() -> None:
+    settings = Settings(output_prefix=OUT + "/", broker_url="redis://127.0.0.1:1/0")
+    for uri in (OUT, f"{OUT}/", f"{OUT}/a/b", "file:///R/%6Fut/a", "file://localhost/R/out/a"):
+        settings.check_output_uri(uri)
+    s3 = Settings(output_prefix="s3://b/videos", broker_url="redis://127.0.0.1:1/0")
+    s3.check_output_uri("s3://b/videos/acme")
+    for uri in ("s3://b/videos2", "s3://b//videos/x", "s3://c/videos/x", "s3://b/videos/%2e%2e"):
+        with pytest.raises(InvalidJobError, match=r"^output\.uri: "):
+            s3.check_output_uri(uri)
+
+
+def test_a_prefix_that_does_not_decode_safely_is_a_settings_error() -> None:
+    with pytest.raises(SettingsError, match="FRAMEFLEET_OUTPUT_PREFIX: .* segments are not"):
+        Settings(output_prefix="file:///R/out/%2e%2e")
+
+
+def _unchecked(**uris: str) -> JobSpec:
+    """A pattern job whose URIs were set past pydantic's validators (``model_construct``)."""
+    spec = _spec("s3://b/in/z.npy", "s3://b/out")
+    parts: dict[str, object] = {}
+    if "output" in uris:
+        parts["output"] = OutputSpec.model_construct(uri=uris["output"])
+    if "input" in uris:
+        parts["input"] = InputSpec.model_construct(uri=uris["input"])
+    if "weights" in uris:
+        parts["decoder"] = DecoderSpec.model_construct(
+            name="wan2.1-vae", preset="wan2.1", dtype="auto", seed=0, weights=uris["weights"])
+    return spec.model_copy(update=parts)
+
+
+@pytest.mark.parametrize(("part", "uri", "field"), [
+    ("input", "s3://b/in/%2e%2e/secret.npy", "input.uri"),
+    ("input", "file:///R/in%2F..%2Fsecret.npy", "input.uri"),
+    ("input", "s3://b//secret.npy", "input.uri"),
+    ("weights", "file:///models/%2E%2E/etc", "decoder.weights"),
+    ("weights", "file:///models/vae%00", "decoder.weights"),
+])
+def test_every_uri_of_a_spec_is_decoded_by_the_rules(part: str, uri: str, field: str) -> None:
+    with pytest.raises(InvalidJobError, match=rf"^{re.escape(field)}: "):
+        check_spec(_unchecked(**{part: uri}), Settings(broker_url="redis://127.0.0.1:1/0"))
+
+
+def test_the_generate_uris_are_named_by_their_field() -> None:
+    spec = JobSpec.model_validate({
+        "job_id": "g1", "output": {"uri": "s3://b/o"},
+        "generate": {"model": "file:///models/wan", "prompt": "file:///a/../b", "num_frames": 5,
+                     "image": "s3://b/in/a.png"}})
+    assert [f for f, _ in spec_uris(spec)] == ["generate.model", "generate.image", "output.uri"]
+    check_uris(spec)  # a prompt is no URI, whatever it looks like
+    bad = spec.model_copy(update={"generate": spec.generate.model_copy(  # type: ignore[union-attr]
+        update={"image": "s3://b/in/%252e%252e/a.png"})})
+    with pytest.raises(InvalidJobError, match=r"^generate\.image: "):
+        check_uris(bad)

@@ -11,13 +11,14 @@ Loading reads only local files: nothing reaches a model hub.
 from __future__ import annotations
 
 from pathlib import Path
-from urllib.parse import unquote, urlparse
+from urllib.parse import urlparse
 
 from producer.errors import InvalidJobError
 from producer.settings import Settings
 from producer.spec import RANDOM_WEIGHTS, DecoderSpec
 from producer.weights import check_weights
 from worker.inputs.paths import local_folder
+from worker.sinks.storage import locate
 
 CONFIG = "config.json"
 #: One file, or the index of a sharded checkpoint (diffusers' names).
@@ -42,7 +43,8 @@ def resolve_weights(decoder: DecoderSpec, settings: Settings) -> str | None:
         )
     # Confined to FRAMEFLEET_FILE_ROOTS like every local path a job names: outside them one
     # refusal whether or not the folder exists; inside, "no such folder" / "not a directory".
-    folder = local_folder(unquote(parsed.path), settings, field="decoder.weights",
+    folder = local_folder(locate(decoder.weights, "decoder.weights").path, settings,
+                          field="decoder.weights",
                           uri=decoder.weights)
     if not (folder / CONFIG).is_file():
         raise InvalidJobError(

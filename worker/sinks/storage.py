@@ -16,7 +16,6 @@ import tempfile
 import threading
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import unquote, urlparse
 
 from producer.errors import (
     FatalJobError,
@@ -26,9 +25,12 @@ from producer.errors import (
     StorageError,
 )
 from producer.settings import Settings, get_settings
+from producer.wire import Location, decode_uri
 from worker.inputs.paths import confine, os_error, read_local, writable_target
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+#: Never in a key a store is handed (the same rule as ``producer.wire.decode_uri``).
+UNSAFE_KEY = re.compile(r"[\x00-\x1f\x7f\\%?#]")
 RETRYABLE_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
                    "InternalError", "ServiceUnavailable", "RequestTimeTooSkewed"}
 #: S3 error codes that mean the fleet's configuration is wrong: keys, policy, bucket.
@@ -41,6 +43,15 @@ CONFIG_CODES = {
     "AllAccessDisabled": "access to the bucket is disabled",
     "NoSuchBucket": "no such bucket", "InvalidBucketName": "invalid bucket name",
 }
+
+
+def plain_key(key: str, uri: str, field: str) -> str:
+    """``key`` if it is a plain path of names (a second line of defence behind ``locate``: a
+    key is built from a decoded prefix and fixed names); else ``InvalidJobError``."""
+    if key and (any(p in {"", ".", ".."} for p in key.split("/")) or UNSAFE_KEY.search(key)):
+        raise InvalidJobError(f"{field}: {uri!r} is not a plain key: no '.' or '..' segment, "
+                              "'//', leading '/', control character, '\\', '%', '?' or '#'")
+    return key
 
 
 class Store(Protocol):
@@ -71,7 +82,7 @@ class FileStore:
         self.field = field
 
     def _path(self, key: str) -> Path:
-        return self.root / key
+        return self.root / plain_key(key, f"{self.root.as_uri().rstrip('/')}/{key}", self.field)
 
     def confined(self, key: str) -> Path:
         """The resolved path of ``key``, or PathRefusedError (same text, exists or not)."""
@@ -165,8 +176,9 @@ class S3Store:
 
     MULTIPART_THRESHOLD = 64 * 1024**2
 
-    def __init__(self, bucket: str, settings: Settings | None = None) -> None:
+    def __init__(self, bucket: str, settings: Settings | None = None, field: str = "uri") -> None:
         self.bucket = bucket
+        self.field = field
         try:
             self.client = s3_client(settings or get_settings())
         except Exception as e:  # a profile that is not there, say: the store's configuration
@@ -178,6 +190,12 @@ class S3Store:
     def uri(self, key: str) -> str:
         return f"s3://{self.bucket}/{key}"
 
+    def _key(self, key: str) -> str:
+        """The key boto3 is sent: the decoded one, plain (``plain_key``), never empty."""
+        if not key:
+            raise InvalidJobError(f"{self.field}: s3://{self.bucket}/ names no object")
+        return plain_key(key, self.uri(key), self.field)
+
     def put_file(self, key: str, path: Path, content_type: str) -> int:
         from boto3.s3.transfer import TransferConfig
 
@@ -185,7 +203,7 @@ class S3Store:
         config = TransferConfig(multipart_threshold=self.MULTIPART_THRESHOLD,
                                 multipart_chunksize=self.MULTIPART_THRESHOLD)
         try:
-            self.client.upload_file(str(path), self.bucket, key, Config=config,
+            self.client.upload_file(str(path), self.bucket, self._key(key), Config=config,
                                     ExtraArgs={"ContentType": content_type})
         except Exception as e:
             raise map_s3_error(e, self.uri(key)) from e
@@ -197,13 +215,14 @@ class S3Store:
                   cache_control: str | None = None) -> int:
         extra = {"CacheControl": cache_control} if cache_control else {}
         try:
-            self.client.put_object(Bucket=self.bucket, Key=key, Body=data,
+            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data,
                                    ContentType=content_type, **extra)
         except Exception as e:
             raise map_s3_error(e, self.uri(key)) from e
         return 1
 
     def get_bytes(self, key: str, max_bytes: int) -> bytes:
+        key = self._key(key)
         try:
             head = self.client.head_object(Bucket=self.bucket, Key=key)
             if int(head["ContentLength"]) > max_bytes:
@@ -222,6 +241,7 @@ class S3Store:
         none, by design) S3 answers 403, not 404, for a missing key."""
         from botocore.exceptions import ClientError
 
+        key = self._key(key)
         try:
             self.client.head_object(Bucket=self.bucket, Key=key)
             return True
@@ -236,18 +256,27 @@ class S3Store:
             raise map_s3_error(e, self.uri(key)) from e
 
 
+def locate(uri: str, field: str = "uri") -> Location:
+    """``uri`` decoded once (``producer.wire.decode_uri``), or ``InvalidJobError`` naming
+    ``field``: every store opens the decoded form that the checks saw, never a second decode."""
+    try:
+        return decode_uri(uri, field=field)
+    except ValueError as e:
+        raise InvalidJobError(str(e)) from None
+
+
 def open_uri(uri: str, settings: Settings | None = None,
              field: str = "uri") -> tuple[Store, str]:
-    """(store, key) for ``s3://bucket/key`` or ``file:///path`` (key relative to the store)."""
-    parsed = urlparse(uri)
-    path = unquote(parsed.path)
-    if parsed.scheme == "s3":
-        return S3Store(parsed.netloc, settings), path.lstrip("/")
-    if parsed.scheme == "file":
-        store = FileStore(Path("/"), settings, field)
-        store.confined(path.lstrip("/"))  # refused at once, before any work is done
-        return store, path.lstrip("/")
-    raise InvalidJobError(f"unsupported URI scheme in {uri!r}")
+    """(store, key) for ``s3://bucket/key`` or ``file:///path`` (key relative to the store).
+
+    The key is the decoded one (``locate``): what boto3 is sent and what the file roots judge.
+    """
+    loc = locate(uri, field)
+    if loc.scheme == "s3":
+        return S3Store(loc.bucket, settings, field), loc.key
+    store = FileStore(Path("/"), settings, field)
+    store.confined(loc.key)  # refused at once, before any work is done
+    return store, loc.key
 
 
 def read_uri(uri: str, max_bytes: int, settings: Settings | None = None,
