@@ -378,5 +378,7 @@ def parse_spec(data: Any) -> JobSpec:
             # list positions as [i]: generate.loras[0].uri, notify.urls[1]
             loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"])
             loc = loc.lstrip(".") or "spec"
-            lines.append(f"{loc}: {err['msg']}")
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            # our validators name the field already ("output.uri: ..."): not twice
+            lines.append(msg if msg.startswith(f"{loc}: ") else f"{loc}: {msg}")
         raise InvalidJobError("invalid job spec: " + "; ".join(lines)) from None
