@@ -92,6 +92,11 @@ class GenerationSettings(BaseModel):
         description="any width of a model config (hidden size, heads x head dim, ffn, channels, "
         "text/image dims; Wan2.1 14B: 13824 ffn, umT5-XXL: 10240 d_ff)",
     )
+    max_model_channels: int = Field(
+        default=1024, ge=16, le=1_000_000,
+        description="channels, patch sizes, VAE factors and width multipliers of a model config "
+        "(Wan: 48 latent channels at most, patches of 2, CLIP's 14)",
+    )
     max_model_seq_len: int = Field(
         default=16_384, ge=64, le=10_000_000,
         description="rope_max_seq_len, position embeddings and attention buckets of a model "

@@ -21,17 +21,19 @@ TABLES: dict[str, dict[str, str]] = {
     "transformer": {
         "num_layers": "max_model_layers", "num_attention_heads": "max_model_heads",
         "attention_head_dim": "max_model_dim", "ffn_dim": "max_model_dim",
-        "text_dim": "max_model_dim", "freq_dim": "max_model_dim", "in_channels": "max_model_dim",
-        "out_channels": "max_model_dim", "image_dim": "max_model_dim",
-        "added_kv_proj_dim": "max_model_dim", "patch_size": "max_model_dim",
+        "text_dim": "max_model_dim", "freq_dim": "max_model_dim",
+        "in_channels": "max_model_channels", "out_channels": "max_model_channels",
+        "image_dim": "max_model_dim",
+        "added_kv_proj_dim": "max_model_dim", "patch_size": "max_model_channels",
         "rope_max_seq_len": "max_model_seq_len", "pos_embed_seq_len": "max_model_seq_len",
     },
     "vae": {
-        "base_dim": "max_model_dim", "decoder_base_dim": "max_model_dim", "z_dim": "max_model_dim",
-        "in_channels": "max_model_dim", "out_channels": "max_model_dim",
-        "dim_mult": "max_model_dim", "num_res_blocks": "max_model_layers",
-        "patch_size": "max_model_dim", "scale_factor_spatial": "max_model_dim",
-        "scale_factor_temporal": "max_model_dim",
+        "base_dim": "max_model_dim", "decoder_base_dim": "max_model_dim",
+        "z_dim": "max_model_channels",
+        "in_channels": "max_model_channels", "out_channels": "max_model_channels",
+        "dim_mult": "max_model_channels", "num_res_blocks": "max_model_layers",
+        "patch_size": "max_model_channels", "scale_factor_spatial": "max_model_channels",
+        "scale_factor_temporal": "max_model_channels",
     },
     "text": {  # umT5 (T5 keys) and CLIP (vision keys)
         "num_layers": "max_text_layers", "num_decoder_layers": "max_text_layers",
@@ -39,8 +41,8 @@ TABLES: dict[str, dict[str, str]] = {
         "num_attention_heads": "max_model_heads", "d_model": "max_model_dim",
         "d_ff": "max_model_dim", "d_kv": "max_model_dim", "hidden_size": "max_model_dim",
         "intermediate_size": "max_model_dim", "projection_dim": "max_model_dim",
-        "image_size": "max_model_dim", "patch_size": "max_model_dim",
-        "num_channels": "max_model_dim", "vocab_size": "max_text_vocab",
+        "image_size": "max_model_dim", "patch_size": "max_model_channels",
+        "num_channels": "max_model_channels", "vocab_size": "max_text_vocab",
         "relative_attention_num_buckets": "max_model_seq_len",
         "relative_attention_max_distance": "max_model_seq_len",
         "max_position_embeddings": "max_model_seq_len",
@@ -99,7 +101,7 @@ def check_config(kind: str, config: dict[str, Any], settings: Settings, where: s
 def _products(kind: str, config: dict[str, Any], settings: Settings, where: str) -> None:
     """Widths that are products of two checked numbers (a module's real width)."""
     pairs = {"transformer": [("num_attention_heads", "attention_head_dim"),
-                             ("in_channels", "patch_size")],
+                             ("in_channels", "patch_size"), ("out_channels", "patch_size")],
              "text": [("num_heads", "d_kv"), ("image_size", "image_size")],
              "vae": [("base_dim", "dim_mult"), ("decoder_base_dim", "dim_mult")]}
     for a, b in pairs.get(kind, []):
@@ -115,5 +117,5 @@ def _products(kind: str, config: dict[str, Any], settings: Settings, where: str)
                 raise _over("(image_size / patch_size)^2", width, settings.max_model_seq_len,
                             "max_model_seq_len", where)
             continue
-        if width > settings.max_model_dim:
+        if width > settings.max_model_dim:  # one product's limit: the widest layer
             raise _over(f"{a} x {b}", width, settings.max_model_dim, "max_model_dim", where)
