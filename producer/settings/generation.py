@@ -64,3 +64,53 @@ class GenerationSettings(BaseModel):
         description="keep the text encoder on the CPU between jobs (frees its GPU memory; "
         "each job pays its host-to-device copy)",
     )
+    max_model_files: int = Field(
+        default=10_000, ge=16, le=1_000_000,
+        description="files and folders a generate model folder may hold (walked and checked "
+        "before any is opened)",
+    )
+    max_model_config_bytes: int = Field(
+        default=4 * 1024**2, ge=4096, le=256 * 1024**2,
+        description="a model folder's JSON configs (model_index, component configs, scheduler, "
+        "weight indexes) larger than this are refused (counted while reading)",
+    )
+    max_model_file_bytes: int = Field(
+        default=256 * 1024**2, ge=4096, le=64 * 1024**3,
+        description="a model folder's files other than .safetensors weights (tokenizer, "
+        "processor, README) larger than this are refused",
+    )
+    max_model_layers: int = Field(
+        default=128, ge=1, le=100_000,
+        description="transformer blocks (num_layers) a model config may ask for (Wan: 30-40)",
+    )
+    max_model_heads: int = Field(
+        default=256, ge=1, le=100_000,
+        description="attention heads of a transformer, text or image encoder (Wan: 40, umT5: 64)",
+    )
+    max_model_dim: int = Field(
+        default=65_536, ge=64, le=10_000_000,
+        description="any width of a model config (hidden size, heads x head dim, ffn, channels, "
+        "text/image dims; Wan2.1 14B: 13824 ffn, umT5-XXL: 10240 d_ff)",
+    )
+    max_model_channels: int = Field(
+        default=1024, ge=16, le=1_000_000,
+        description="channels, patch sizes, VAE factors and width multipliers of a model config "
+        "(Wan: 48 latent channels at most, patches of 2, CLIP's 14)",
+    )
+    max_model_seq_len: int = Field(
+        default=16_384, ge=64, le=10_000_000,
+        description="rope_max_seq_len, position embeddings and attention buckets of a model "
+        "config (Wan: 1024)",
+    )
+    max_text_layers: int = Field(
+        default=96, ge=1, le=100_000,
+        description="layers of the text encoder (umT5-XXL: 24) and CLIP image encoder (32)",
+    )
+    max_text_vocab: int = Field(
+        default=1_048_576, ge=256, le=100_000_000,
+        description="vocabulary of the text encoder (umT5: 256384)",
+    )
+    max_scheduler_timesteps: int = Field(
+        default=100_000, ge=10, le=100_000_000,
+        description="num_train_timesteps of a model's scheduler config (Wan: 1000)",
+    )

@@ -32,6 +32,7 @@ from typing import Any
 from producer.errors import InvalidJobError
 from producer.settings import Settings
 from producer.spec import GenerateSpec, LoraSpec
+from worker.inputs.tensorfile import HEAD, check_head
 from worker.sinks.storage import read_uri
 
 log = logging.getLogger(__name__)
@@ -60,13 +61,7 @@ class Adapters:
 
 def parse(data: bytes, field_name: str, uri: str) -> dict[str, Any]:
     """A safetensors file's tensors; anything else (a pickle above all) is refused."""
-    if data[:1] == b"\x80" or data[:2] == b"PK":
-        raise InvalidJobError(f"{field_name}: {uri} is a pickle or zip checkpoint (judged by its "
-                              "content), refused: only safetensors files are loaded")
-    header = int.from_bytes(data[:8], "little") if len(data) >= 8 else 0
-    if not 2 <= header <= len(data) - 8 or data[8:9] != b"{":
-        raise InvalidJobError(f"{field_name}: {uri} is not a safetensors file (judged by its "
-                              "content)")
+    check_head(data[:HEAD], len(data), field_name, uri)  # the one weights rule
     from safetensors import SafetensorError
     from safetensors.torch import load
 

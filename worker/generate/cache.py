@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from producer.errors import InvalidJobError
+from worker.generate.loader import recheck
 from worker.generate.tiers import allow_recompiles, prepare
 
 log = logging.getLogger(__name__)
@@ -165,12 +166,18 @@ class ModelCache:
 
     def _load(self, folder: Path, dtype: torch.dtype, pipeline: str) -> Resident:
         import diffusers
+        from safetensors import SafetensorError
 
         t0 = time.perf_counter()
+        recheck(folder)  # what from_pretrained opens is what was checked, just now
         try:
-            pipe = getattr(diffusers, pipeline).from_pretrained(str(folder), torch_dtype=dtype)
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise InvalidJobError(f"generate.model: cannot load {folder}: {e}") from e
+            pipe = getattr(diffusers, pipeline).from_pretrained(
+                str(folder), torch_dtype=dtype, use_safetensors=True, local_files_only=True)
+        except torch.OutOfMemoryError:
+            raise  # the job's out-of-memory handling, not a bad model
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as e:
+            raise InvalidJobError(f"generate.model: cannot load {folder}: "
+                                  f"{str(e)[:300]}") from e
         return self._resident(pipe, folder, dtype, time.perf_counter() - t0)
 
     def _resident(self, pipe: Any, folder: Path, dtype: torch.dtype, load_s: float) -> Resident:

@@ -7,16 +7,20 @@ resolved: path confinement of local files applies here.
 
 from __future__ import annotations
 
-import json
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
+from urllib.parse import urlparse
 
 from producer.errors import InvalidJobError
-from producer.settings import Settings
+from producer.settings import Settings, get_settings
 from producer.spec import GenerateSpec
-from worker.inputs.paths import local_folder
+from worker.generate.loader import approve, read_config
+from worker.inputs.paths import file_roots, local_folder
+from worker.inputs.tree import Entry
+from worker.sinks.storage import locate
 
 #: Pipelines a generate job runs: text to video (and, for Wan2.2 TI2V, image to video), and
 #: image to video (Wan2.1 I2V 14B with its CLIP image encoder, Wan2.2 I2V A14B).
@@ -24,41 +28,47 @@ PIPELINES = ("WanPipeline", "WanImageToVideoPipeline")
 
 
 def model_folder(uri: str, settings: Settings | None = None) -> Path:
-    """``file://`` URI (or plain absolute path, for settings) → an existing diffusers folder.
+    """``file://`` URI (or plain absolute path, for settings) → a checked diffusers folder.
 
     With ``settings`` (a job's folder) the path must lie under ``FRAMEFLEET_FILE_ROOTS``
     (``worker.inputs.paths``: one refusal whether or not it exists); without (the operator's
-    ``FRAMEFLEET_WARMUP_MODEL``) it is taken as configured.
+    ``FRAMEFLEET_WARMUP_MODEL``) it is taken as configured. Either way everything it holds is
+    checked (``worker.generate.loader``: regular files, bounded configs, safetensors weights,
+    config limits; with settings, every file and folder symlink under the roots) before any
+    model is loaded. Returns the folder with its symlinks resolved.
     """
     parsed = urlparse(uri)
     if parsed.scheme not in ("", "file"):
         raise InvalidJobError(f"generate.model: only local folders are loaded, got {uri!r}")
-    path = Path(unquote(parsed.path))
+    path = Path(locate(uri, "generate.model").path if parsed.scheme else uri)
     if not path.is_absolute():
         raise InvalidJobError(f"generate.model: not an absolute path: {uri!r}")
+    roots = None
     if settings is not None:
         path = local_folder(path, settings, field="generate.model", uri=uri)
+        roots = file_roots(settings)
+    path = Path(os.path.realpath(path))
     if not path.exists():
         raise InvalidJobError(f"generate.model: folder {path} does not exist")
     if not path.is_dir():
         raise InvalidJobError(f"generate.model: {path} is not a folder")
-    if not (path / "model_index.json").is_file():
-        raise InvalidJobError(
-            f"generate.model: {path} has no model_index.json (not a diffusers pipeline folder)"
-        )
+    approve(path, roots, settings, uri)
     return path
 
 
-def _json(path: Path, what: str) -> dict[str, Any]:
+def _json(folder: Path, rel: str) -> dict[str, Any]:
+    """One config of the folder, read bounded and without blocking (missing: named)."""
+    path = folder / rel
+    real = Path(os.path.realpath(path))
     try:
-        data = json.loads(path.read_text())
+        info = os.stat(real)
     except FileNotFoundError:
-        raise InvalidJobError(f"generate.model: {what} missing: {path}") from None
-    except (OSError, ValueError) as e:
+        raise InvalidJobError(f"generate.model: {rel} missing: {path}") from None
+    except OSError as e:
         raise InvalidJobError(f"generate.model: unreadable {path}: {e}") from e
-    if not isinstance(data, dict):
-        raise InvalidJobError(f"generate.model: {path} is not a JSON object")
-    return data
+    if not stat.S_ISREG(info.st_mode):
+        raise InvalidJobError(f"generate.model: {path} is not a regular file")
+    return read_config(Entry(rel, real, info.st_size), get_settings(), folder.as_uri())
 
 
 def _component(index: dict[str, Any], name: str) -> bool:
@@ -95,7 +105,7 @@ class ModelInfo:
 
 def read_model(path: Path) -> ModelInfo:
     """Read ``model_index.json`` and the component configs; errors name the missing part."""
-    index = _json(path / "model_index.json", "model_index.json")
+    index = _json(path, "model_index.json")
     pipeline = str(index.get("_class_name"))
     if pipeline not in PIPELINES:
         raise InvalidJobError(
@@ -109,9 +119,9 @@ def read_model(path: Path) -> ModelInfo:
             f"generate.model: {path} has no transformer ({', '.join(missing)}/config.json "
             "missing)"
         )
-    transformer = _json(path / experts[0] / "config.json", f"{experts[0]}/config.json")
-    vae = _json(path / "vae" / "config.json", "vae/config.json")
-    scheduler = _json(path / "scheduler" / "scheduler_config.json", "scheduler config")
+    transformer = _json(path, f"{experts[0]}/config.json")
+    vae = _json(path, "vae/config.json")
+    scheduler = _json(path, "scheduler/scheduler_config.json")
     patch = transformer.get("patch_size") or (1, 2, 2)
     shift_key = next((k for k in ("flow_shift", "shift") if k in scheduler), None)
     ratio = index.get("boundary_ratio")

@@ -18,6 +18,7 @@ from producer.settings import Settings
 from producer.spec import RANDOM_WEIGHTS, DecoderSpec
 from producer.weights import check_weights
 from worker.inputs.paths import local_folder
+from worker.inputs.tensorfile import HEAD, check_head
 from worker.sinks.storage import locate
 
 CONFIG = "config.json"
@@ -55,8 +56,18 @@ def resolve_weights(decoder: DecoderSpec, settings: Settings) -> str | None:
         raise InvalidJobError(
             f"decoder.weights: {folder} has no {WEIGHT_FILES[0]} (safetensors only)"
         )
+    check_weight_files(folder)
     check_local_config(folder)
     return str(folder)
+
+
+def check_weight_files(folder: Path) -> None:
+    """The weight file, judged by its content (the one rule: ``worker.inputs.tensorfile``)."""
+    for name in WEIGHT_FILES[:1]:
+        path = folder / name
+        if path.is_file():
+            with open(path, "rb") as f:  # a regular file (is_file): opening does not block
+                check_head(f.read(HEAD), path.stat().st_size, "decoder.weights", str(path))
 
 
 def check_local_config(folder: Path) -> None:
