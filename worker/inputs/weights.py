@@ -17,8 +17,9 @@ from producer.errors import InvalidJobError
 from producer.settings import Settings
 from producer.spec import RANDOM_WEIGHTS, DecoderSpec
 from producer.weights import check_weights
-from worker.inputs.paths import local_folder
+from worker.inputs.paths import file_roots, local_folder
 from worker.inputs.tensorfile import HEAD, check_head
+from worker.inputs.tree import read_entry, walk
 from worker.sinks.storage import locate
 
 CONFIG = "config.json"
@@ -47,17 +48,24 @@ def resolve_weights(decoder: DecoderSpec, settings: Settings) -> str | None:
     folder = local_folder(locate(decoder.weights, "decoder.weights").path, settings,
                           field="decoder.weights",
                           uri=decoder.weights)
-    if not (folder / CONFIG).is_file():
+    # Every file of the folder under the roots and regular, the config bounded, before
+    # diffusers (which follows links and reads to the end) opens any of them.
+    listed = {e.rel: e for e in walk(folder, file_roots(settings), field="decoder.weights",
+                                     base=decoder.weights, max_entries=settings.max_model_files)}
+    if CONFIG in listed:
+        read_entry(listed[CONFIG], settings.max_model_config_bytes, "decoder.weights",
+                   decoder.weights, "FRAMEFLEET_MAX_MODEL_CONFIG_BYTES")
+    if CONFIG not in listed:
         raise InvalidJobError(
             f"decoder.weights: {folder} has no {CONFIG}: not a diffusers-layout folder "
             f"(expected {CONFIG} + {WEIGHT_FILES[0]})"
         )
-    if not any((folder / name).is_file() for name in WEIGHT_FILES):
+    if not any(name in listed for name in WEIGHT_FILES):
         raise InvalidJobError(
             f"decoder.weights: {folder} has no {WEIGHT_FILES[0]} (safetensors only)"
         )
-    check_weight_files(folder)
     check_local_config(folder)
+    check_weight_files(folder)
     return str(folder)
 
 

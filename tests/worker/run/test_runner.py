@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -140,8 +141,19 @@ def test_a_weights_folder_is_loaded_and_is_not_marked_random(tmp_path: Path) -> 
         (lambda d: (d.mkdir(parents=True), (d / "config.json").write_text("{not json"),
                     (d / "diffusion_pytorch_model.safetensors").write_bytes(b"x")),
          "config.json is not readable"),
+        # what the folder holds is checked too: no device, nothing outside the roots
+        (lambda d: (d.mkdir(parents=True), (d / "config.json").symlink_to("/dev/zero"),
+                    (d / "diffusion_pytorch_model.safetensors").write_bytes(b"x")),
+         "config.json is outside the folders"),
+        (lambda d: (d.mkdir(parents=True), os.mkfifo(d / "config.json"),
+                    (d / "diffusion_pytorch_model.safetensors").write_bytes(b"x")),
+         "config.json is not a regular file"),
+        (lambda d: (d.mkdir(parents=True), (d / "config.json").symlink_to("/etc/hostname"),
+                    (d / "diffusion_pytorch_model.safetensors").write_bytes(b"x")),
+         "config.json is outside the folders"),
     ],
-    ids=["missing", "a-file", "no-config", "pickle-only", "bad-config"],
+    ids=["missing", "a-file", "no-config", "pickle-only", "bad-config", "dev-zero-config",
+         "fifo-config", "config-outside-roots"],
 )
 def test_a_bad_weights_folder_is_named_plainly_without_hub_talk(
     tmp_path: Path, make: Callable[[Path], object], words: str
