@@ -110,10 +110,11 @@ def test_a_run_that_never_decoded_leaves_a_playlist_of_another_spec_alone(
 
 
 def _open_playlist(app: Celery, tmp_path: Path, tenant: str) -> tuple[JobSpec, Path, str]:
-    """A job of five segments whose one run stopped after two were listed and was retried
-    later: the playlist it leaves is open. Returns the spec, the playlist and its text."""
+    """A job of 20 segments whose one run stopped once two were listed (its worker died, say):
+    the playlist it leaves is open. Returns the spec, the playlist and its text."""
     spec = job_spec(tmp_path, tenant).model_copy(update={"video": VideoSpec(segment_frames=8)})
-    np.save(tmp_path / "z.npy", np.zeros((16, 10, 4, 6), np.float32))
+    # Long enough that the stop comes before the end, however late the encoders list segments
+    np.save(tmp_path / "z.npy", np.zeros((16, 40, 4, 6), np.float32))
     cache = DecoderCache(torch.device("cpu"))
     run = Run(spec=spec, settings=Settings(file_roots=str(tmp_path)))
     listed: list[int] = []
