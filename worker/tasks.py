@@ -12,6 +12,9 @@
 - A job whose ``output.uri`` is outside ``FRAMEFLEET_OUTPUT_PREFIX`` (when set) fails at once.
 - Everything around the run (progress, cancel and preemption, the worker-loss cap, the OOM
   fallback, retries with back-off, metrics) is a concern of ``worker.concerns``.
+- A job failed for good outside the concerns (requeued too often while another run held its
+  lease; Celery's hard time limit, decided in the worker's main process) still gets its live
+  playlist ended (``worker.concerns.playlist.end_later``).
 
 Nothing is registered at import: ``register(app)`` adds the task to an app built by
 ``producer.app.make_app`` (the worker entry point ``worker.lifecycle.main`` does).
@@ -20,10 +23,11 @@ Nothing is registered at import: ``register(app)`` adds the task to an app built
 from __future__ import annotations
 
 import logging
+import socket
 from typing import Any, NoReturn
 
 from celery import Celery, Task
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, TimeLimitExceeded
 
 from producer.app import TASK_NAME
 from producer.control import Flags, flags_for
@@ -34,6 +38,7 @@ from producer.settings import Settings, get_settings
 from producer.spec import JobSpec, parse_spec
 from worker.concerns import CONCERNS, run_concerns
 from worker.concerns.metrics import failed_before_run
+from worker.concerns.playlist import end_later
 from worker.concerns.retries import requeue_now
 from worker.lifecycle.lease import LEASE_RETRY_S, JobLease
 from worker.run import DecoderCache, Run, default_decoders, run_job
@@ -65,9 +70,32 @@ def register(app: Celery) -> Task:
     a path outside the file roots, the store's configuration) is the job's answer, not a bug:
     Celery logs it as one line with the job's id and the message, without a traceback.
     """
-    task: Task = app.task(bind=True, name=TASK_NAME, acks_late=True, reject_on_worker_lost=True,
-                          shared=False, lazy=False, throws=(FatalJobError,))(decode_video)
+    task: Task = app.task(bind=True, base=DecodeTask, name=TASK_NAME, acks_late=True,
+                          reject_on_worker_lost=True, shared=False, lazy=False,
+                          throws=(FatalJobError,))(decode_video)
     return task
+
+
+class DecodeTask(Task):
+    """The task's class: ends the live playlist of a job that Celery's hard time limit killed.
+
+    The hard limit is decided in the worker's main process (the pool process that ran the job
+    is killed, no concern runs): Celery calls ``on_failure`` there. Every other end goes
+    through the concerns."""
+
+    def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any,
+                   einfo: Any) -> None:
+        if not isinstance(exc, TimeLimitExceeded):
+            return
+        try:
+            settings = get_settings()
+            spec = _parse(args[0], settings)
+            if spec.key == task_id:  # the job the killed run ran (checked on receipt)
+                # The lease names the killed run's node; this one waits for it to expire.
+                end_later(spec, settings, getattr(self.app.backend, "client", None),
+                          f"hard-limit@{socket.gethostname()}")
+        except Exception:  # the job's FAILURE is stored already: log, go on
+            log.exception("job %s: hard time limit: the live playlist cannot be ended", task_id)
 
 
 def decode_video(self: Task, payload: Any, tiled: bool = False, error_retries: int = 0,
@@ -80,15 +108,26 @@ def decode_video(self: Task, payload: Any, tiled: bool = False, error_retries: i
     lease = JobLease(getattr(self.app.backend, "client", None), spec.key,
                      str(self.request.hostname))
     if not lease.acquire():
-        # Another worker runs this job right now: look again later instead of running twice.
-        requeue_now(self, spec.key, int(requeues), settings, countdown=LEASE_RETRY_S,
-                    why="its lease is held by another run")
+        _wait_for_lease(self, spec, int(requeues), settings)
     try:
         run = Run(spec=spec, settings=settings, node=str(self.request.hostname), tiled=tiled,
                   cost=cost_for_job, error_retries=int(error_retries), requeues=int(requeues))
         return run_concerns(run, self, CONCERNS, lambda: run_job(spec, decoders(), run))
     finally:
         lease.release()
+
+
+def _wait_for_lease(task: Task, spec: JobSpec, requeues: int, settings: Settings) -> NoReturn:
+    """Another worker runs this job right now: look again later instead of running twice.
+    Requeued too often, the job fails for good, and its live playlist is ended once the run
+    that holds the lease lets it go."""
+    try:
+        requeue_now(task, spec.key, requeues, settings, countdown=LEASE_RETRY_S,
+                    why="its lease is held by another run")
+    except FatalJobError:
+        end_later(spec, settings, getattr(task.app.backend, "client", None),
+                  str(task.request.hostname))
+        raise
 
 
 def _received(task: Task, payload: Any, settings: Settings, flags: Flags) -> JobSpec:

@@ -1,4 +1,4 @@
-"""The worker's device, input limits, scratch folders and decoder warm-up."""
+"""The worker's device, input limits, memory guard, scratch folders and decoder warm-up."""
 
 from __future__ import annotations
 
@@ -22,6 +22,13 @@ class WorkerSettings(BaseModel):
     )
     max_message_bytes: int = Field(
         default=64 * 1024, ge=1024, description="reject job messages larger than this"
+    )
+    max_rss_mib: int | None = Field(
+        default=None, ge=0, le=64 * 1024**2,
+        description="memory guard: a worker process whose resident memory (RSS) grows past this "
+        "many MiB fails its job (checked before a model loads, between denoise steps and "
+        "between decoded chunks) instead of leaving the host's OOM killer to pick a victim; "
+        "unset: 90% of the host's memory (or of its cgroup's limit, if lower); 0: off",
     )
     work_dir: str | None = Field(
         default=None, description="scratch folder for segments before upload (default: tmp)"

@@ -10,6 +10,7 @@ the worker is needed.
 from __future__ import annotations
 
 import os
+import re
 import signal
 from functools import partial
 from pathlib import Path
@@ -49,9 +50,12 @@ def client(redis_url: str) -> Client:
 def started_run(jobs: Jobs, r: redis.Redis, worker: WorkerProcess, job_id: str,
                 killed: list[int]) -> int | None:
     """The PID of a pool process of ``worker`` that runs ``job_id`` now and was not killed
-    yet: it holds the job's lease (``node pid token``) and the job reports progress."""
+    yet: it holds the job's lease (``node pid token``) and the job has listed a segment."""
     holder = r.get(f"framefleet:lease:{job_id}")
-    if holder is None or jobs.meta(job_id).get("status") != "PROGRESS":
+    meta = jobs.meta(job_id)
+    if holder is None or meta.get("status") != "PROGRESS":
+        return None
+    if not (isinstance(meta.get("result"), dict) and meta["result"].get("segments_done")):
         return None
     pid = int(holder.decode().split(" ")[1])
     children = {c.pid for c in psutil.Process(worker.pid).children()}
@@ -89,6 +93,16 @@ def test_a_job_that_kills_its_worker_every_time_fails_after_the_cap(
     lost = worker.log_text().count("WorkerLostError: Worker exited prematurely: signal 9")
     assert lost == CAP
     print(f"poison: {message}")
+    # and the live playlist its killed runs left open is ended, at the segments they listed
+    prefix = f"out/default/{job_id}/"
+    text = s3.client().get_object(Bucket=s3_bucket, Key=prefix + "index.m3u8")["Body"].read()
+    playlist = text.decode()
+    segments = re.findall(r"^segment-\d+\.mp4$", playlist, re.M)
+    assert 1 <= len(segments) < 10 and playlist.endswith("\n#EXT-X-ENDLIST\n"), playlist
+    assert playlist.count("#EXT-X-ENDLIST") == 1
+    stored = s3.client().list_objects_v2(Bucket=s3_bucket, Prefix=prefix)["Contents"]
+    assert prefix + "manifest.json" not in {o["Key"] for o in stored}
+    print(f"poison: the playlist lists {len(segments)} segments, then EXT-X-ENDLIST")
     # and the same worker runs the next job, with all its frames
     jobs.specs.pop(job_id)
     jobs.handles.pop(job_id)

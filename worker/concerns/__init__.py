@@ -2,8 +2,8 @@
 
 The task body (``worker.tasks``) only parses, claims, leases and runs; everything a run needs
 around it (progress, cancel and preemption, the worker-loss cap, the OOM fallback, retries,
-metrics, ending the live playlist, webhooks, the ledger record of its end) is a concern, in
-the manner of Dramatiq's middleware.
+metrics, ending the live playlist, webhooks, the ledger record of its end, the memory guard) is
+a concern, in the manner of Dramatiq's middleware.
 
 The interface (``worker.concerns.base``):
 
@@ -11,7 +11,8 @@ The interface (``worker.concerns.base``):
   the node name, the job's counters (``error_retries``, ``requeues``: see ``retries``), and
   three lists a concern may append to in ``before_run``: ``progress_hooks`` (called with each
   ``Progress``), ``cancel_checks`` (polled between steps and chunks; one ``True`` stops the run
-  with ``JobCancelled``) and ``segment_hooks`` (each segment the live playlist lists); the run
+  with ``JobCancelled``), ``guards`` (called at the same polls; one raises to stop the run) and
+  ``segment_hooks`` (each segment the live playlist lists); the run
   leaves its live ``playlist`` on it.
 - ``Concern``: created once per run as ``Concern(run, task)`` (so it may keep that run's state
   on ``self``); ``task`` is the Celery task executing it, ``flags`` the job registry. Three
@@ -44,6 +45,7 @@ from worker.concerns.base import Concern, Failed, Outcome, Succeeded, run_concer
 from worker.concerns.cancel import CancelAndPreempt
 from worker.concerns.ledger import JobLedger
 from worker.concerns.losses import WorkerLosses
+from worker.concerns.memory import MemoryGuard
 from worker.concerns.metrics import JobMetrics
 from worker.concerns.notify import Notifications
 from worker.concerns.oom import OomFallback
@@ -61,7 +63,8 @@ CONCERNS: tuple[type[Concern], ...] = (
     JobMetrics,
     EndPlaylist,  # before Notifications: a `failed` webhook finds the playlist ended
     Notifications,
-    JobLedger,  # last: the record of the end, once the webhooks are on their way
+    JobLedger,  # the record of the end, once the webhooks are on their way
+    MemoryGuard,  # last: after a job it stopped, it frees the job's memory
 )
 
 __all__ = ["CONCERNS", "Concern", "Failed", "Outcome", "Succeeded", "run_concerns"]

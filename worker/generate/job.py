@@ -31,6 +31,7 @@ from worker.generate.handoff import vae_latents
 from worker.generate.stepcache import check_cache, step_cache
 from worker.generate.text import encode_prompt
 from worker.generate.tiers import check_tier, size_stance, transformers_of
+from worker.lifecycle.memory import check_memory
 
 
 @dataclass
@@ -72,6 +73,7 @@ def generate_latents(
     check_request(gen, info, settings)
     check_tier(gen.tier, models.device)
     check_cache(gen.cache, info.experts)
+    check_memory(settings, f"before loading {info.path.name}")  # a load can take many GiB
     entry = models.get(info.path, models.resolve_dtype(gen.dtype), gen.tier, info.pipeline)
     if lean:
         models.evict_others(entry)

@@ -12,6 +12,7 @@ from worker.decoders.base import ChunkDecoder
 from worker.devices import resolve_device
 from worker.generate import ModelCache
 from worker.inputs.weights import resolve_weights
+from worker.lifecycle.memory import track
 
 
 class DecoderCache:
@@ -67,4 +68,5 @@ def default_decoders(settings: Settings | None = None) -> DecoderCache:
     models = ModelCache(device, int(settings.model_cache_gib * 2**30),
                         settings.text_encoder_offload, graphs=settings.decode_graphs,
                         compiled_sizes=settings.compiled_sizes)
+    track(models)  # the memory guard may evict its residents after a job it stopped
     return DecoderCache(device, graphs=settings.decode_graphs, models=models, settings=settings)

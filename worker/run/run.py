@@ -5,7 +5,8 @@ demo calling ``run_job`` directly). The task's concerns (``worker.concerns``) at
 before it starts: they append to its hook lists, and read what the run left on it (the live
 playlist it opened). The run's three parts call it back:
 
-- the latents source (``worker.run.source``) reports denoise steps and polls for cancellation;
+- the latents source (``worker.run.source``) reports denoise steps and polls for cancellation
+  (and the guards);
 - the segment publisher (``worker.run.publish``) announces each segment the live playlist
   lists, and leaves the playlist on the run (so a concern can end it early);
 - the pipeline reports frames and polls for cancellation between chunks.
@@ -45,6 +46,9 @@ class Run:
     progress_hooks: list[Callable[[Progress], None]] = field(default_factory=list)
     #: Polled between denoise steps and chunks; one True stops the run with JobCancelled.
     cancel_checks: list[Callable[[], bool]] = field(default_factory=list)
+    #: Called at the same polls, before the cancel checks; one raises to stop the run with
+    #: its error (the memory guard).
+    guards: list[Callable[[], None]] = field(default_factory=list)
     #: Called with each segment once the live playlist lists it, in index order.
     segment_hooks: list[Callable[[SegmentInfo, Progress], None]] = field(default_factory=list)
     #: The job's live playlist, once this run's publisher opened it.
@@ -55,6 +59,8 @@ class Run:
             hook(progress)
 
     def cancelled(self) -> bool:
+        for guard in self.guards:
+            guard()
         return any(check() for check in self.cancel_checks)
 
     def segment_landed(self, seg: SegmentInfo, progress: Progress) -> None:

@@ -29,6 +29,9 @@ Rules the playlist keeps:
   its size must match the listing), and every upload still lists at least those entries. A
   re-encoded segment could differ by a byte (GPU kernels are not bit-reproducible), and the
   byte ranges a player already holds would then point into the wrong file.
+- A run that did not write the playlist can still end it (:func:`end_stored`): a job failed
+  for good before its run decoded anything (the poison cap, say) ends the playlist an
+  earlier run left open, as it is stored, and only one of its own spec.
 """
 
 from __future__ import annotations
@@ -78,6 +81,24 @@ def listed_entries(text: str, digest: str) -> list[Entry]:
             break  # not a listing this module wrote: keep what came before
         entries.append(Entry(name, init, init + media, float(m[3])))
     return entries
+
+
+def end_stored(out: JobOutput, digest: str) -> str | None:
+    """Add ``EXT-X-ENDLIST`` to the stored playlist of the spec ``digest``, keeping what it
+    lists; returns its URI, or None when there is none, it names another spec, or it is
+    ended already (never a second ENDLIST)."""
+    if not out.exists(PLAYLIST):
+        return None
+    try:
+        text = out.get_bytes(PLAYLIST, MAX_PLAYLIST_BYTES).decode("utf-8", "replace")
+    except (InputNotFoundError, InvalidJobError):  # gone meanwhile, or too large to be ours
+        return None
+    if f"\n{SPEC_MARK}{digest}\n" not in text or "#EXT-X-ENDLIST" in text:
+        return None
+    if not text.endswith("\n"):
+        text += "\n"
+    out.put_bytes(PLAYLIST, (text + "#EXT-X-ENDLIST\n").encode(), CONTENT_TYPE, CACHE_CONTROL)
+    return out.uri(PLAYLIST)
 
 
 def target_duration(video: VideoSpec) -> int:
