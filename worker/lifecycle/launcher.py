@@ -3,8 +3,9 @@
 The launcher itself never initialises CUDA (GPUs are counted through NVML or ``nvidia-smi``):
 CUDA is initialised only in the worker's pool process that runs tasks. A worker that dies is
 restarted with exponential back-off, unless it exits with ``CONFIG_EXIT`` (a configuration
-that cannot work): then the launcher stops its workers and exits with that status; SIGTERM/SIGINT are forwarded for a warm shutdown (the
-running job finishes; with acks_late an unfinished job is redelivered). The launcher waits for
+that cannot work): then the launcher stops its workers and exits with that status. SIGTERM
+and SIGINT are forwarded for a warm shutdown (the running job finishes; with acks_late an
+unfinished job is redelivered). The launcher waits for
 that as long as the longest job may run (``drain_timeout_s``), then kills what is left.
 
 Node names are unique on a host: each launcher reserves the names of its workers

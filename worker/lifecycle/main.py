@@ -17,9 +17,9 @@ from typing import Any, NoReturn
 from celery import Celery
 from celery.signals import (
     task_revoked,
+    worker_init,
     worker_process_init,
     worker_process_shutdown,
-    worker_init,
     worker_ready,
     worker_shutdown,
 )
