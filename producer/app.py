@@ -10,6 +10,9 @@ and the hardened consumer), Flower's dashboard (``producer.ops.dashboard``) and 
 - Redis ``visibility_timeout`` above the longest job time limit, in the broker AND the result
   backend transport options; otherwise Redis re-delivers a job that is still running
   (celery issue 5935: with acks_late, an unacked message is re-queued after the timeout).
+- ``sentinel://`` URLs (Redis behind Sentinel) get ``master_name`` and ``sentinel_kwargs`` in
+  the same transport options: kombu and Celery then connect to whichever server the
+  Sentinels name the primary, and reconnect to the promoted replica after a failover.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 from celery import Celery
 from kombu import Queue
 
+from producer.broker import sentinel_options
 from producer.settings import Settings, get_settings
 
 #: The one task of the fleet, as producers send it and workers register it.
@@ -69,6 +73,11 @@ def make_app(
         "priority_steps": list(range(10)),
         "queue_order_strategy": "priority",
     }
+    backend_transport: dict[str, Any] = {"visibility_timeout": s.visibility_timeout}
+    if broker.startswith("sentinel://"):
+        transport.update(sentinel_options(s))
+    if backend.startswith("sentinel://"):
+        backend_transport.update(sentinel_options(s))
     if broker.startswith("filesystem://"):
         broker, _, transport = embedded_urls(s.data_dir)
         if backend_url is None and s.result_backend is None:
@@ -91,7 +100,7 @@ def make_app(
         result_extended=True,
         result_expires=s.result_expires_s,
         broker_transport_options=transport,
-        result_backend_transport_options={"visibility_timeout": s.visibility_timeout},
+        result_backend_transport_options=backend_transport,
         # A Redis restart must not fail a running job: store_result reads the old state
         # before it writes, and only the write is retried unless this is on.
         result_backend_always_retry=True,

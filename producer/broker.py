@@ -1,4 +1,12 @@
-"""What the broker keeps across a restart: Redis persistence, as workers and the doctor see it.
+"""The fleet's Redis as everything outside Celery reaches it, and what it keeps across a restart.
+
+``redis_client(url)`` is the one way to open a Redis client on a fleet URL: ``redis://`` and
+``rediss://`` name one server; ``sentinel://h1:26379;sentinel://h2:26379`` names the
+Sentinels, and the client asks them for the current primary of ``FRAMEFLEET_SENTINEL_MASTER``
+on every new connection, so after a failover the job registry, leases, the host-loss sweep,
+the exporter and the gateway write to the promoted replica, as Celery's own connections do.
+
+Persistence:
 
 Redis is the queue. With neither an append-only file nor RDB snapshots, a restart loses every
 queued job and its clients wait on PENDING for ever; with snapshots only, it loses the jobs
@@ -10,9 +18,16 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import unquote, urlsplit
 
 import redis
+from redis.sentinel import Sentinel
+
+from producer.settings.urls import SENTINEL_SEPARATOR
+
+if TYPE_CHECKING:
+    from producer.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -63,20 +78,70 @@ def _first(reply: Any, key: str) -> Any:
     return ""
 
 
-REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "sentinel://")
+#: Seconds to wait for a Sentinel's answer: a Sentinel that hangs must not hang the fleet
+#: (redis-py's default is the data connection's timeout, often none).
+SENTINEL_TIMEOUT_S = 2.0
+
+
+def sentinel_options(settings: Settings) -> dict[str, Any]:
+    """kombu's and Celery's transport options for ``sentinel://`` URLs (``master_name``,
+    ``sentinel_kwargs``): the same for the broker and the result backend."""
+    kwargs: dict[str, Any] = {"socket_timeout": SENTINEL_TIMEOUT_S,
+                              "socket_connect_timeout": SENTINEL_TIMEOUT_S}
+    if settings.sentinel_password is not None:
+        kwargs["password"] = settings.sentinel_password.get_secret_value()
+    return {"master_name": settings.sentinel_master, "sentinel_kwargs": kwargs}
+
+
+def sentinel_hosts(url: str) -> list[tuple[str, int]]:
+    """The (host, port) of every Sentinel a ``sentinel://`` URL lists."""
+    return [(urlsplit(p).hostname or "", urlsplit(p).port or 26379)
+            for p in url.split(SENTINEL_SEPARATOR)]
+
+
+def redis_client(url: str, settings: Settings | None = None, **kwargs: Any) -> redis.Redis:
+    """A Redis client for a fleet URL; ``kwargs`` go to every connection (timeouts).
+
+    For ``sentinel://`` URLs (database, user and password from the first part, as Celery
+    reads them) the client is ``Sentinel(...).master_for(FRAMEFLEET_SENTINEL_MASTER)``: each
+    new connection asks the Sentinels where the primary is now, and a connection to a server
+    that was demoted to a replica is dropped at its first write (READONLY).
+    """
+    if not url.startswith("sentinel://"):
+        return redis.Redis.from_url(url, **kwargs)
+    if settings is None:
+        from producer.settings import get_settings
+
+        settings = get_settings()
+    options = sentinel_options(settings)
+    first = urlsplit(url.split(SENTINEL_SEPARATOR)[0])
+    auth = {k: unquote(v) for k, v in (("username", first.username),
+                                       ("password", first.password)) if v}
+    db = int(first.path.strip("/") or 0)
+    sentinel = Sentinel(sentinel_hosts(url), sentinel_kwargs=options["sentinel_kwargs"])
+    return sentinel.master_for(options["master_name"], db=db, **auth, **kwargs)
 
 
 def server_identity(client: Any) -> tuple[Any, ...]:
-    kw = client.connection_pool.connection_kwargs
-    return (client.connection_pool.connection_class.__name__, kw.get("host"), kw.get("port"),
+    pool = client.connection_pool
+    kw = pool.connection_kwargs
+    if hasattr(pool, "service_name"):  # a Sentinel-managed primary: its name and Sentinels
+        sentinels = sorted(
+            tuple(s.connection_pool.connection_kwargs.get(k) for k in ("host", "port"))
+            for s in pool.sentinel_manager.sentinels)
+        return ("sentinel", pool.service_name, tuple(sentinels), kw.get("username"),
+                kw.get("password"))
+    return (pool.connection_class.__name__, kw.get("host"), kw.get("port"),
             kw.get("path"), kw.get("username"), kw.get("password"))
 
 
-def same_server(broker_url: str, backend_url: str) -> bool:
-    """Whether both URLs name one Redis server (their databases may differ)."""
+def same_server(broker_url: str, backend_url: str, settings: Settings | None = None) -> bool:
+    """Whether both URLs name one Redis server (their databases may differ); two
+    ``sentinel://`` URLs do when they list the same Sentinels (and the one primary name)."""
     if not (broker_url.startswith(REDIS_SCHEMES) and backend_url.startswith(REDIS_SCHEMES)):
         return False
-    a, b = redis.Redis.from_url(broker_url), redis.Redis.from_url(backend_url)
+    a, b = redis_client(broker_url, settings), redis_client(backend_url, settings)
     try:
         return server_identity(a) == server_identity(b)
     finally:
@@ -84,12 +149,39 @@ def same_server(broker_url: str, backend_url: str) -> bool:
         b.close()
 
 
-def check_broker_url(url: str, timeout_s: float = 5.0) -> Persistence | None:
+def check_broker_url(url: str, timeout_s: float = 5.0,
+                     settings: Settings | None = None) -> Persistence | None:
     """Persistence of the Redis at ``url`` (None: not a Redis URL, e.g. the embedded mode)."""
     if not url.startswith(REDIS_SCHEMES):
         return None
-    client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    client = redis_client(url, settings, socket_timeout=timeout_s,
+                          socket_connect_timeout=timeout_s)
     try:
         return broker_persistence(client)
     finally:
         client.close()
+
+
+def auth_problem(url: str, settings: Settings | None = None,
+                 timeout_s: float = 5.0) -> str | None:
+    """Why the Redis (or Sentinel) at ``url`` refuses us, or None: it accepts our password,
+    it is not a Redis URL, or it does not answer (a server that is down may come back; a
+    refused password never does). One PING, with AUTH when the URL has a password."""
+    if not url.startswith(REDIS_SCHEMES):
+        return None
+    client = redis_client(url, settings, socket_timeout=timeout_s,
+                          socket_connect_timeout=timeout_s)
+    try:
+        client.ping()
+    except (redis.AuthenticationError, redis.ResponseError) as e:
+        if isinstance(e, redis.ResponseError) and not str(e).startswith(("NOAUTH", "WRONGPASS")):
+            return None
+        if urlsplit(url.split(SENTINEL_SEPARATOR)[0]).password:
+            return f"the password was refused ({e})"
+        return "the server requires a password and the URL has none"
+    except redis.RedisError:
+        return None
+    finally:
+        client.close()
+    return None
+

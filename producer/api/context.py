@@ -12,7 +12,6 @@ import time
 from collections.abc import Iterable
 from typing import Annotated
 
-import redis
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from limits import RateLimitItemPerMinute
@@ -26,6 +25,7 @@ from producer.api.errors import not_found
 from producer.api.registry import Record, Registry
 from producer.api.store import Store
 from producer.api.video import View
+from producer.broker import redis_client
 from producer.client import Client
 from producer.client.jobstate import FINISHED
 from producer.errors import ApiRequestError, SettingsError
@@ -48,8 +48,8 @@ class Gateway:
                                settings.api_max_in_flight)
         self.catalog = load_catalog(settings.api_models_file)
         self.client = client or Client(settings=settings)
-        self.redis = redis.Redis.from_url(settings.backend_url, socket_timeout=5,
-                                          socket_connect_timeout=5, health_check_interval=30)
+        self.redis = redis_client(settings.backend_url, settings, socket_timeout=5,
+                                  socket_connect_timeout=5, health_check_interval=30)
         self.registry = Registry(self.redis)
         self.store = Store(settings)
         # A moving window: exact (each hit is kept for a minute), and it says when the oldest

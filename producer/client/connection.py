@@ -29,7 +29,7 @@ def bound_client_app(app: Celery) -> None:
     """Short timeouts and retries for a client's ``app``; call before its backend is used
     (Celery reads these when it creates the backend)."""
     conf = app.conf
-    redis_urls = ("redis://", "rediss://")
+    redis_urls = ("redis://", "rediss://", "sentinel://")
     if str(conf.broker_url or "").startswith(redis_urls):
         transport = dict(conf.broker_transport_options or {})
         transport.update(socket_connect_timeout=CONNECT_TIMEOUT_S,

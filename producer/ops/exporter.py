@@ -29,6 +29,7 @@ from prometheus_client.registry import Collector
 
 from producer import keys
 from producer.app import ENQUEUED_AT_HEADER
+from producer.broker import REDIS_SCHEMES, redis_client
 from producer.ops import cloudwatch as cloudwatch_ops
 from producer.settings import get_settings
 
@@ -76,10 +77,10 @@ EXPORTER_REGISTRY.register(UNDECODABLE)
 def count_undecodable(broker_url: str | None) -> None:
     """Count one message no worker could decode on the broker at ``broker_url`` (a worker's
     consumer calls this; a broker that is not Redis, as in embedded mode, counts nothing)."""
-    if not broker_url or not broker_url.startswith(("redis://", "rediss://", "unix://")):
+    if not broker_url or not broker_url.startswith(REDIS_SCHEMES):
         return
     try:
-        client = redis.Redis.from_url(broker_url, socket_timeout=5, socket_connect_timeout=5)
+        client = redis_client(broker_url, socket_timeout=5, socket_connect_timeout=5)
         try:
             client.incr(keys.UNDECODABLE)
         finally:
@@ -128,7 +129,7 @@ def _oldest_stamp(client: redis.Redis, queue: str) -> float | None:
 
 def queue_depth(redis_url: str, queue: str = "video") -> int:
     """Messages waiting in a Celery queue on a Redis broker, all priority steps summed."""
-    client = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=5)
+    client = redis_client(redis_url, socket_timeout=5, socket_connect_timeout=5)
     try:
         return _depth(client, queue)
     finally:
@@ -197,7 +198,7 @@ def run_exporter(
     cw = cloudwatch_client
     if cloudwatch and cw is None:
         cw = cloudwatch_ops.cloudwatch_client()
-    client = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=5)
+    client = redis_client(redis_url, socket_timeout=5, socket_connect_timeout=5)
     addr = addr or str(get_settings().metrics_addr)  # loopback unless configured
     server, _thread = start_http_server(port, addr=addr, registry=EXPORTER_REGISTRY)
     log.info("exporter serving queue depth of %s on %s:%d", list(queues), addr, port)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SecretStr, model_validator
+
+from producer.settings.urls import check_urls
 
 
 class QueueSettings(BaseModel):
@@ -10,10 +12,23 @@ class QueueSettings(BaseModel):
 
     broker_url: str = Field(
         default="redis://127.0.0.1:6379/0",
-        description="Celery broker: redis://[:password@]host:port/db, rediss:// for TLS",
+        description="Celery broker: redis://[:password@]host:port/db, rediss:// for TLS, "
+        "sentinel://[:password@]host:26379/db;sentinel://host2:26379/db behind Redis Sentinel "
+        "(with sentinel_master), filesystem:// for the embedded mode",
     )
     result_backend: str | None = Field(
-        default=None, description="Celery result backend; default: the broker URL"
+        default=None, description="Celery result backend (redis://, rediss://, sentinel://); "
+        "default: the broker URL"
+    )
+    sentinel_master: str | None = Field(
+        default=None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._-]+$",
+        description="the name the Sentinels monitor the Redis primary under (sentinel monitor "
+        "NAME ...); required when a URL is sentinel://",
+    )
+    sentinel_password: SecretStr | None = Field(
+        default=None,
+        description="password of the Sentinels themselves (their requirepass), when they have "
+        "one; the Redis primary's password goes in the URL",
     )
     max_time_limit_s: int = Field(
         default=6 * 3600, ge=60, le=7 * 86_400, description="largest time_limit_s a job may ask"
@@ -52,6 +67,11 @@ class QueueSettings(BaseModel):
         "they never spend the retry budget. Default: enough 5 s lease waits to outlast "
         "max_time_limit_s, plus 100",
     )
+
+    @model_validator(mode="after")
+    def _urls(self) -> QueueSettings:
+        check_urls(self.broker_url, self.result_backend, self.sentinel_master)
+        return self
 
     @property
     def backend_url(self) -> str:

@@ -1,4 +1,5 @@
-"""Throwaway real servers for tests: redis-server, SeaweedFS (S3) and Celery workers.
+"""Throwaway real servers for tests: redis-server (alone, or a primary with a replica and
+Sentinels), SeaweedFS (S3) and Celery workers.
 
 Every server listens on loopback only, on ports picked at run time, with its files in a folder
 the caller owns (a pytest temp folder). Each one runs in its own session (process group) so a
@@ -22,14 +23,17 @@ from tests.services.base import (
 from tests.services.celery_worker import WorkerFactory, WorkerProcess
 from tests.services.redis_server import REDIS_INSTALL, RedisServer
 from tests.services.s3_server import WEED_INSTALL, S3Server
+from tests.services.sentinel import MASTER_NAME, SentinelGroup
 
 __all__ = [
     "LOG_TAIL_CHARS",
+    "MASTER_NAME",
     "REDIS_INSTALL",
     "REPO_ROOT",
     "WEED_INSTALL",
     "RedisServer",
     "S3Server",
+    "SentinelGroup",
     "ServiceError",
     "WorkerFactory",
     "WorkerProcess",

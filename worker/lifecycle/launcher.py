@@ -2,8 +2,10 @@
 
 The launcher itself never initialises CUDA (GPUs are counted through NVML or ``nvidia-smi``):
 CUDA is initialised only in the worker's pool process that runs tasks. A worker that dies is
-restarted with exponential back-off; SIGTERM/SIGINT are forwarded for a warm shutdown (the
-running job finishes; with acks_late an unfinished job is redelivered). The launcher waits for
+restarted with exponential back-off, unless it exits with ``CONFIG_EXIT`` (a configuration
+that cannot work): then the launcher stops its workers and exits with that status. SIGTERM
+and SIGINT are forwarded for a warm shutdown (the running job finishes; with acks_late an
+unfinished job is redelivered). The launcher waits for
 that as long as the longest job may run (``drain_timeout_s``), then kills what is left.
 
 Node names are unique on a host: each launcher reserves the names of its workers
@@ -27,8 +29,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from producer.app import worker_command
+from producer.broker import auth_problem
+from producer.errors import SettingsError
 from producer.ports import metrics_port_for
 from producer.settings import Settings
+from producer.settings.urls import mask
 
 log = logging.getLogger(__name__)
 #: The decoder a GPU worker warms up when ``FRAMEFLEET_WARMUP_DECODER`` is unset.
@@ -37,6 +42,9 @@ GPU_WARMUP_DECODER = "wan2.1-vae"
 DRAIN_MARGIN_S = 60 + 30
 #: CPU slot indices a launcher tries before it gives up finding a free node name.
 MAX_CPU_INDEX = 1000
+#: The exit status of a worker whose configuration cannot work (bad URL, refused password;
+#: sysexits' EX_CONFIG): the launcher stops instead of restarting it, and exits with it too.
+CONFIG_EXIT = 78
 
 
 def drain_timeout_s(settings: Settings) -> float:
@@ -174,6 +182,9 @@ class Launcher:
         self.max_backoff_s = max_backoff_s
         self.drain_s = drain_s
         self.stopping = threading.Event()
+        #: The launcher's exit status: 0, or ``CONFIG_EXIT`` after a worker's configuration
+        #: error.
+        self.failed = 0
 
     def _start(self, slot: WorkerSlot) -> None:
         env = dict(os.environ)
@@ -199,6 +210,13 @@ class Launcher:
                 code = slot.proc.poll()
                 if code is None:
                     continue
+                if code == CONFIG_EXIT:
+                    # Its one-line error is above; a restart would fail the same way.
+                    log.error("%s: configuration error (exit %d): stopping, not restarting",
+                              slot.name, code)
+                    self.failed = code
+                    self.stop()
+                    break
                 if slot.name not in next_start:
                     # A worker that lived a while starts over with a short back-off.
                     if now - slot.started > 300:
@@ -222,7 +240,7 @@ class Launcher:
                               "delivered again)", slot.name, self.drain_s)
                     slot.proc.kill()
                     slot.proc.wait()
-        return 0
+        return self.failed
 
 
 def plan_for(gpus: list[int], cpu: int, settings: Settings,
@@ -270,8 +288,19 @@ def check_metrics_ports(slots: Sequence[WorkerSlot]) -> None:
                 ) from e
 
 
+def check_credentials(settings: Settings) -> None:
+    """Raise ``SettingsError`` when the broker or the result backend refuses the password:
+    every worker would exit on it (``CONFIG_EXIT``), so none is started."""
+    for name, url in (("FRAMEFLEET_BROKER_URL", settings.broker_url),
+                      ("FRAMEFLEET_RESULT_BACKEND", settings.backend_url)):
+        problem = auth_problem(url, settings)
+        if problem:
+            raise SettingsError(f"invalid settings: {name}={mask(url)!r}: {problem}")
+
+
 def launch(gpus: str | None, cpu: int, settings: Settings) -> int:
     """Plan, start and supervise the workers (``--gpus``/``--cpu``) until SIGTERM/SIGINT."""
+    check_credentials(settings)
     selected = parse_gpus(gpus, count_gpus()) if gpus else []
     names = HostNames()
     slots = plan_for(selected, cpu, settings, names)

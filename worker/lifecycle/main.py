@@ -11,11 +11,13 @@ the pool process that runs jobs, the spot interruption watcher in the main proce
 from __future__ import annotations
 
 import logging
-from typing import Any
+import sys
+from typing import Any, NoReturn
 
 from celery import Celery
 from celery.signals import (
     task_revoked,
+    worker_init,
     worker_process_init,
     worker_process_shutdown,
     worker_ready,
@@ -25,11 +27,13 @@ from celery.signals import (
 from producer.app import make_app
 from producer.control import flags_for
 from producer.cost import configured_prices
+from producer.errors import SettingsError
 from producer.settings import Settings, get_settings
 from worker import metrics, tasks
 from worker.concerns.cancel import preempt_node
 from worker.lifecycle import persistence, recovery, warmup
 from worker.lifecycle.consumer import install_brpop_guard
+from worker.lifecycle.launcher import CONFIG_EXIT, check_credentials
 from worker.lifecycle.spot import SpotWatcher
 from worker.sinks.webhooks import close_process_notifier
 
@@ -43,6 +47,23 @@ def build_worker_app(settings: Settings) -> Celery:
     install_brpop_guard()
     tasks.register(app)
     return app
+
+
+def exit_config_error(message: str) -> NoReturn:
+    """One ``error:`` line and exit ``CONFIG_EXIT``: restarting cannot help, and the launcher
+    stops instead of restarting a worker that exits so."""
+    sys.stderr.write("error: " + " ".join(message.split()) + "\n")
+    sys.stderr.flush()
+    raise SystemExit(CONFIG_EXIT)
+
+
+@worker_init.connect
+def _check_credentials(**_: Any) -> None:
+    """In the main process, before the consumer connects (and before "ready")."""
+    try:
+        check_credentials(get_settings())
+    except SettingsError as e:
+        exit_config_error(str(e))
 
 
 @worker_process_init.connect
@@ -138,5 +159,12 @@ def _mark_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
         log.warning("job %s: revoked, not marked received: %s", job_id, e)
 
 
+def _settings() -> Settings:
+    try:
+        return get_settings()
+    except SettingsError as e:  # one line, not Celery's "Unable to load celery application"
+        exit_config_error(str(e))
+
+
 #: The app ``celery -A worker.lifecycle.main`` finds.
-app = build_worker_app(get_settings())
+app = build_worker_app(_settings())

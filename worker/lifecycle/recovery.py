@@ -46,7 +46,7 @@ import redis
 
 from producer import keys
 from producer.app import TASK_NAME
-from producer.broker import REDIS_SCHEMES, same_server, server_identity
+from producer.broker import REDIS_SCHEMES, redis_client, same_server, server_identity
 from producer.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -270,8 +270,8 @@ def sweeper_for(app: Any, node: str, settings: Settings | None = None) -> Sweepe
         return None
     conn = app.connection_for_write()
     channel = conn.default_channel
-    broker = redis.Redis.from_url(broker_url, socket_timeout=10, socket_connect_timeout=5)
-    backend = redis.Redis.from_url(backend_url, socket_timeout=10, socket_connect_timeout=5)
+    broker = redis_client(broker_url, s, socket_timeout=10, socket_connect_timeout=5)
+    backend = redis_client(backend_url, s, socket_timeout=10, socket_connect_timeout=5)
     backend_app = app.backend
 
     def meta_key(job_id: str) -> str:
