@@ -40,7 +40,7 @@ from worker.concerns import CONCERNS, run_concerns
 from worker.concerns.metrics import failed_before_run
 from worker.concerns.playlist import end_later
 from worker.concerns.retries import requeue_now
-from worker.lifecycle.lease import LEASE_RETRY_S, JobLease
+from worker.lifecycle.lease import LEASE_RETRY_S, JobLease, through_failover
 from worker.run import DecoderCache, Run, default_decoders, run_job
 
 log = logging.getLogger(__name__)
@@ -152,7 +152,7 @@ def _received(task: Task, payload: Any, settings: Settings, flags: Flags) -> Job
             _foreign(task_id, f"its spec is job {spec.key}, not {task_id}")
         raise error
     try:
-        _claim(task.app, flags, spec)
+        through_failover(lambda: _claim(task.app, flags, spec), f"job {spec.key}: claim")
     except JobConflictError as e:
         failed_before_run(e, spec, settings)
         _foreign(task_id, str(e))

@@ -13,8 +13,10 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import redis
 
@@ -27,6 +29,30 @@ LEASE_RETRY_S = 5
 REDIS_DOWN: tuple[type[BaseException], ...] = (
     redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
 )
+#: How long a run's first Redis calls (the claim, the lease) wait out a lost connection: a
+#: Sentinel failover promotes a replica in seconds, and the calls are idempotent.
+FAILOVER_S = 30.0
+
+T = TypeVar("T")
+
+
+def through_failover(call: Callable[[], T], what: str, limit_s: float = FAILOVER_S) -> T:
+    """``call()``, again after a lost Redis connection, until ``limit_s`` has passed.
+
+    Only for idempotent calls: a claim or a lease taken on a primary that died before it
+    replicated is simply taken again on the promoted replica.
+    """
+    deadline = time.monotonic() + limit_s
+    delay = 0.2
+    while True:
+        try:
+            return call()
+        except REDIS_DOWN as e:
+            if time.monotonic() + delay > deadline:
+                raise
+            log.warning("%s: Redis unreachable (%s); again in %.1f s", what, e, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
 
 
 def _alive(pid: int) -> bool:
@@ -52,7 +78,7 @@ class JobLease:
     def acquire(self) -> bool:
         if self.r is None:
             return True
-        if not self._take(LEASE_TTL_S * 1000):
+        if not through_failover(lambda: self._take(LEASE_TTL_S * 1000), f"lease {self.key}"):
             return False
         threading.Thread(target=self._renew, name="job-lease", daemon=True).start()
         return True
@@ -64,6 +90,8 @@ class JobLease:
         if holder is None:
             return bool(self.r.set(self.key, self.token, nx=True, px=px))
         text = holder.decode() if isinstance(holder, bytes) else str(holder)
+        if text == self.token:  # ours: the reply of a set that did land was lost
+            return True
         node, pid, _ = text.split(" ")
         if node != self.node or _alive(int(pid)):
             return False

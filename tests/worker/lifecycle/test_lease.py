@@ -8,14 +8,23 @@ import os
 import secrets
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 import pytest
 import redis
 
 from producer.settings import Settings
-from tests.services import free_port
-from worker.lifecycle.lease import LEASE_RETRY_S, LEASE_TTL_S, JobLease
+from tests.require import require_binary
+from tests.services import REDIS_INSTALL, RedisServer, free_port
+from worker.lifecycle.lease import (
+    FAILOVER_S,
+    LEASE_RETRY_S,
+    LEASE_TTL_S,
+    JobLease,
+    through_failover,
+)
 
 
 @pytest.fixture
@@ -129,3 +138,43 @@ def test_the_requeue_cap_lets_lease_waits_outlast_the_longest_job() -> None:
         assert s.requeue_limit == limit // LEASE_RETRY_S + 100
         assert s.requeue_limit * LEASE_RETRY_S > limit
     assert Settings(max_requeues=7).requeue_limit == 7
+
+
+def test_a_lease_is_taken_once_redis_answers_again(tmp_path: Path) -> None:
+    # Given a Redis that is down when the run starts (a failover under way) and answers 1 s on
+    server = RedisServer(require_binary("redis-server", REDIS_INSTALL), tmp_path)
+    client = redis.Redis(host="127.0.0.1", port=server.port, socket_connect_timeout=0.5,
+                         socket_timeout=1)
+    job = _job()
+    lease = JobLease(client, job, "gpu0@a")
+    got: list[tuple[bool, float]] = []
+    t0 = time.monotonic()
+    # When the run takes its lease, it waits the outage out instead of failing the job
+    taker = threading.Thread(target=lambda: got.append((lease.acquire(), time.monotonic())))
+    taker.start()
+    try:
+        time.sleep(1.0)
+        server.start()  # from this thread: the server dies with the thread that started it
+        taker.join(FAILOVER_S)
+        ((taken, at),) = got
+        assert taken and 0.9 < at - t0 < FAILOVER_S
+        assert client.get(f"framefleet:lease:{job}") == lease.token.encode()
+        # and a take whose reply was lost (the lease is already ours) is granted, not waited on
+        assert lease._take(LEASE_TTL_S * 1000)
+        lease.release()
+    finally:
+        taker.join(FAILOVER_S)
+        server.stop()
+
+
+def test_through_failover_gives_up_after_its_limit() -> None:
+    calls = []
+
+    def down() -> None:
+        calls.append(time.monotonic())
+        raise redis.exceptions.ConnectionError("refused")
+
+    t0 = time.monotonic()
+    with pytest.raises(redis.exceptions.ConnectionError):
+        through_failover(down, "test", limit_s=1.0)
+    assert len(calls) >= 3 and time.monotonic() - t0 < 2.5
