@@ -34,6 +34,7 @@ from worker.concerns.cancel import preempt_node
 from worker.lifecycle import persistence, recovery, warmup
 from worker.lifecycle.consumer import install_brpop_guard
 from worker.lifecycle.launcher import CONFIG_EXIT, check_credentials
+from worker.lifecycle.memory import limit_mib
 from worker.lifecycle.spot import SpotWatcher
 from worker.sinks.webhooks import close_process_notifier
 
@@ -44,6 +45,11 @@ def build_worker_app(settings: Settings) -> Celery:
     """The app a worker runs: ``make_app(settings)`` plus the task and the hardened consumer."""
     app = make_app(settings=settings)
     app.conf.worker_consumer = "worker.lifecycle.consumer:FramefleetConsumer"
+    # The memory guard fails a job over the limit between steps; a pool process still over it
+    # once its job has ended is replaced by Celery (KiB), instead of failing every next job.
+    limit = limit_mib(settings)
+    if limit is not None:
+        app.conf.worker_max_memory_per_child = limit * 1024
     install_brpop_guard()
     tasks.register(app)
     return app

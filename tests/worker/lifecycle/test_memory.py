@@ -36,3 +36,13 @@ def test_over_the_limit_is_a_fatal_error_naming_it() -> None:
         check_memory(Settings(max_rss_mib=1), "here")
     check_memory(Settings(max_rss_mib=rss_bytes() // MIB + 1024), "here")
     check_memory(Settings(max_rss_mib=0), "here")
+
+
+@pytest.mark.parametrize(("mib", "per_child"), [(700, 700 * 1024), (0, None)])
+def test_a_pool_process_over_the_limit_after_its_job_is_replaced(
+    mib: int, per_child: int | None
+) -> None:
+    from worker.lifecycle.main import build_worker_app
+
+    app = build_worker_app(Settings(max_rss_mib=mib, broker_url="redis://127.0.0.1:1/0"))
+    assert app.conf.worker_max_memory_per_child == per_child
