@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any
 
-from producer.errors import RetryableError
+from producer.errors import FatalJobError, RetryableError
 from producer.settings import Settings
 from producer.spec import JobSpec
 from worker.concerns.base import Concern, Outcome
@@ -45,12 +45,18 @@ def end_playlist(spec: JobSpec, settings: Settings,
                  live: LivePlaylist | None = None) -> str | None:
     """Add ``EXT-X-ENDLIST`` to the job's live playlist (``live``, the one this run wrote, if
     any; else the one stored for this spec); returns its URI, or None when there is none or
-    it is ended already. Raises the store's errors."""
+    it is ended already, or when the output is one this worker may not use (refused, so never
+    written). Raises the store's other errors."""
     if live is not None:
         uri = live.end_early()
         if uri is not None:
             return uri
-    return end_stored(JobOutput(spec.output_prefix, settings), spec.digest())
+    try:
+        output = JobOutput(spec.output_prefix, settings)
+    except FatalJobError as e:  # the refusal is the job's own error, reported already
+        log.debug("job %s: no playlist to end: %s", spec.key, e)
+        return None
+    return end_stored(output, spec.digest())
 
 
 def end_later(spec: JobSpec, settings: Settings, redis_client: Any, node: str,

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator
 from typing import Any
-
-import pytest
 
 from producer.settings import Settings
 from producer.spec import InputSpec, JobSpec, NotifySpec, OutputSpec
@@ -22,14 +19,6 @@ def _spec(job_id: str, *urls: str) -> JobSpec:
     return JobSpec(job_id=job_id, input=InputSpec(uri="s3://b/z.npy"),
                    output=OutputSpec(uri="s3://b/out"),
                    notify=NotifySpec(urls=urls, events=("started", "segment", "succeeded")))
-
-
-@pytest.fixture
-def notifiers() -> Iterator[list[Notifier]]:
-    made: list[Notifier] = []
-    yield made
-    for n in made:
-        n.close(timeout=2.0)
 
 
 def _notifier(made: list[Notifier], *ports: int, **kw: Any) -> Notifier:

@@ -6,7 +6,6 @@ import ipaddress
 import ssl
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,14 +48,6 @@ def _spec(*urls: str, events: tuple[str, ...] = ("started", "segment", "succeede
     return JobSpec(job_id="n1", input=InputSpec(uri="s3://b/z.npy"),
                    output=OutputSpec(uri="s3://b/out"),
                    notify=NotifySpec(urls=urls, events=events))  # type: ignore[arg-type]
-
-
-@pytest.fixture
-def notifiers() -> Iterator[list[Notifier]]:
-    made: list[Notifier] = []
-    yield made
-    for n in made:
-        n.close(timeout=2.0)
 
 
 def _notifier(made: list[Notifier], *ports: int, **kw: Any) -> Notifier:
