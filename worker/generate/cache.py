@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from producer.errors import InvalidJobError
+from worker.generate import loader
 from worker.generate.loader import recheck
 from worker.generate.tiers import allow_recompiles, prepare
 
@@ -122,6 +123,7 @@ class ModelCache:
         (benchmarks build random-weight pipelines on the GPU and write only their configs to
         ``folder``). The pipeline's transformers are quantised and compiled in place."""
         dtype = pipe.transformer.dtype if pipe.transformer is not None else torch.float32
+        loader.adopted(folder)
         entry = self._resident(pipe, folder, dtype, 0.0)
         self._prepare(entry, tier)
         with self._lock:

@@ -52,6 +52,9 @@ COMPONENT_RE = re.compile(r"[A-Za-z0-9_]+")
 
 Roots = tuple[Path, ...] | None
 _approved: dict[str, tuple[Roots, Settings, str]] = {}
+#: Folders whose pipeline was built in this process and adopted by a model cache (benchmarks):
+#: jobs naming them run that resident pipeline, so their folder holds configs only.
+_adopted: set[str] = set()
 _lock = threading.Lock()
 
 
@@ -156,9 +159,17 @@ def scan_model(folder: Path, roots: Roots, settings: Settings, base: str,
 def approve(folder: Path, roots: Roots, settings: Settings | None, base: str) -> None:
     """Check ``folder`` and remember how, for :func:`recheck` before it is loaded."""
     settings = settings or get_settings()
-    scan_model(folder, roots, settings, base)
+    with _lock:
+        adopted = str(Path(os.path.realpath(folder))) in _adopted
+    scan_model(folder, roots, settings, base, weights=not adopted)
     with _lock:
         _approved[str(folder)] = (roots, settings, base)
+
+
+def adopted(folder: Path) -> None:
+    """Note that ``folder``'s pipeline is resident, built in-process: its weights are not read."""
+    with _lock:
+        _adopted.add(str(Path(os.path.realpath(folder))))
 
 
 def recheck(folder: Path) -> None:

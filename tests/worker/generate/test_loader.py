@@ -19,7 +19,7 @@ from tests.worker.generate.attacks import ATTACKS, attacked
 from worker.generate.cache import ModelCache
 from worker.generate.folder import model_folder, read_model
 from worker.generate.limits import check_config
-from worker.generate.presets import PRESETS
+from worker.generate.presets import PRESETS, build_pipeline, save_configs
 from worker.inputs.weights import resolve_weights
 
 
@@ -183,3 +183,18 @@ def test_decoder_weights_share_the_rule(tmp_path: Path) -> None:
     with pytest.raises(InvalidJobError, match="decoder.weights: .* is a pickle or zip checkpoint"):
         resolve_weights(spec, Settings(file_roots=str(tmp_path)))
     assert os.path.exists(folder / "diffusion_pytorch_model.safetensors")
+
+
+def test_a_folder_of_configs_only_passes_once_its_pipeline_is_adopted(
+    place: tuple[Path, Path, Settings]
+) -> None:
+    # Given a folder of configs only (what benchmarks write for a pipeline built in-process)
+    roots, _, settings = place
+    pipe = build_pipeline("tiny", "cpu", torch.float32)
+    folder = save_configs(pipe, roots / "configs-only")
+    # Then a job naming it is refused (no weights to load) …
+    with pytest.raises(InvalidJobError, match="safetensors only"):
+        model_folder(folder.as_uri(), settings)
+    # … until the pipeline is resident: then the configs are still checked, no weights read
+    ModelCache(torch.device("cpu"), 2**40).adopt(folder, pipe)
+    assert model_folder(folder.as_uri(), settings) == folder.resolve()
