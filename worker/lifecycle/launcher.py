@@ -123,7 +123,10 @@ def parse_gpus(value: str, available: int) -> list[int]:
         if n > available:
             raise ValueError(f"--gpus {n}: only {available} GPU(s) on this host")
         return list(range(n))
-    indices = [int(v) for v in value.split(",") if v.strip()]
+    parts = [v.strip() for v in value.split(",") if v.strip()]
+    if not parts or not all(v.isdigit() for v in parts):
+        raise ValueError(f"--gpus {value!r}: expected all, a count (2) or GPU indices (0,2)")
+    indices = [int(v) for v in parts]
     bad = [i for i in indices if i < 0 or i >= available]
     if bad or len(set(indices)) != len(indices):
         raise ValueError(f"--gpus {value}: indices must be distinct and < {available}")

@@ -42,7 +42,8 @@ def test_parse_gpus(value: str, available: int, expected: list[int]) -> None:
     assert parse_gpus(value, available) == expected
 
 
-@pytest.mark.parametrize(("value", "available"), [("5", 4), ("0,0", 2), ("3", 2), ("0,7", 4)])
+@pytest.mark.parametrize(("value", "available"), [("5", 4), ("0,0", 2), ("3", 2), ("0,7", 4),
+                                                ("foo", 2), ("0,x", 2), ("-1", 2), (",", 2)])
 def test_parse_gpus_rejects(value: str, available: int) -> None:
     with pytest.raises(ValueError, match="--gpus"):
         parse_gpus(value, available)
