@@ -24,6 +24,7 @@ from celery import Task
 from producer.errors import FatalJobError, RetryableError
 from producer.settings import Settings
 from worker.concerns.base import Concern, Failed, Outcome, Status
+from worker.lifecycle.lease import REDIS_DOWN
 from worker.run.run import Run
 
 log = logging.getLogger(__name__)
@@ -103,10 +104,13 @@ class Requeue(Outcome):
 
 
 class Retries(Concern):
-    """``RetryableError`` → ``Retry`` with back-off while the budget lasts, then FAILURE."""
+    """``RetryableError`` → ``Retry`` with back-off while the budget lasts, then FAILURE.
+
+    A lost Redis connection inside a run (a progress update or a cancel poll while Sentinel
+    promotes a replica) is retryable too: the next delivery finds the promoted primary."""
 
     def on_error(self, error: BaseException) -> Outcome | None:
-        if not isinstance(error, RetryableError):
+        if not isinstance(error, (RetryableError, *REDIS_DOWN)):
             return None
         retries = self.run.error_retries
         if retries >= self.run.settings.retry_max:
