@@ -10,7 +10,9 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-_SPIN = "import time, sys\nend = time.monotonic() + float(sys.argv[1])\nwhile time.monotonic() < end: pass\n"
+_SPIN = ("import time, sys\n"
+         "end = time.monotonic() + float(sys.argv[1])\n"
+         "while time.monotonic() < end: pass\n")
 
 
 @contextmanager

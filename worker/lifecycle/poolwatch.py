@@ -92,7 +92,7 @@ class PoolWatch(threading.Thread):
             try:
                 if self.poll():
                     return
-            except Exception:  # noqa: BLE001 - a watcher must never take the worker down
+            except Exception:
                 log.exception("pool watch: poll failed")
 
     def poll(self) -> bool:

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import psutil
@@ -36,7 +35,8 @@ pytestmark = pytest.mark.e2e
 def _pattern_job(tmp: Path, job_id: str) -> JobSpec:
     np.save(tmp / f"{job_id}.npy", np.zeros((16, 4, 4, 6), np.float32))
     return JobSpec(job_id=job_id, input=InputSpec(uri=(tmp / f"{job_id}.npy").as_uri()),
-                   decoder=DecoderSpec(name="pattern"), output=OutputSpec(uri=(tmp / "out").as_uri()))
+                   decoder=DecoderSpec(name="pattern"),
+                   output=OutputSpec(uri=(tmp / "out").as_uri()))
 
 
 def _pool_processes(launcher: int) -> list[psutil.Process]:
