@@ -19,10 +19,10 @@ from typing import Any
 
 import torch
 
-from producer.errors import JobCancelled
+from producer.errors import JobCancelled, NonFiniteOutput
 from producer.settings import Settings
 from producer.spec import GenerateFacts, GenerateSpec, Progress
-from worker.devices import out_of_memory
+from worker.devices import nonfinite, out_of_memory
 from worker.generate.cache import ModelCache, Resident, module_bytes
 from worker.generate.conditions import Conditions, adapters_on, read_conditions
 from worker.generate.denoise import denoise
@@ -128,4 +128,15 @@ def _denoise(models: ModelCache, entry: Resident, info: ModelInfo, gen: Generate
     z = vae_latents(entry.pipe.vae, latents)
     del latents
     _sync(models.device)
+    bad = nonfinite(z)  # one reduction: the device waited for the denoise anyway
+    if bad:
+        raise NonFiniteOutput(
+            f"{tier_name(gen)}: the denoise made non-finite latents ({bad} of {z.numel()} "
+            "values NaN or infinite); nothing was decoded")
     return z, compiled
+
+
+def tier_name(gen: GenerateSpec) -> str:
+    """``generate.tier fp8`` (with its step cache, if any): what an error names."""
+    cache = f", generate.cache {gen.cache.kind}" if gen.cache else ""
+    return f"generate.tier {gen.tier}{cache}"

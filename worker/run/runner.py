@@ -15,10 +15,11 @@ from pathlib import Path
 
 import torch
 
-from producer.errors import JobCancelled
+from producer.errors import JobCancelled, NonFiniteOutput
 from producer.spec import JobResult, JobSpec, Progress
 from worker.decoders.base import frames_for_latents
 from worker.devices import out_of_memory, worker_info
+from worker.generate.job import tier_name
 from worker.pipeline import PipelineReport, run_pipeline
 from worker.run.decoders import DecoderCache
 from worker.run.finish import finish, reused_output
@@ -68,6 +69,10 @@ def _decode(run: Run, latents: Latents, publisher: SegmentPublisher,
         )
     except torch.OutOfMemoryError as e:
         raise out_of_memory(e, f"decoding {spec.job_id} (tiled={run.tiled})") from e
+    except NonFiniteOutput as e:  # name what made the frames: the tier, or the decoder
+        made_by = (tier_name(spec.generate) if spec.generate is not None
+                   else f"decoder {latents.decoder.name}")
+        raise NonFiniteOutput(f"{made_by}: {e}") from e
     if report.cancelled:
         raise JobCancelled(f"job {spec.job_id} cancelled after {report.stats.frames} frames")
     return report
