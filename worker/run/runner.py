@@ -19,6 +19,7 @@ from producer.errors import JobCancelled, NonFiniteOutput
 from producer.spec import JobResult, JobSpec, Progress
 from worker.decoders.base import frames_for_latents
 from worker.devices import out_of_memory, worker_info
+from worker.gate import GATE
 from worker.generate.job import tier_name
 from worker.pipeline import PipelineReport, run_pipeline
 from worker.run.decoders import DecoderCache
@@ -36,6 +37,12 @@ def run_job(spec: JobSpec, decoders: DecoderCache, run: Run | None = None) -> Jo
         run = Run(spec)
     elif run.spec is not spec:
         raise ValueError(f"run_job: the run is of job {run.spec.job_id}, not {spec.job_id}")
+    # The run works on the device: background graph captures wait for its yield points.
+    with GATE.work():
+        return _run(spec, decoders, run)
+
+
+def _run(spec: JobSpec, decoders: DecoderCache, run: Run) -> JobResult:
     t0 = time.perf_counter()
     info = worker_info(decoders.device, run.node)
     out = JobOutput(spec.output_prefix, run.settings)
