@@ -4,6 +4,7 @@ when the job thread itself blocks on a build that wants to capture."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -40,7 +41,7 @@ def test_a_capture_runs_only_between_the_job_threads_yield_points() -> None:
     # Then the capture happened, and no work step overlapped it
     start = next(ts for name, ts in events if name == "capture")
     end = next(ts for name, ts in events if name == "capture-end")
-    steps = [(a[1], b[1]) for a, b in zip(events, events[1:], strict=False)
+    steps = [(a[1], b[1]) for a, b in itertools.pairwise(events)
              if a[0] == "work" and b[0] == "work-end"]
     assert len(steps) == 30
     assert all(b <= start or a >= end for a, b in steps)
