@@ -127,6 +127,13 @@ TORCH_VRAM = Gauge(
     ["device"],
     registry=WORKER_REGISTRY,
 )
+VRAM_AFTER_JOB = Gauge(
+    "framefleet_torch_vram_after_job_bytes",
+    "torch.cuda memory of this process when its last job ended: kind=allocated (tensors) or "
+    "reserved (held by the caching allocator).",
+    ["kind"],
+    registry=WORKER_REGISTRY,
+)
 WORKER_READY = Gauge(
     "framefleet_worker_ready",
     "1 once this worker's warm-up decode sizes are compiled and captured; 0 while warming up.",
@@ -260,6 +267,16 @@ def observe_retry(kind: str, tenant: str, reason: str) -> None:
         raise ValueError(f"kind must be one of {RETRY_KINDS} and reason one of REASONS, "
                          f"got {kind!r}, {reason!r}")
     RETRIES.labels(kind=kind, reason=reason, tenant=tenant).inc()
+
+
+def observe_vram_after_job() -> None:
+    """Set ``framefleet_torch_vram_after_job_bytes`` (CUDA only; a no-op elsewhere)."""
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    if cuda is None or not cuda.is_initialized():
+        return
+    VRAM_AFTER_JOB.labels(kind="allocated").set(cuda.memory_allocated())
+    VRAM_AFTER_JOB.labels(kind="reserved").set(cuda.memory_reserved())
 
 
 def observe_queue_wait(tenant: str, seconds: float) -> None:

@@ -88,6 +88,7 @@ class JobMetrics(Concern):
         else:
             metrics.observe_job(status, self.tenant, outcome.result)
         metrics.observe_held(status, self.tenant, held)
+        metrics.observe_vram_after_job()
         if outcome.result is None:
             self._record(status, labels.failure_reason(outcome.error), held)
 
