@@ -35,12 +35,12 @@ tests)
   XDIST=""
   python3 -c "import xdist" 2>/dev/null && XDIST="-n 4 --dist loadgroup"
   # shellcheck disable=SC2086
-  timeout $(( $(left) - 200 )) python3 -m pytest -m gpu --confcutdir=tests/gpu \
+  timeout $(( $(left) - 240 )) python3 -m pytest -m gpu --confcutdir=tests/gpu \
     -p no:cacheprovider -v -rA --tb=short $XDIST tests/gpu >"$OUT/gpu-tests.log" 2>&1
   echo "pytest exit $? at $(( $(date +%s) - T0 )) s" | tee -a "$OUT/gpu-tests.log"
   grep -E "(PASSED|FAILED|ERROR) " "$OUT/gpu-tests.log" | cut -c1-160
   # the capture race without the gate, to show the test provokes it (informational)
-  timeout 150 python3 -m tests.gpu.capture_race --reps 20 --no-gate --time-limit-s 120 \
+  timeout 100 python3 -m tests.gpu.capture_race --reps 20 --no-gate --time-limit-s 80 \
     >"$OUT/capture-race-no-gate.json" 2>"$OUT/capture-race-no-gate.log"
   tail -1 "$OUT/capture-race-no-gate.json"
   timeout $(( $(left) - 5 )) python3 bench/generate.py --models wan2.1-t2v-1.3b --steps 20 \
