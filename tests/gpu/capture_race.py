@@ -29,6 +29,7 @@ import torch
 from producer.spec import DecoderSpec
 from tests.gpu.test_gpu_tiers import CUDA, Fleet
 from worker import gate as gate_module
+from worker.run import DecoderCache
 
 #: Latent sizes (h, w) the second decoder sees for the first time, back to back.
 SIZES = [(8, 8), (8, 12), (12, 8), (12, 12), (8, 16), (16, 8)]
@@ -51,7 +52,9 @@ def run(reps: int, no_gate: bool, time_limit_s: float) -> dict[str, Any]:
     out: dict[str, Any] = {"reps": 0, "broken": 0, "mismatches": 0, "no_gate": no_gate}
     with tempfile.TemporaryDirectory() as tmp:
         fleet = Fleet(Path(tmp), ("exact",))
-        second = fleet.decoders.get(DecoderSpec(name="wan2.1-vae", weights="random"))
+        # a decoder of its own that keeps a graph for every size (the fleet's builds none)
+        second = DecoderCache(CUDA, graphs=len(SIZES)).get(
+            DecoderSpec(name="wan2.1-vae", weights="random"))
         graphs = getattr(second, "graphs", None)
         assert graphs is not None, "the second decoder builds graphs on CUDA"
         ref, z_ref = fleet.job(num_inference_steps=12)
