@@ -15,7 +15,7 @@ T0=$(date +%s)
 BUDGET=${BUDGET:-560}
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 OUT=${OUT:?OUT must name the results folder}
-STAGE=${STAGE:?STAGE is tests, soak or bench}
+STAGE=${STAGE:?STAGE is tests, race, soak or bench}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl >"$OUT/install-$STAGE.log" 2>&1 || { cat "$OUT/install-$STAGE.log"; exit 1; }
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=8
@@ -47,6 +47,14 @@ tests)
     --tiers exact,cache --decode-graphs 1 --budget-s $(( $(left) - 15 )) \
     --json denoise-h200-1.3b.json --out "$OUT" >"$OUT/generate-1.3b.log" 2>&1
   echo "generate.py exit $?"; sed -n '/^| model/,$p' "$OUT/generate-1.3b.log"
+  ;;
+race)  # the capture race alone, gated (the test) and not (the probe)
+  timeout $(( $(left) - 110 )) python3 -m pytest -m gpu --confcutdir=tests/gpu -p no:cacheprovider \
+    -v -rA -s --tb=short tests/gpu/test_gpu_capture_race.py >"$OUT/gpu-tests-race.log" 2>&1
+  echo "pytest exit $?"; grep -E "PASSED|FAILED|broken|passed|failed" "$OUT/gpu-tests-race.log" | cut -c1-400
+  timeout $(( $(left) - 5 )) python3 -m tests.gpu.capture_race --reps 20 --no-gate \
+    --time-limit-s $(( $(left) - 30 )) >"$OUT/capture-race-no-gate.json" 2>"$OUT/capture-race-no-gate.log"
+  tail -1 "$OUT/capture-race-no-gate.json"
   ;;
 soak)
   LD_LIBRARY_PATH=$PWD/.redis/lib .redis/redis-server --version
