@@ -3,6 +3,9 @@
 # (a call may run 10 minutes), in this order: correctness first, then the soak, then the rows.
 #   STAGE=tests  pytest -m gpu (the tier tests with fp8 finite, the capture race provoked on
 #                purpose, every other GPU test), then the 1.3B rows of the denoise benchmark
+#   STAGE=prime  the soak's worker start alone, which compiles every soak size into the compile
+#                cache (cold: minutes a size), so that the soak's start takes seconds
+#   STAGE=race   the capture-race test alone, and the same race with the gates off
 #   STAGE=soak   bench/soak.py: the real worker process, a real Redis, >= 40 mixed jobs over
 #                >= 8 minutes (soak-h200.json / .md)
 #   STAGE=bench  bench/generate.py: the 5B at 20 and 4 steps, tiers exact, cache, fp8,
@@ -15,7 +18,7 @@ T0=$(date +%s)
 BUDGET=${BUDGET:-560}
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 OUT=${OUT:?OUT must name the results folder}
-STAGE=${STAGE:?STAGE is tests, race, soak or bench}
+STAGE=${STAGE:?STAGE is tests, race, prime, soak or bench}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl >"$OUT/install-$STAGE.log" 2>&1 || { cat "$OUT/install-$STAGE.log"; exit 1; }
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=8
@@ -55,6 +58,11 @@ race)  # the capture race alone, gated (the test) and not (the probe)
   timeout $(( $(left) - 5 )) python3 -m tests.gpu.capture_race --reps 20 --no-gate \
     --time-limit-s $(( $(left) - 30 )) >"$OUT/capture-race-no-gate.json" 2>"$OUT/capture-race-no-gate.log"
   tail -1 "$OUT/capture-race-no-gate.json"
+  ;;
+prime)  # the soak worker's start alone: every soak size compiled into the compile cache
+  timeout $(( $(left) - 5 )) python3 bench/soak.py --prime --redis-server "$PWD/.redis/redis-server" \
+    --redis-lib "$PWD/.redis/lib" --out "$OUT" >"$OUT/soak-prime.log" 2>&1
+  echo "prime exit $?"; grep -E "compiled at|ready in" "$OUT/soak-worker.log" "$OUT/soak-prime.log"
   ;;
 soak)
   LD_LIBRARY_PATH=$PWD/.redis/lib .redis/redis-server --version

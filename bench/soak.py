@@ -165,6 +165,9 @@ def main() -> int:
     ap.add_argument("--tiny", action="store_true", help="CPU, the tiny presets")
     ap.add_argument("--redis-server", default=shutil.which("redis-server") or "redis-server")
     ap.add_argument("--redis-lib", default=None, help="LD_LIBRARY_PATH for --redis-server")
+    ap.add_argument("--prime", action="store_true",
+                    help="start the worker (compiling every size into the compile cache), "
+                    "then stop: a later run on the same host starts in seconds")
     ap.add_argument("--out", required=True)
     ap.add_argument("--json", default=None, help="file name (default soak-<device>.json)")
     args = ap.parse_args()
@@ -181,6 +184,9 @@ def main() -> int:
     worker = start_worker(env, log)
     try:
         ready_s = soak_inputs.wait_ready(worker, log, f"http://127.0.0.1:{ports[1]}/metrics")
+        print(f"worker ready in {ready_s:.1f} s", flush=True)
+        if args.prime:
+            return 0
         soak_inputs.size_hog(setup, worker.pid, args.tiny)
         client = Client(broker_url=url, backend_url=url)
         soak = Soak(client, setup, args, f"http://127.0.0.1:{ports[1]}/metrics", worker)

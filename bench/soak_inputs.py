@@ -92,8 +92,13 @@ def prepare(work: Path, tiny: bool) -> tuple[Setup, dict[str, str]]:
                   hostile=hostile, hog=work / "hog.npy", decode_inputs=decode, **sizes)
     limit = LIMIT_MIB["tiny" if tiny else "gpu"]
     tiers = "exact" if tiny else "exact,fp8"
+    def listed(sizes: list[tuple[int, int, int]]) -> str:
+        return ",".join(f"{h}x{w}x{f}" for h, w, f in sizes)
+
     env = {
         "FRAMEFLEET_SOAK_MODELS": f"{big_preset}={big}:{tiers};{small_preset}={small}:exact",
+        "FRAMEFLEET_SOAK_SIZES": f"{big_preset}={listed(setup.big_sizes)};"
+                                 f"{small_preset}={listed(setup.small_sizes)}",
         "FRAMEFLEET_DEVICE": "cpu" if tiny else "cuda",
         "FRAMEFLEET_FILE_ROOTS": str(work), "FRAMEFLEET_WORK_DIR": str(work / "scratch"),
         "FRAMEFLEET_MODEL_CACHE_GIB": "120", "FRAMEFLEET_DECODE_GRAPHS": "8",

@@ -10,7 +10,10 @@ do (``ModelCache.adopt``). Jobs then name those folders like any model. Real wei
 change no code path after the load, and no model can be downloaded where the soak runs.
 
 ``FRAMEFLEET_SOAK_MODELS``: ``preset=folder:tier,tier;preset=folder:tier`` (presets of
-``worker.generate.presets``; tiers ``exact`` and ``fp8``).
+``worker.generate.presets``; tiers ``exact`` and ``fp8``). ``FRAMEFLEET_SOAK_SIZES``:
+``preset=HxWxF,HxWxF;…``, the sizes each of its tiers is compiled for before the worker is
+ready (as ``FRAMEFLEET_WARMUP_GENERATE_SIZES`` does for the warm-up model): with a warm
+compile cache that is seconds, cold it is minutes a size.
 """
 
 from __future__ import annotations
@@ -68,10 +71,28 @@ def adopt_models(decoders: Any, text: str) -> dict[str, float]:
                                 boundary_ratio=p.config.boundary_ratio,
                                 expand_timesteps=p.config.expand_timesteps)
             decoders.models.adopt(folder, pipe8, "fp8")
+        _compile_sizes(decoders, preset, folder, tiers, dtype)
         seconds[preset] = round(time.perf_counter() - t0, 2)
         log.info("soak: %s resident at %s in %.1f s (random weights)", preset, tiers,
                  seconds[preset])
     return seconds
+
+
+def _compile_sizes(decoders: Any, preset: str, folder: Path, tiers: list[str],
+                   dtype: torch.dtype) -> None:
+    from worker.generate.folder import read_model
+    from worker.generate.warm import compile_size, parse_video_sizes
+
+    sizes = dict(item.split("=", 1) for item in
+                 filter(None, os.environ.get("FRAMEFLEET_SOAK_SIZES", "").split(";")))
+    info = read_model(folder)
+    for tier in tiers:
+        entry = decoders.models.get(folder, dtype, tier, info.pipeline)
+        for h, w, f in parse_video_sizes(sizes.get(preset, "")):
+            t0 = time.perf_counter()
+            compile_size(decoders.models, entry, info, h, w, f)
+            log.info("soak: %s %s compiled at %dx%dx%d in %.1f s", preset, tier, h, w, f,
+                     time.perf_counter() - t0)
 
 
 def _soak_warm_up(decoders: Any, settings: Any) -> Any:

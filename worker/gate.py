@@ -27,6 +27,17 @@ are not allowed to overlap them:
 
 Threads that only wait on events (the writer) or never touch CUDA (encoders, uploads) need
 nothing: waiting on an event that is not part of the capture is allowed.
+
+A second gate, ``TRACE``, of the same kind, keeps a background graph *build* (compiling,
+warming and capturing a decode size) apart from code a job runs through ``torch.compile``
+(the denoise's compiled transformer blocks, the warm-up's compile). While torch.compile
+traces on one thread, ``torch.fx`` replaces ``torch.nn.Module.__call__`` for the whole
+process: a compiled block called on another thread meanwhile raises "Detected that you are
+using FX to symbolically trace a dynamo-optimized function" (seen on an H200: a denoise died
+this way while a decode size compiled in the background). A denoise holds ``TRACE`` for its
+whole loop and never yields it: a build waits for the denoise to end (it then overlaps the
+job's decode, which runs no compiled code), and a denoise that starts during a build waits
+for the build to end. Eager decoding needs neither.
 """
 
 from __future__ import annotations
@@ -122,3 +133,5 @@ class CaptureGate:
 
 #: The process's gate: every capture and every job of this process go through it.
 GATE = CaptureGate()
+#: Builds (compile, warm, capture) against code that runs compiled (see the docstring).
+TRACE = CaptureGate()

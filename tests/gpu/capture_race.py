@@ -5,8 +5,8 @@ The main thread runs generate jobs back to back (tiny pipeline, compiled, each j
 device-wide synchronisations and an eager decode); a driver thread meanwhile asks a second
 decoder for new sizes one after another, so their graphs compile and capture on background
 threads while the jobs run. Each job's latents and segments must equal those of a job run with
-nothing in the background. ``--no-gate`` replaces the process's capture gate with one that lets
-every capture through at once (what the worker did before), to show the race is provoked.
+nothing in the background. ``--no-gate`` replaces the process's gates with ones that let every
+build and capture through at once (what the worker did before), to show the race is provoked.
 
   python -m tests.gpu.capture_race --reps 20 [--no-gate]   # prints one JSON line
 """
@@ -49,6 +49,7 @@ class NoGate(gate_module.CaptureGate):
 def run(reps: int, no_gate: bool, time_limit_s: float) -> dict[str, Any]:
     if no_gate:
         gate_module.GATE.__class__ = NoGate
+        gate_module.TRACE.__class__ = NoGate
     out: dict[str, Any] = {"reps": 0, "broken": 0, "mismatches": 0, "no_gate": no_gate}
     with tempfile.TemporaryDirectory() as tmp:
         fleet = Fleet(Path(tmp), ("exact",))
@@ -86,6 +87,7 @@ def run(reps: int, no_gate: bool, time_limit_s: float) -> dict[str, Any]:
                                   for h, w in SIZES)
         out["captures_failed"] = len(graphs._failed) + len(graphs._first_failed)
         out["captures_waited"] = gate_module.GATE.waits
+        out["builds_waited"] = gate_module.TRACE.waits
         out["capture_wait_s"] = round(gate_module.GATE.waited_s, 3)
     torch.cuda.synchronize(CUDA)
     return out

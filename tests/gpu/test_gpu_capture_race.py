@@ -36,5 +36,6 @@ def test_background_captures_never_break_or_change_a_job() -> None:
     assert result["mismatches"] == 0, result
     assert int(result["reps"]) >= 20  # type: ignore[call-overload]
     assert result["graphs_built"] == 6 and result["captures_failed"] == 0, result
-    # the race window was there: some capture had to wait for a job to reach a yield point
-    assert int(result["captures_waited"]) >= 1, result  # type: ignore[call-overload]
+    # the race window was there: some build or capture had to wait for a job
+    waited = int(result["captures_waited"]) + int(result["builds_waited"])  # type: ignore[call-overload]
+    assert waited >= 1, result

@@ -45,7 +45,7 @@ from worker.decoders.wan_capture import (
     steady_caches,
 )
 from worker.decoders.wan_step import Caches, WanStep, set_memory_format
-from worker.gate import GATE
+from worker.gate import GATE, TRACE
 
 __all__ = ["TUNING", "ChunkGraph", "ChunkGraphs", "Key", "steady_caches"]
 
@@ -138,7 +138,7 @@ class ChunkGraphs:
     def _prepare_steady(self, key: Key) -> ChunkGraph | None:
         # Parked while waiting: a background build holding the lock may be waiting for this
         # thread to leave the gate to capture.
-        with GATE.parked():
+        with GATE.parked(), TRACE.parked():
             self._build_lock.acquire()
         try:
             return self._prepare_steady_locked(key)
@@ -153,7 +153,8 @@ class ChunkGraphs:
             return graph
         t0 = time.perf_counter()
         try:
-            graph = self._capture(key)
+            with TRACE.capture():  # never while a job runs compiled code (worker.gate)
+                graph = self._capture(key)
         except Exception:  # a graph is an optimisation: the eager step stays correct
             log.exception("decode graph for %s not captured; this size stays eager", key)
             self._failed.add(key)
@@ -203,7 +204,7 @@ class ChunkGraphs:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return
-            with GATE.parked():  # the build may be waiting for this thread to capture
+            with GATE.parked(), TRACE.parked():  # the build may be waiting for this thread
                 alive[0].join(left)
 
     def _first_later(self, key: Key) -> threading.Thread | None:
@@ -246,7 +247,8 @@ class ChunkGraphs:
                     return
                 t0 = time.perf_counter()
                 try:
-                    first = self._capture_first(key, graph)
+                    with TRACE.capture():
+                        first = self._capture_first(key, graph)
                 except Exception:  # an optimisation: the eager first chunk stays correct
                     log.exception("first-chunk graph for %s not captured; it stays eager", key)
                     with self._lock:

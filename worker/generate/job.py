@@ -23,6 +23,7 @@ from producer.errors import JobCancelled, NonFiniteOutput
 from producer.settings import Settings
 from producer.spec import GenerateFacts, GenerateSpec, Progress
 from worker.devices import nonfinite, out_of_memory
+from worker.gate import TRACE
 from worker.generate.cache import ModelCache, Resident, module_bytes
 from worker.generate.conditions import Conditions, adapters_on, read_conditions
 from worker.generate.denoise import denoise
@@ -116,7 +117,8 @@ def _denoise(models: ModelCache, entry: Resident, info: ModelInfo, gen: Generate
     # image channels (Wan I2V 14B) change the transformer's inputs: its own compiled size
     size = (gen.num_frames, gen.height, gen.width, info.image_input if cond.i2v else "text")
     adapters_loaded = entry.adapters is not None and entry.adapters.any()
-    with size_stance(entry.sizes, entry.compiled, size, models.compiled_sizes,
+    # TRACE: no background decode build traces while compiled blocks run (``worker.gate``)
+    with TRACE.work(), size_stance(entry.sizes, entry.compiled, size, models.compiled_sizes,
                      eager=adapters_loaded,
                      transformers=tuple(transformers_of(entry.pipe))) as compiled, \
             step_cache(entry.pipe, gen.cache, gen.num_inference_steps), \
