@@ -21,8 +21,8 @@ from typing import Any
 
 from tests.services import REPO_ROOT, _Process, free_port
 
-#: The npm file the page serves (scripts/install-system-deps.sh puts it there).
-HLS_JS = REPO_ROOT / ".node" / "node_modules" / "hls.js" / "dist" / "hls.min.js"
+#: The hls.js the package ships and the page serves (the pinned npm file).
+HLS_JS = REPO_ROOT / "producer" / "api" / "static" / "hls.min.js"
 
 
 @dataclass(frozen=True)
