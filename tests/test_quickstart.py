@@ -210,7 +210,7 @@ def test_docs_api_runs_as_written_on_the_quickstart(tmp_path: Path) -> None:
     assert re.search(r"(?m)^completed 100 [\d.e-]+ cpu0@\S+ True$", sdk_out), sdk_out
     assert re.search(r"(?m)^video_\S+ completed$", sdk_out), sdk_out
     events = between(out, "--- native", "--- stop")
-    assert "event: end" in events and '"state":"SUCCESS"' in events, events
+    assert "event: end" in events and '"state": "SUCCESS"' in events, events
     noise = [line for line in out.splitlines() if any(n in line for n in NOISE)]
     assert not noise, noise
 
