@@ -8,15 +8,22 @@ loopback (its default), so ``/metrics`` stays a loopback-only route behind a pro
 
 from __future__ import annotations
 
+import sys
+
 from producer.settings import Settings
 
 
 def serve(settings: Settings) -> None:
-    """Build the app (failing fast on a bad keys file, model map or prefix) and serve it."""
+    """Build the app (failing fast on a bad keys file, model map or prefix) and serve it;
+    say at once when the page has no hls.js to play with (the API works without it)."""
     import uvicorn
 
     from producer.api.app import create_app
+    from producer.api.page import hls_js
 
     app = create_app(settings)
+    found = hls_js(settings)
+    if found.missing is not None:
+        sys.stderr.write(f"warning: the page at / cannot play videos: {found.missing}\n")
     uvicorn.run(app, host=str(settings.api_addr), port=settings.api_port, log_level="info",
                 server_header=False, timeout_graceful_shutdown=10)

@@ -70,7 +70,8 @@ def extras(view: View) -> dict[str, Any]:
         "cost_usd": cost.total_usd if cost is not None else None,
         "usd_per_video_minute": cost.usd_per_video_minute if cost is not None else None,
         "tier": rec.tier,
-        "worker": result.worker.hostname if result is not None else view.state.worker,
+        # the Celery node name (cpu0@host, gpu3@host), as the CLI and the ledger name it
+        "worker": result.worker.node if result is not None else view.state.worker,
         "random_weights": result.random_weights if result is not None else None,
         "frames": result.manifest.frames if result is not None else None,
     }

@@ -62,8 +62,9 @@ class ApiSettings(BaseModel):
     )
     api_hls_js: str | None = Field(
         default=None,
-        description="hls.min.js the page serves (the pinned npm file: .node/node_modules/"
-        "hls.js/dist/hls.min.js); unset: the page lists jobs but cannot play them",
+        description="another hls.min.js for the page to serve; unset: the one the package "
+        "ships (hls.js 1.7.4, producer/api/static/hls.min.js). A file that cannot be read "
+        "is named when framefleet api starts, and the page says it cannot play",
     )
     api_events_poll_s: float = Field(
         default=0.5, ge=0.05, le=10, description="how often a job's event stream reads its state"

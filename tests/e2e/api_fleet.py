@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import redis
 
-from tests.gateway import HLS_JS, GatewayProcess, Key, write_keys, write_models
+from tests.gateway import GatewayProcess, Key, write_keys, write_models
 from tests.services import S3Server, WorkerProcess
-from tests.worker.generate.tiny import save_tiny_model
+from worker.generate.tiny import write_tiny
 
 #: Seconds per pattern chunk (4 frames): a 40-latent-frame job runs ~6 s.
 CHUNK_S = 0.15
@@ -62,7 +62,9 @@ def api_fleet(tmp_path_factory: pytest.TempPathFactory, redis_url: str,
               s3: S3Server) -> Iterator[ApiFleet]:
     tmp = tmp_path_factory.mktemp("api")
     redis.Redis.from_url(redis_url).flushdb()
-    model = save_tiny_model(tmp / "tiny-wan")
+    # What framefleet models tiny writes: random weights, labelled so
+    model = tmp / "tiny-wan"
+    write_tiny(model, "t2v")
     bucket = f"ff-api-{secrets.token_hex(4)}"
     s3.client().create_bucket(Bucket=bucket)
     keys = write_keys(tmp / "keys.toml", {"acme": {"delete_outputs": True}, "evil": {},
@@ -86,7 +88,7 @@ def api_fleet(tmp_path_factory: pytest.TempPathFactory, redis_url: str,
         **common, "FRAMEFLEET_API_KEYS_FILE": str(tmp / "keys.toml"),
         "FRAMEFLEET_API_MODELS_FILE": str(models),
         "FRAMEFLEET_API_INPUT_PREFIX": f"s3://{bucket}/in",
-        "FRAMEFLEET_API_HLS_JS": str(HLS_JS), "FRAMEFLEET_API_EVENTS_POLL_S": "0.1"})
+        "FRAMEFLEET_API_EVENTS_POLL_S": "0.1"})  # the page's hls.js: the packaged one
     try:
         worker.start()
         gateway.start()

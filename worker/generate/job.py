@@ -103,7 +103,7 @@ def generate_latents(
         tier=gen.tier, cache=gen.cache.kind if gen.cache else "none",
         cache_params=gen.cache.model_dump(mode="json") if gen.cache else None,
         steps=gen.num_inference_steps, compiled=compiled, image=cond.image,
-        last_image=cond.last_image, loras=cond.loras)
+        last_image=cond.last_image, loras=cond.loras, random_weights=info.random_weights)
     return Generated(z, models.decoder(entry, tiled=lean), load_s, t2 - t1, t3 - t2, facts,
                      cond.adapter_load_s)
 

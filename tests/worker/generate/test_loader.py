@@ -198,3 +198,26 @@ def test_a_folder_of_configs_only_passes_once_its_pipeline_is_adopted(
     # … until the pipeline is resident: then the configs are still checked, no weights read
     ModelCache(torch.device("cpu"), 2**40).adopt(folder, pipe)
     assert model_folder(folder.as_uri(), settings) == folder.resolve()
+
+
+def test_the_random_weights_marker_is_read_like_any_file_of_the_folder(
+    tiny_model: Path, place: tuple[Path, Path, Settings]
+) -> None:
+    from worker.generate.tiny import RANDOM_MARKER
+
+    roots, outside, settings = place
+    model = Path(shutil.copytree(tiny_model, roots / "m"))
+    assert not read_model(model_folder(model.as_uri(), settings)).random_weights  # none
+    (model / RANDOM_MARKER).write_text('{"random_weights": false}')
+    assert not read_model(model_folder(model.as_uri(), settings)).random_weights
+    (model / RANDOM_MARKER).write_text('{"random_weights": true}')
+    assert read_model(model_folder(model.as_uri(), settings)).random_weights
+    (model / RANDOM_MARKER).write_text("noise")
+    with pytest.raises(InvalidJobError, match=f"{RANDOM_MARKER} is not valid JSON"):
+        read_model(model_folder(model.as_uri(), settings))
+    # A marker that leads outside the roots is refused like any other file of the folder
+    (outside / "marker.json").write_text('{"random_weights": true}')
+    (model / RANDOM_MARKER).unlink()
+    (model / RANDOM_MARKER).symlink_to(outside / "marker.json")
+    with pytest.raises(PathRefusedError):
+        model_folder(model.as_uri(), settings)
