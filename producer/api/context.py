@@ -24,7 +24,7 @@ from producer.api.catalog import load_catalog
 from producer.api.errors import not_found
 from producer.api.registry import Record, Registry
 from producer.api.store import Store
-from producer.api.video import View
+from producer.api.video import View, progress
 from producer.broker import redis_client
 from producer.client import Client
 from producer.client.jobstate import FINISHED
@@ -92,7 +92,10 @@ class Gateway:
         if js.finished:
             completed = self.registry.completed_at(rec)
             self.registry.release(rec.tenant, rec.job_id)
-        return View(rec, js, result, completed)
+        percent = progress(rec, js)
+        if percent < 100:
+            percent = self.registry.progress(rec, percent)
+        return View(rec, js, result, completed, percent)
 
     def finished(self, tenant: str, job_ids: Iterable[str]) -> list[str]:
         """Of ``tenant``'s ``job_ids``, those that ended (or that the fleet forgot)."""

@@ -3,7 +3,10 @@
 ``/readyz`` is ready when Redis answers and the output bucket can be listed. ``/metrics``
 (Prometheus text) answers loopback peers only, like every framefleet ``/metrics`` by default;
 to anyone else it does not exist. Series: requests by route template, method and status, and
-their latency.
+their latency. Every label value comes from a fixed set: the route is the matched template
+(or ``unmatched``), the method one of ``METHODS`` or ``other``, the status the one sent. A
+client-chosen method must never become a label: 2,000 requests with random 4 KB methods had
+grown ``/metrics`` to 16 MB before, and the gateway's memory with it.
 """
 
 from __future__ import annotations
@@ -21,6 +24,12 @@ from producer.api.errors import not_found
 from producer.api.store import parse
 
 router = APIRouter(include_in_schema=False)
+#: The methods counted by name; any other is counted as ``other``.
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+def method_label(method: str) -> str:
+    return method if method in METHODS else "other"
 
 
 class Metrics:
@@ -58,7 +67,7 @@ class _Count:
             await self.app(scope, receive, sending)
         finally:
             route = getattr(scope.get("route"), "path", "unmatched")
-            self.metrics.requests.labels(route, scope["method"], str(status)).inc()
+            self.metrics.requests.labels(route, method_label(scope["method"]), str(status)).inc()
             self.metrics.latency.labels(route).observe(time.perf_counter() - start)
 
 

@@ -3,7 +3,6 @@ Server-Sent Events stream and the job's files."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -14,10 +13,10 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 from producer.api.context import GatewayDep, TenantDep
 from producer.api.events import job_events
 from producer.api.files import serve
+from producer.api.jsonbody import parse_json
 from producer.api.registry import Record
 from producer.api.submit import submit_job
 from producer.api.video import job_object
-from producer.errors import ApiRequestError
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 _SPEC_DOC = ("A JobSpec (producer/spec.py) without tenant and output, which the gateway sets; "
@@ -31,10 +30,7 @@ _SPEC_DOC = ("A JobSpec (producer/spec.py) without tenant and output, which the 
 async def create_job(request: Request, gw: GatewayDep, tenant: TenantDep) -> dict[str, Any]:
     # Read here, not through a Body parameter: FastAPI turns any error while reading a body
     # into a 400, and an over-long body must stay the 413 that the limit raises.
-    try:
-        spec = json.loads(await request.body() or b"null")
-    except ValueError:
-        raise ApiRequestError(400, "invalid_json", "the body is not JSON") from None
+    spec = parse_json(await request.body())
     view = await run_in_threadpool(submit_job, gw, tenant, spec)
     return job_object(view)
 
@@ -64,8 +60,15 @@ async def events(gw: GatewayDep,
         yield e
 
 
-@router.get("/{job_id}/files/{name}", response_class=Response,
-            summary="A file of the job: index.m3u8, segment-NNNNN.mp4, full.mp4, manifest.json")
-def job_file(job_id: str, name: str, gw: GatewayDep, tenant: TenantDep,
+def job_file(job_id: str, name: str, request: Request, gw: GatewayDep, tenant: TenantDep,
              range_header: Annotated[str | None, Header(alias="range")] = None) -> Response:
-    return serve(gw, gw.lookup(tenant, job_id, "job"), name, range_header)
+    return serve(gw, gw.lookup(tenant, job_id, "job"), name, range_header,
+                 head=request.method == "HEAD")
+
+
+router.add_api_route(
+    "/{job_id}/files/{name}", job_file, methods=["GET"], response_class=Response,
+    summary="A file of the job: index.m3u8, segment-NNNNN.mp4, full.mp4, manifest.json")
+# HEAD: the same status and headers, no body (a route of its own: one operation id each).
+router.add_api_route("/{job_id}/files/{name}", job_file, methods=["HEAD"],
+                     response_class=Response, include_in_schema=False)
