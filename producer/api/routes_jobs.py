@@ -3,7 +3,7 @@ Server-Sent Events stream and the job's files."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Request, Response
@@ -15,6 +15,7 @@ from producer.api.events import job_events
 from producer.api.files import serve
 from producer.api.jsonbody import parse_json
 from producer.api.registry import Record
+from producer.api.streams import Slot
 from producer.api.submit import submit_job
 from producer.api.video import job_object
 
@@ -52,11 +53,22 @@ def _record(job_id: str, gw: GatewayDep, tenant: TenantDep) -> Record:
     return gw.lookup(tenant, job_id, "job")
 
 
+def _slot(gw: GatewayDep, tenant: TenantDep,
+          rec: Annotated[Record, Depends(_record)]) -> Iterator[Slot]:
+    # Taken before the stream starts (over the cap: a 429, not a stream), given back after
+    # the response ends: FastAPI closes a request's dependencies once it has been sent.
+    slot = gw.streams.open(tenant.name, tenant.max_streams)
+    try:
+        yield slot
+    finally:
+        slot.close()
+
+
 @router.get("/{job_id}/events", response_class=EventSourceResponse,
             summary="Server-Sent Events: state, segment, end")
-async def events(gw: GatewayDep,
-                 rec: Annotated[Record, Depends(_record)]) -> AsyncIterator[ServerSentEvent]:
-    async for e in job_events(gw, rec):
+async def events(gw: GatewayDep, rec: Annotated[Record, Depends(_record)],
+                 slot: Annotated[Slot, Depends(_slot)]) -> AsyncIterator[ServerSentEvent]:
+    async for e in job_events(gw, rec, slot):
         yield e
 
 
