@@ -40,12 +40,11 @@ def byte_range(header: str | None, size: int) -> tuple[int, int] | None:
         return None
     if match[1]:
         first = int(match[1])
-        last = int(match[2]) if match[2] else size - 1
-        if last < first:
+        if match[2] and int(match[2]) < first:
             return None  # invalid: ignored, like any other unusable Range
         if first >= size:
             raise _unsatisfiable(size)
-        return first, min(last, size - 1)
+        return first, min(int(match[2]) if match[2] else size - 1, size - 1)
     suffix = int(match[2])  # bytes=-N: the last N bytes
     if suffix == 0 or size == 0:
         raise _unsatisfiable(size)

@@ -93,7 +93,8 @@ def test_native_jobs_keep_the_model_maps_limits(api_fleet: ApiFleet,  # noqa: F8
 
 @pytest.mark.parametrize(("change", "param"), [
     ({"notify": {"urls": ["https://127.0.0.1/hook"]}}, "notify.urls[0]"),
-    ({"time_limit_s": 10**7}, "time_limit_s"),
+    ({"time_limit_s": 80_000}, "time_limit_s"),  # a valid spec; over the fleet's 6 h
+    ({"decoder": {"name": "wan2.1-vae"}}, "decoder.weights"),  # a Wan decoder needs weights
 ])
 def test_a_refused_native_job_leaves_no_record(api_fleet: ApiFleet, redis_url: str,  # noqa: F811
                                                change: dict[str, Any], param: str) -> None:
