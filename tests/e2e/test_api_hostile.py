@@ -45,9 +45,13 @@ def job(fleet: ApiFleet, job_id: str) -> tuple[int, Any]:
 
 def finishes(fleet: ApiFleet, job_id: str, timeout: float = 120) -> dict[str, Any]:
     """The job object once the job has ended."""
-    return wait_for(lambda: (lambda s, j: j if j.get("state") in
-                             ("SUCCESS", "FAILURE", "REVOKED") else None)(*job(fleet, job_id)),
-                    timeout, f"the end of {job_id}")
+
+    def probe() -> dict[str, Any] | None:
+        found: dict[str, Any] = job(fleet, job_id)[1]
+        return found if found.get("state") in ("SUCCESS", "FAILURE", "REVOKED") else None
+
+    ended: dict[str, Any] = wait_for(probe, timeout, f"the end of {job_id}")
+    return ended
 
 
 def no_trace(fleet: ApiFleet, redis_url: str, public: str) -> None:
