@@ -2,10 +2,12 @@
 replica (the same ``limits`` windows in Redis as the tenants' own limits), 429 with
 ``Retry-After`` beyond ``FRAMEFLEET_API_ANON_RATE_PER_MINUTE``.
 
-Without it, anyone could make the gateway serve the page, ``/readyz`` (a Redis ping and an S3
-list each), 401s and 404s as fast as they could send. A request with a valid key passes to
+Without it, anyone could make the gateway serve the page, 401s and 404s as fast as they could
+send. A request with a valid key passes to
 its tenant's own limit; one with a wrong key counts against its address like one without.
-``/healthz`` is exempt: it answers from memory, and a liveness probe must not depend on Redis.
+``/healthz`` and ``/readyz`` are exempt: a probe must never be told 429, liveness answers
+from memory, and readiness checks Redis and S3 at most once a second per replica however often
+it is asked.
 The client address is the peer's, or what a trusted proxy says
 (``FRAMEFLEET_API_TRUSTED_PROXIES``, applied by uvicorn before this runs).
 """
@@ -19,7 +21,7 @@ from producer.api.context import Gateway
 from producer.api.errors import respond
 from producer.errors import ApiRequestError
 
-EXEMPT = frozenset({"/healthz"})
+EXEMPT = frozenset({"/healthz", "/readyz"})
 
 
 class ClientLimit:

@@ -45,7 +45,8 @@ class ApiSettings(BaseModel):
     api_anon_rate_per_minute: int = Field(
         default=120, ge=1, le=1_000_000,
         description="requests one client address may make per minute without a valid key "
-        "(an IPv6 client: its /64), across every replica (429 beyond); /healthz is exempt",
+        "(an IPv6 client: its /64), across every replica (429 beyond); /healthz and /readyz "
+        "are exempt",
     )
     api_trusted_proxies: str = Field(
         default="127.0.0.1",

@@ -166,6 +166,12 @@ def test_progress_never_goes_back_after_a_cancel(api_fleet: ApiFleet) -> None:  
     assert video["error"]["code"] == "cancelled"
     assert seen == sorted(seen)
     assert job["percent"] >= max(seen) and video["progress"] >= max(seen), (seen, job)
+    # Sent again, the job runs anew: its new run counts, and finishes, on its own.
+    assert post_json(api_fleet.gateway.url, "/v1/jobs", api_fleet.keys["acme"],
+                     api_fleet.pattern_job("undo", uri))[0] == 200
+    again = ended(api_fleet, "undo")
+    assert (again["state"], again["percent"]) == ("SUCCESS", 100), again
+    assert again["completed_at"] > job["completed_at"]
 
 
 def open_stream(port: int, job_id: str, key: Any) -> tuple[http.client.HTTPConnection,

@@ -212,7 +212,7 @@ def test_requests_without_a_key_are_limited_per_address_across_replicas(
         statuses = [call(gw.url, "/v1/videos", headers=mallory)[0]
                     for gw in (a, b) * 10]  # 20 across both replicas: all spent
         assert statuses == [401] * 20
-        for path, headers in [("/v1/videos", mallory), ("/readyz", mallory), ("/", mallory),
+        for path, headers in [("/v1/videos", mallory), ("/", mallory),
                               ("/nowhere", mallory),
                               ("/v1/videos", {**mallory, "Authorization": "Bearer wrong"})]:
             status, got, body = call(b.url, path, headers=headers)
@@ -220,9 +220,10 @@ def test_requests_without_a_key_are_limited_per_address_across_replicas(
             assert 1 <= int(got["Retry-After"]) <= 60
 
             assert json.loads(body)["error"]["type"] == "rate_limit_error"
-        # Liveness stays exempt; another address and a valid key are not limited.
+        # Probes stay exempt; another address and a valid key are not limited.
         assert call(a.url, "/healthz", headers=mallory)[0] == 200
+        assert call(b.url, "/readyz", headers=mallory)[0] == 200
         assert call(a.url, "/v1/videos", headers={"X-Forwarded-For": "203.0.113.8"})[0] == 401
         assert call(a.url, "/v1/videos", api_fleet.keys["acme"], headers=mallory)[0] == 200
-        # The first replica's own peers (no proxy header) are counted as themselves.
-        assert call(a.url, "/readyz")[0] == 200
+        # The replicas' own peers (no proxy header) are counted as themselves.
+        assert call(a.url, "/v1/videos")[0] == 401
