@@ -183,17 +183,18 @@ def open_stream(port: int, job_id: str, key: Any) -> tuple[http.client.HTTPConne
 
 def test_event_streams_are_capped_per_tenant_across_replicas(
         api_fleet: ApiFleet, tmp_path: Path, redis_url: str) -> None:  # noqa: F811
-    uri = api_fleet.put_latents("acme", "watched", latent_frames=60)  # ~9 s
-    assert post_json(api_fleet.gateway.url, "/v1/jobs", api_fleet.keys["acme"],
-                     api_fleet.pattern_job("watched", uri))[0] == 200
     acme, r = api_fleet.keys["acme"], redis.Redis.from_url(redis_url)
     env = {"FRAMEFLEET_API_MAX_STREAMS": "2"}
     with replica(api_fleet, tmp_path, "sse-a", **env) as a, \
             replica(api_fleet, tmp_path, "sse-b", **env) as b:
+        # Sent once both replicas are up: its streams stay open while the test needs them.
+        uri = api_fleet.put_latents("acme", "watched", latent_frames=100)  # ~15 s
+        assert post_json(a.url, "/v1/jobs", acme, api_fleet.pattern_job("watched", uri))[0] == 200
         held = [open_stream(a.port, "watched", acme), open_stream(b.port, "watched", acme)]
         for _, resp in held:
             assert resp.status == 200 and resp.readline().startswith(b"event: ")
         conn, refused = open_stream(a.port, "watched", acme)
+        assert refused.status == 429, refused.status
         body = json.loads(refused.read())
         conn.close()
         assert refused.status == 429 and int(refused.getheader("Retry-After") or 0) >= 1
