@@ -18,6 +18,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from limits import RateLimitItemPerMinute
 from limits.storage import RedisStorage
 from limits.strategies import MovingWindowRateLimiter
+from redis.exceptions import RedisError
 
 from producer import keys
 from producer.api.auth import KeyRing, Tenant
@@ -69,8 +70,14 @@ class Gateway:
     def _spend(self, per_minute: int, who: str, what: str) -> None:
         """One request of ``who``'s ``per_minute``, or a 429 saying when one is free again."""
         item = RateLimitItemPerMinute(per_minute)
-        if not self.limiter.hit(item, who):
-            reset = self.limiter.get_window_stats(item, who).reset_time
+        try:
+            allowed = self.limiter.hit(item, who)
+            reset = 0.0 if allowed else self.limiter.get_window_stats(item, who).reset_time
+        except RedisError:
+            # The limits live in Redis: without it nothing can be counted, nor served.
+            raise ApiRequestError(503, "fleet_unavailable",
+                                  "the fleet's Redis does not answer") from None
+        if not allowed:
             wait = max(1, math.ceil(reset - time.time()))
             raise ApiRequestError(429, "rate_limit_exceeded",
                                   f"over {per_minute} requests per minute {what}",

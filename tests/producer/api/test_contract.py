@@ -5,7 +5,9 @@ the JSON depth bound, the metric labels, the new settings' ranges."""
 from __future__ import annotations
 
 import pytest
+from fastapi.testclient import TestClient
 
+from producer.api.app import create_app
 from producer.api.catalog import NATIVE_FIELDS, VIDEO_FIELDS, ModelEntry, check_limits
 from producer.api.context import client_network
 from producer.api.errors import error_type
@@ -16,6 +18,8 @@ from producer.api.ops import method_label
 from producer.client.jobstate import JobState
 from producer.errors import ApiRequestError, SettingsError
 from producer.settings import Settings
+from tests.gateway import Key
+from tests.services import free_port
 
 TINY = ModelEntry.model_validate({"folder": "/m/tiny", "size": "48x32", "seconds": "0.5",
                                   "steps": 2, "limits": {"max_pixels": 4096}})
@@ -120,3 +124,16 @@ def test_the_new_settings_are_range_checked(field: str, value: object) -> None:
         Settings(**{field: value})
     assert Settings(api_trusted_proxies="10.0.0.0/16, ::1").api_trusted_proxy_list == [
         "10.0.0.0/16", "::1"]
+
+
+def test_without_redis_a_request_is_a_503_in_the_one_shape(api_settings: Settings,
+                                                          keys: dict[str, Key]) -> None:
+    dead = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    settings = api_settings.model_copy(update={"broker_url": dead, "result_backend": dead})
+    with TestClient(create_app(settings)) as client:
+        for headers in (keys["acme"].headers, {}):  # a tenant's limit, an address's limit
+            r = client.get("/v1/videos", headers=headers)
+            assert r.status_code == 503, r.text
+            assert r.json()["error"]["code"] == "fleet_unavailable"
+        assert client.get("/healthz").status_code == 200
+        assert client.get("/readyz").status_code == 503
