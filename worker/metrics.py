@@ -128,12 +128,9 @@ TORCH_VRAM = Gauge(
     registry=WORKER_REGISTRY,
 )
 VRAM_AFTER_JOB = Gauge(
-    "framefleet_torch_vram_after_job_bytes",
-    "torch.cuda memory of this process when its last job ended: kind=allocated (tensors) or "
-    "reserved (held by the caching allocator).",
-    ["kind"],
-    registry=WORKER_REGISTRY,
-)
+    "framefleet_torch_vram_after_job_bytes", "torch.cuda memory of this process when its last "
+    "job ended: allocated (tensors) or reserved (caching allocator).", ["kind"],
+    registry=WORKER_REGISTRY)
 WORKER_READY = Gauge(
     "framefleet_worker_ready",
     "1 once this worker's warm-up decode sizes are compiled and captured; 0 while warming up.",
@@ -271,12 +268,10 @@ def observe_retry(kind: str, tenant: str, reason: str) -> None:
 
 def observe_vram_after_job() -> None:
     """Set ``framefleet_torch_vram_after_job_bytes`` (CUDA only; a no-op elsewhere)."""
-    torch = sys.modules.get("torch")
-    cuda = getattr(torch, "cuda", None)
-    if cuda is None or not cuda.is_initialized():
-        return
-    VRAM_AFTER_JOB.labels(kind="allocated").set(cuda.memory_allocated())
-    VRAM_AFTER_JOB.labels(kind="reserved").set(cuda.memory_reserved())
+    cuda = getattr(sys.modules.get("torch"), "cuda", None)
+    if cuda is not None and cuda.is_initialized():
+        VRAM_AFTER_JOB.labels(kind="allocated").set(cuda.memory_allocated())
+        VRAM_AFTER_JOB.labels(kind="reserved").set(cuda.memory_reserved())
 
 
 def observe_queue_wait(tenant: str, seconds: float) -> None:
