@@ -266,14 +266,6 @@ def observe_retry(kind: str, tenant: str, reason: str) -> None:
     RETRIES.labels(kind=kind, reason=reason, tenant=tenant).inc()
 
 
-def observe_vram_after_job() -> None:
-    """Set ``framefleet_torch_vram_after_job_bytes`` (CUDA only; a no-op elsewhere)."""
-    cuda = getattr(sys.modules.get("torch"), "cuda", None)
-    if cuda is not None and cuda.is_initialized():
-        VRAM_AFTER_JOB.labels(kind="allocated").set(cuda.memory_allocated())
-        VRAM_AFTER_JOB.labels(kind="reserved").set(cuda.memory_reserved())
-
-
 def observe_queue_wait(tenant: str, seconds: float) -> None:
     """Record how long a job waited in the queue before its first delivery started."""
     QUEUE_WAIT.labels(tenant=tenant).observe(max(0.0, seconds))
