@@ -18,8 +18,8 @@ The ``tenant`` label is capped by ``FRAMEFLEET_METRICS_TENANTS`` (others: ``othe
 from __future__ import annotations
 
 import logging
-import sys
 import secrets
+import sys
 import time
 from typing import Any
 
