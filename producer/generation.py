@@ -94,6 +94,13 @@ class LoraSpec(Frozen):
         return v
 
 
+class PreviewSpec(Frozen):
+    """Previews while the job denoises: one every ``every`` steps (after steps N, 2N, …), a
+    small MP4 of the model's current estimate of the video under ``previews/``; 0: none."""
+
+    every: int = Field(ge=0, le=10_000)
+
+
 #: How an input image becomes the job's frame size (``generate.image_resize``).
 ImageResize = Literal["crop", "pad", "stretch"]
 
@@ -157,6 +164,9 @@ class GenerateSpec(Frozen):
     loras: tuple[LoraSpec, ...] = Field(
         default=(), max_length=16, description="LoRA adapters and their scales (the worker's "
         "FRAMEFLEET_MAX_LORAS bounds them)")
+    preview: PreviewSpec | None = Field(
+        default=None, description="previews while denoising; None: the worker's "
+        "FRAMEFLEET_PREVIEW_EVERY")
 
     @field_validator("model")
     @classmethod
@@ -188,6 +198,10 @@ class GenerateSpec(Frozen):
         if self.loras and self.tier == "fp8":
             raise ValueError("loras run on the exact tier (peft does not wrap torchao's float8 "
                              "layers)")
+        if self.preview is not None and self.preview.every > self.num_inference_steps:
+            raise ValueError(f"preview.every: {self.preview.every} is more than "
+                             f"num_inference_steps {self.num_inference_steps}: no preview would "
+                             "be made (0 turns them off)")
         return self
 
     def speed_label(self) -> str:
@@ -198,7 +212,8 @@ class GenerateSpec(Frozen):
 #: ``generate`` fields added to schema 1 later, with the value that leaves them out of the
 #: digest: a spec that does not use them keeps the digest it always had.
 GENERATE_DEFAULTS: dict[str, Any] = {"tier": "exact", "cache": None, "image": None,
-                                     "last_image": None, "image_resize": "crop", "loras": ()}
+                                     "last_image": None, "image_resize": "crop", "loras": (),
+                                     "preview": None}
 
 
 def unset_generate_fields(gen: GenerateSpec) -> set[str]:

@@ -21,9 +21,34 @@ RESULT_SCHEMA_VERSION: Literal[2] = 2
 #: Where a job's time goes, in pipeline order: ``StageTimings`` has one ``{stage}_s`` field per
 #: name, the worker pipeline measures every one but ``load``, and metrics label by them.
 STAGE_NAMES: tuple[str, ...] = (
-    "load", "adapter_load", "text_encode", "denoise", "decode", "postprocess", "d2h", "encode",
-    "upload",
+    "load", "adapter_load", "text_encode", "denoise", "preview", "decode", "postprocess", "d2h",
+    "encode", "upload",
 )
+
+
+#: The newest preview of a job, beside ``previews/step-NNNN.mp4`` (:func:`preview_name`).
+PREVIEW_LATEST = "previews/latest.mp4"
+
+
+def preview_name(step: int) -> str:
+    """File name of the preview made after denoise step ``step``, in a job's output folder."""
+    return f"previews/step-{step:04d}.mp4"
+
+
+class PreviewInfo(Frozen):
+    """A preview of a generate job's video, made while it denoises: a small MP4 of the model's
+    estimate of the clean video after ``step`` (``previews/step-NNNN.mp4``; the newest is also
+    ``previews/latest.mp4``), without the VAE: noisy early, the video's layout and colours
+    later."""
+
+    step: int = Field(description="denoise steps done when it was made")
+    steps_total: int
+    uri: str = Field(description="previews/step-NNNN.mp4 under the job's output")
+    latest_uri: str = Field(description="previews/latest.mp4: always the newest whole preview")
+    width: int
+    height: int
+    frames: int = Field(description="one per latent frame")
+    fps: float
 
 
 class Progress(Frozen):
@@ -38,6 +63,7 @@ class Progress(Frozen):
     steps_done: int = 0
     steps_total: int = 0
     worker: str | None = None
+    preview: PreviewInfo | None = Field(default=None, description="the newest preview stored")
 
     @property
     def text(self) -> str:
@@ -47,11 +73,12 @@ class Progress(Frozen):
         return f"{self.frames_done}/{self.frames_total} frames"
 
     def describe(self) -> str:
-        """The stage in words: ``denoise 37/40``, ``decode 13/49 frames, 1 segment``,
+        """The stage in words: ``denoise 37/40`` (``…, preview at s3://…/step-0035.mp4``),
+        ``decode 13/49 frames, 1 segment``,
         ``upload: 49/49 frames decoded, 3 segments stored``."""
         segments = f"{self.segments_done} segment{'' if self.segments_done == 1 else 's'}"
         if self.stage == "denoise":
-            return self.text
+            return self.text + (f", preview at {self.preview.uri}" if self.preview else "")
         if self.stage == "upload":
             return f"upload: {self.text} decoded, {segments} stored"
         return f"decode {self.text}, {segments}"
@@ -74,6 +101,9 @@ class StageTimings(Frozen):
     adapter_load_s: float = Field(default=0.0, description="generate jobs: LoRAs loaded")
     text_encode_s: float = Field(default=0.0, description="generate jobs: prompt encoding")
     denoise_s: float = Field(default=0.0, description="generate jobs: the denoising loop")
+    preview_s: float = Field(
+        default=0.0, description="generate jobs: the previews' projection on the device (part "
+        "of the denoise) and their encode (on a writer thread)")
     decode_s: float = 0.0
     postprocess_s: float = 0.0
     d2h_s: float = 0.0
@@ -223,7 +253,8 @@ class GenerateFacts(Frozen):
     random_weights: bool = Field(
         default=False, description="the model folder is labelled random weights (written by "
         "framefleet models tiny): the video is noise")
-
+    preview_every: int = Field(default=0, description="a preview every N denoise steps; 0: off")
+    previews: int = Field(default=0, description="previews stored")
 
 
 class Manifest(Frozen):

@@ -31,10 +31,12 @@ from producer.generation import (  # the generate request, re-exported
     GenerateSpec,
     LoraSpec,
     MagCache,
+    PreviewSpec,
     TaylorSeerCache,
     unset_generate_fields,
 )
 from producer.results import (  # the result side, re-exported: every model of the wire
+    PREVIEW_LATEST,
     RESULT_SCHEMA_VERSION,
     STAGE_NAMES,
     CostReport,
@@ -44,6 +46,7 @@ from producer.results import (  # the result side, re-exported: every model of t
     JobResult,
     LoraFacts,
     Manifest,
+    PreviewInfo,
     Prices,
     Progress,
     SegmentInfo,
@@ -51,6 +54,7 @@ from producer.results import (  # the result side, re-exported: every model of t
     StageTimings,
     WorkerInfo,
     check_stage_fields,
+    preview_name,
 )
 from producer.wire import SCHEMA_VERSION, Frozen, check_uri
 
@@ -60,6 +64,7 @@ __all__ = [
     "DEFAULT_TENANT",
     "ID_RE",
     "KEY_SEP",
+    "PREVIEW_LATEST",
     "RANDOM_WEIGHTS",
     "RESULT_SCHEMA_VERSION",
     "SCHEMA_VERSION",
@@ -83,6 +88,8 @@ __all__ = [
     "NotifySpec",
     "OutputSpec",
     "PipelineSpec",
+    "PreviewInfo",
+    "PreviewSpec",
     "Prices",
     "Progress",
     "SegmentInfo",
@@ -96,6 +103,7 @@ __all__ = [
     "check_uri",
     "job_key",
     "parse_spec",
+    "preview_name",
     "segment_name",
     "split_key",
 ]
@@ -262,8 +270,9 @@ class PipelineSpec(Frozen):
     )
 
 
-#: What a job can notify: it started, a segment joined the live playlist, it ended.
-NotifyEvent = Literal["started", "segment", "succeeded", "failed", "cancelled"]
+#: What a job can notify: it started, a preview was stored (while denoising), a segment joined
+#: the live playlist, it ended.
+NotifyEvent = Literal["started", "preview", "segment", "succeeded", "failed", "cancelled"]
 
 
 class NotifySpec(Frozen):

@@ -94,6 +94,9 @@ STAGE_SECONDS = Histogram(
     registry=WORKER_REGISTRY,
 )
 FRAMES = Counter("framefleet_frames_total", "Frames decoded and encoded.", registry=WORKER_REGISTRY)
+PREVIEW_FAILURES = Counter("framefleet_preview_failures_total", "Previews not made or stored "
+                           "(the job went on; the next preview tried again).",
+                           registry=WORKER_REGISTRY)
 OUTPUT_BYTES = Counter(
     "framefleet_output_bytes_total", "Bytes of MP4 segments uploaded.", registry=WORKER_REGISTRY
 )

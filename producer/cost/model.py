@@ -76,22 +76,25 @@ def job_cost(
 
 
 #: The stages a CostReport splits a job into: GPU stages in job order, then S3.
-#: ``adapter_load`` (LoRAs loaded) is listed only when a job spent time on it.
-COST_STAGES = ("adapter_load", "text_encode", "denoise", "decode", "s3")
+#: ``adapter_load`` (LoRAs loaded) and ``preview`` (previews made while denoising) are listed
+#: only when a job spent time on them.
+COST_STAGES = ("adapter_load", "text_encode", "denoise", "preview", "decode", "s3")
 #: The GPU stages a job names its seconds of; ``decode`` is the rest of the GPU time.
-NAMED_STAGES = ("adapter_load", "text_encode", "denoise")
+NAMED_STAGES = ("adapter_load", "text_encode", "denoise", "preview")
+#: Named stages listed only when a job spent time on them.
+OPTIONAL_STAGES = ("adapter_load", "preview")
 
 
 def with_stages(report: CostReport, seconds: Mapping[str, float]) -> CostReport:
     """``report`` with its ``stages``: what each stage cost and its share of the total.
 
     ``seconds`` gives the GPU-seconds of ``text_encode`` and ``denoise`` (generate jobs; 0 or
-    missing for decode jobs), and of ``adapter_load`` when LoRAs were loaded (listed only
-    then). ``decode`` is the rest of the GPU time the job held: loading,
-    decoding and the encode/upload tail it waited for. GPU $ is split in proportion to
-    seconds; ``s3`` is the PUT $ plus one month of storage. Shares add up to 1 (0 when the
-    total is 0). Raises ``ValueError`` for an unknown stage, a negative value, or named
-    stages longer than the job's GPU time.
+    missing for decode jobs), and of ``adapter_load`` when LoRAs were loaded and ``preview``
+    when previews were made (each listed only then). ``decode`` is the rest of the GPU time
+    the job held: loading, decoding and the encode/upload tail it waited for. GPU $ is split
+    in proportion to seconds; ``s3`` is the PUT $ plus one month of storage. Shares add up to
+    1 (0 when the total is 0). Raises ``ValueError`` for an unknown stage, a negative value,
+    or named stages longer than the job's GPU time.
     """
     named = 0.0
     for stage, value in seconds.items():
@@ -113,7 +116,7 @@ def with_stages(report: CostReport, seconds: Mapping[str, float]) -> CostReport:
     stages = tuple(
         StageCost(stage=stage, gpu_seconds=gpu.get(stage, 0.0), usd=usd[stage],
                   share=usd[stage] / total if total > 0 else 0.0)
-        for stage in COST_STAGES if stage != "adapter_load" or gpu["adapter_load"] > 0
+        for stage in COST_STAGES if stage not in OPTIONAL_STAGES or gpu[stage] > 0
     )
     return report.model_copy(update={"stages": stages})
 

@@ -11,6 +11,11 @@ class GenerationSettings(BaseModel):
     max_denoise_steps: int = Field(
         default=100, ge=1, le=10_000, description="reject generate jobs with more steps"
     )
+    preview_every: int = Field(
+        default=0, ge=0, le=10_000,
+        description="a preview every N denoise steps for generate jobs that do not say "
+        "(generate.preview); 0: none",
+    )
     warmup_model: str | None = Field(
         default=None,
         description="local diffusers Wan folder (path or file:// URI) loaded when a worker "

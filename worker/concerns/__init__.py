@@ -2,8 +2,8 @@
 
 The task body (``worker.tasks``) only parses, claims, leases and runs; everything a run needs
 around it (progress, cancel and preemption, the worker-loss cap, the OOM fallback, retries,
-metrics, ending the live playlist, webhooks, the ledger record of its end, the memory guard) is
-a concern, in the manner of Dramatiq's middleware.
+metrics, failed previews, ending the live playlist, webhooks, the ledger record of its end, the
+memory guard) is a concern, in the manner of Dramatiq's middleware.
 
 The interface (``worker.concerns.base``):
 
@@ -51,6 +51,7 @@ from worker.concerns.metrics import JobMetrics
 from worker.concerns.notify import Notifications
 from worker.concerns.oom import OomFallback
 from worker.concerns.playlist import EndPlaylist
+from worker.concerns.previews import PreviewFailures
 from worker.concerns.progress import ProgressReport
 from worker.concerns.retries import Retries
 
@@ -63,6 +64,7 @@ CONCERNS: tuple[type[Concern], ...] = (
     OomFallback,
     Retries,
     JobMetrics,
+    PreviewFailures,
     EndPlaylist,  # before Notifications: a `failed` webhook finds the playlist ended
     Notifications,
     JobLedger,  # the record of the end, once the webhooks are on their way

@@ -1,9 +1,10 @@
 """Notifications: the job's webhooks (``JobSpec.notify``), sent by ``worker.sinks.webhooks``.
 
-``started`` once the run begins, ``segment`` as each segment is listed in the live playlist,
-then one of ``succeeded``, ``failed`` or ``cancelled`` when the run's end is decided. A retry or
-a requeue is no end: its next run sends ``started`` again (with a higher ``attempt``). Delivery
-runs on the process's notifier threads: it never blocks nor fails the job.
+``started`` once the run begins, ``preview`` as each preview is stored (while it denoises),
+``segment`` as each segment is listed in the live playlist, then one of ``succeeded``,
+``failed`` or ``cancelled`` when the run's end is decided. A retry or a requeue is no end: its
+next run sends ``started`` again (with a higher ``attempt``). Delivery runs on the process's
+notifier threads: it never blocks nor fails the job.
 
 Webhooks are configured on both sides or refused: a job that asks for them on a worker without
 ``FRAMEFLEET_WEBHOOK_SECRET`` (which signs every event; nothing is ever sent unsigned) fails at
@@ -40,6 +41,7 @@ class Notifications(Concern):
         if self.events is None:
             return
         self.run.segment_hooks.append(self.events.segment)
+        self.run.preview_hooks.append(self.events.preview)
         self.events.started(self.node)
 
     def on_outcome(self, outcome: Outcome) -> None:

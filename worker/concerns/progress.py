@@ -33,8 +33,9 @@ class ProgressReport(Concern):
         if not self.every.due(final=p.frames_done == p.frames_total):
             return
         try:
-            # The worker's name goes with every report: `status` says where a job runs.
-            meta = p.model_copy(update={"worker": self.node}).model_dump()
+            # The worker's name goes with every report: `status` says where a job runs. Unset
+            # fields (no preview) stay out: a client older than them still reads the rest.
+            meta = p.model_copy(update={"worker": self.node}).model_dump(exclude_none=True)
             self.task.update_state(state="PROGRESS", meta=meta)
         except REDIS_DOWN as e:
             log.warning("job %s: progress not stored: %s", self.run.spec.key, e)

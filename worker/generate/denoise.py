@@ -3,7 +3,9 @@
 framefleet adds only what a fleet job needs around it: a fresh scheduler per job (from the
 model's config, with the spec's flow shift), the spec's boundary between two experts, a seeded
 ``torch.Generator``, and ``callback_on_step_end`` for progress and cooperative cancellation
-(diffusers' ``_interrupt`` flag: the remaining steps are skipped). The sampler is diffusers'.
+(diffusers' ``_interrupt`` flag: the remaining steps are skipped); with previews, a watch on
+the job's scheduler that reads the x0 estimate (``worker.generate.preview``). The sampler is
+diffusers'.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 
 from producer.spec import GenerateSpec
 from worker.generate.folder import ModelInfo
+from worker.generate.preview import Previews, attach
 
 
 def job_pipeline(pipe: Any, gen: GenerateSpec, info: ModelInfo, i2v: bool = False) -> Any:
@@ -56,13 +59,16 @@ def denoise(
     pipe: Any, gen: GenerateSpec, info: ModelInfo,
     positive: torch.Tensor, negative: torch.Tensor | None,
     step: Callable[[int, int], None], cancelled: Callable[[], bool],
-    images: dict[str, Any] | None = None,
+    images: dict[str, Any] | None = None, previews: Previews | None = None,
 ) -> tuple[torch.Tensor, bool]:
     """Run the loop; returns (latents (1, C, T, h, w) normalised as the transformer sees them,
     whether it was cancelled). ``step(done, total)`` is called after every step. ``images``
-    (``image``, ``last_image``: sized PIL images) make it diffusers' image-to-video call."""
+    (``image``, ``last_image``: sized PIL images) make it diffusers' image-to-video call.
+    ``previews`` get the model's x0 estimate after the steps they want."""
     images = images or {}
     run = job_pipeline(pipe, gen, info, i2v="image" in images)
+    if previews is not None:
+        attach(previews, run, gen, info, positive.device)
     stopped = False
 
     def on_step_end(p: Any, i: int, t: Any, kwargs: dict[str, Any]) -> dict[str, Any]:

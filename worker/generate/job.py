@@ -29,6 +29,7 @@ from worker.generate.conditions import Conditions, adapters_on, read_conditions
 from worker.generate.denoise import denoise
 from worker.generate.folder import ModelInfo, check_request, model_folder, read_model
 from worker.generate.handoff import vae_latents
+from worker.generate.preview import Previews
 from worker.generate.stepcache import check_cache, step_cache
 from worker.generate.text import encode_prompt
 from worker.generate.tiers import check_tier, size_stance, transformers_of
@@ -66,9 +67,10 @@ def _host_text_encoder(entry: Resident) -> None:
 def generate_latents(
     gen: GenerateSpec, models: ModelCache, settings: Settings, *, job_id: str,
     progress: Callable[[Progress], None], cancelled: Callable[[], bool], lean: bool = False,
+    previews: Previews | None = None,
 ) -> Generated:
     """Validate against the model folder, load (or reuse) the model, read the job's images and
-    LoRAs, encode, denoise."""
+    LoRAs, encode, denoise (making ``previews``, if given)."""
     t0 = time.perf_counter()
     info = read_model(model_folder(gen.model, settings))
     check_request(gen, info, settings)
@@ -94,7 +96,7 @@ def generate_latents(
         t2 = time.perf_counter()
         step(0, gen.num_inference_steps)
         z, compiled = _denoise(models, entry, info, gen, cond, positive, negative, step,
-                               cancelled, job_id)
+                               cancelled, job_id, previews)
         del positive, negative
         t3 = time.perf_counter()
     except torch.OutOfMemoryError as e:
@@ -111,7 +113,7 @@ def generate_latents(
 def _denoise(models: ModelCache, entry: Resident, info: ModelInfo, gen: GenerateSpec,
              cond: Conditions, positive: torch.Tensor, negative: torch.Tensor | None,
              step: Callable[[int, int], None], cancelled: Callable[[], bool],
-             job_id: str) -> tuple[torch.Tensor, bool]:
+             job_id: str, previews: Previews | None = None) -> tuple[torch.Tensor, bool]:
     """The denoise with the job's tier (compiled or not), step cache and adapters; the
     latents in VAE space and whether the transformer ran compiled."""
     # image channels (Wan I2V 14B) change the transformer's inputs: its own compiled size
@@ -124,7 +126,7 @@ def _denoise(models: ModelCache, entry: Resident, info: ModelInfo, gen: Generate
             step_cache(entry.pipe, gen.cache, gen.num_inference_steps), \
             adapters_on(entry, cond):
         latents, stopped = denoise(entry.pipe, gen, info, positive, negative, step, cancelled,
-                                   images=cond.call)
+                                   images=cond.call, previews=previews)
     if stopped:
         raise JobCancelled(f"job {job_id} cancelled while denoising")
     z = vae_latents(entry.pipe.vae, latents)

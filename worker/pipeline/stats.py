@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 
 from producer.spec import STAGE_NAMES, check_stage_fields
 
-#: Stages the runner times before the pipeline starts: loading the latents, or generating them.
-BEFORE_PIPELINE = ("load", "adapter_load", "text_encode", "denoise")
+#: Stages the runner times, not the pipeline: loading the latents, or generating them (and the
+#: previews made while denoising, timed by their writer).
+BEFORE_PIPELINE = ("load", "adapter_load", "text_encode", "denoise", "preview")
 #: The stages the pipeline measures: every other stage.
 PIPELINE_STAGES = tuple(s for s in STAGE_NAMES if s not in BEFORE_PIPELINE)
 

@@ -15,6 +15,7 @@ from producer.spec import JobResult, JobSpec, Manifest, StageTimings, WorkerInfo
 from producer.weights import uses_random_weights
 from worker.generate.handoff import LATENTS_FILE, latents_file
 from worker.pipeline import PipelineReport
+from worker.run.previews import PreviewPublisher
 from worker.run.publish import SegmentPublisher
 from worker.run.run import Run
 from worker.run.source import Latents
@@ -48,9 +49,14 @@ def reused_output(out: JobOutput, spec: JobSpec, info: WorkerInfo,
 
 def finish(run: Run, out: JobOutput, latents: Latents, report: PipelineReport,
            publisher: SegmentPublisher, full_uri: str | None, info: WorkerInfo,
-           t0: float) -> JobResult:
-    """Save the latents if asked, end the playlist, write the manifest LAST, and account."""
+           t0: float, previews: PreviewPublisher | None = None) -> JobResult:
+    """Save the latents if asked, end the playlist, write the manifest LAST, and account
+    (``previews``: the run's preview writer, closed)."""
     spec = run.spec
+    if previews is not None and latents.facts is not None:
+        latents.seconds["preview"] = previews.seconds
+        latents.facts = latents.facts.model_copy(update={
+            "preview_every": previews.every, "previews": previews.published})
     latents_uri = None
     if spec.generate is not None and spec.generate.save_latents:
         latents_uri = out.put_bytes(LATENTS_FILE, latents_file(latents.tensor),
@@ -74,10 +80,22 @@ def finish(run: Run, out: JobOutput, latents: Latents, report: PipelineReport,
                            wall_s=wall, gpu_busy_ratio=stats.gpu_busy_ratio)
     cost = None
     if run.cost is not None:
-        stored = sum(s.bytes for s in segments)
-        cost = with_stages(run.cost(spec, wall, out.puts, stored, manifest.video_seconds),
-                           {k: latents.seconds.get(k, 0.0) for k in NAMED_STAGES})
+        stored = sum(s.bytes for s in segments) + (previews.stored_bytes if previews else 0)
+        direct = run.cost(spec, wall, out.puts, stored, manifest.video_seconds)
+        cost = with_stages(direct, _cost_seconds(latents, previews, direct.gpu_seconds))
         if latents.facts is not None:
             cost = with_denoise(cost, latents.facts, latents.seconds.get("denoise", 0.0))
     return JobResult(manifest=manifest, manifest_uri=manifest_uri, timings=timings, worker=info,
                      cost=cost, finished_at=time.time())
+
+
+def _cost_seconds(latents: Latents, previews: PreviewPublisher | None,
+                  gpu_seconds: float) -> dict[str, float]:
+    """GPU-seconds per named cost stage. The previews' projection ran inside the denoise: it
+    moves from ``denoise`` to ``preview``, with the encodes (which overlap the decode), within
+    what the job held."""
+    seconds = {k: latents.seconds.get(k, 0.0) for k in NAMED_STAGES if k != "preview"}
+    if previews is not None and previews.seconds > 0:
+        seconds["denoise"] = max(0.0, seconds.get("denoise", 0.0) - previews.gpu_s)
+        seconds["preview"] = min(previews.seconds, max(0.0, gpu_seconds - sum(seconds.values())))
+    return seconds

@@ -7,6 +7,8 @@ playlist it opened). The run's three parts call it back:
 
 - the latents source (``worker.run.source``) reports denoise steps and polls for cancellation
   (and the guards);
+- the preview writer (``worker.run.previews``) announces each preview it stored, and each
+  that failed; every progress report after one carries the newest;
 - the segment publisher (``worker.run.publish``) announces each segment the live playlist
   lists, and leaves the playlist on the run (so a concern can end it early);
 - the pipeline reports frames and polls for cancellation between chunks.
@@ -19,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from producer.settings import Settings, get_settings
-from producer.spec import CostReport, JobSpec, Progress, SegmentInfo
+from producer.spec import CostReport, JobSpec, PreviewInfo, Progress, SegmentInfo
 from worker.gate import GATE
 
 if TYPE_CHECKING:
@@ -54,8 +56,16 @@ class Run:
     segment_hooks: list[Callable[[SegmentInfo, Progress], None]] = field(default_factory=list)
     #: The job's live playlist, once this run's publisher opened it.
     playlist: LivePlaylist | None = None
+    #: Called with each preview once it is stored, in step order (on the preview writer).
+    preview_hooks: list[Callable[[PreviewInfo], None]] = field(default_factory=list)
+    #: Called with the error of each preview that could not be made or stored (the run goes on).
+    preview_failure_hooks: list[Callable[[BaseException], None]] = field(default_factory=list)
+    #: The newest preview stored: every progress report from then on carries it.
+    preview: PreviewInfo | None = None
 
     def report(self, progress: Progress) -> None:
+        if self.preview is not None and progress.preview is None:
+            progress = progress.model_copy(update={"preview": self.preview})
         for hook in self.progress_hooks:
             hook(progress)
 
@@ -70,3 +80,12 @@ class Run:
     def segment_landed(self, seg: SegmentInfo, progress: Progress) -> None:
         for hook in self.segment_hooks:
             hook(seg, progress)
+
+    def preview_landed(self, preview: PreviewInfo) -> None:
+        self.preview = preview
+        for hook in self.preview_hooks:
+            hook(preview)
+
+    def preview_failed(self, error: BaseException) -> None:
+        for hook in self.preview_failure_hooks:
+            hook(error)

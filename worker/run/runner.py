@@ -24,6 +24,7 @@ from worker.generate.job import tier_name
 from worker.pipeline import PipelineReport, run_pipeline
 from worker.run.decoders import DecoderCache
 from worker.run.finish import finish, reused_output
+from worker.run.previews import PreviewPublisher
 from worker.run.publish import SegmentPublisher
 from worker.run.run import Run
 from worker.run.source import Latents, latents_for
@@ -49,12 +50,16 @@ def _run(spec: JobSpec, decoders: DecoderCache, run: Run) -> JobResult:
     earlier = reused_output(out, spec, info, t0)
     if earlier is not None:
         return earlier
-    latents = latents_for(run, decoders)
-    publisher = SegmentPublisher(run, out, frames_for_latents(latents.tensor.shape[1]))
-    with tempfile.TemporaryDirectory(prefix="framefleet-", dir=run.settings.work_dir) as tmp:
-        report = _decode(run, latents, publisher, Path(tmp))
-        full_uri = publisher.stitch(Path(tmp)) if spec.video.stitch else None
-    result = finish(run, out, latents, report, publisher, full_uri, info, t0)
+    # Previews are written while the job denoises and decodes; their writer ends before the
+    # manifest, and on an error or a cancel with what it still holds dropped.
+    with PreviewPublisher.for_run(run, out) as previews:
+        latents = latents_for(run, decoders, previews.previews())
+        publisher = SegmentPublisher(run, out, frames_for_latents(latents.tensor.shape[1]))
+        with tempfile.TemporaryDirectory(prefix="framefleet-", dir=run.settings.work_dir) as tmp:
+            report = _decode(run, latents, publisher, Path(tmp))
+            full_uri = publisher.stitch(Path(tmp)) if spec.video.stitch else None
+        previews.close()
+        result = finish(run, out, latents, report, publisher, full_uri, info, t0, previews)
     del latents  # the decoder's tensors go before the next job's
     return result
 

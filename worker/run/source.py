@@ -16,6 +16,7 @@ import torch
 from producer.spec import GenerateFacts, GenerateSpec, InputSpec
 from worker.decoders.base import ChunkDecoder
 from worker.generate import generate_latents
+from worker.generate.preview import Previews
 from worker.inputs.latents import load_latents
 from worker.run.decoders import DecoderCache
 from worker.run.run import Run
@@ -34,10 +35,11 @@ class Latents:
     facts: GenerateFacts | None = None
 
 
-def latents_for(run: Run, decoders: DecoderCache) -> Latents:
-    """The run's latents: generated when the spec has ``generate``, else loaded."""
+def latents_for(run: Run, decoders: DecoderCache, previews: Previews | None = None) -> Latents:
+    """The run's latents: generated when the spec has ``generate`` (making ``previews`` while
+    it denoises, if given), else loaded."""
     if run.spec.generate is not None:
-        return _generated(run, run.spec.generate, decoders)
+        return _generated(run, run.spec.generate, decoders, previews)
     assert run.spec.input is not None  # JobSpec: exactly one of input and generate
     return _loaded(run, run.spec.input, decoders)
 
@@ -51,11 +53,12 @@ def _loaded(run: Run, source: InputSpec, decoders: DecoderCache) -> Latents:
     return Latents(decoder, tensor, {"load": time.perf_counter() - t0})
 
 
-def _generated(run: Run, gen: GenerateSpec, decoders: DecoderCache) -> Latents:
+def _generated(run: Run, gen: GenerateSpec, decoders: DecoderCache,
+               previews: Previews | None) -> Latents:
     # Prompt in: the latents are denoised here and stay on the GPU for the decoder.
     out = generate_latents(
         gen, decoders.models, run.settings, job_id=run.spec.job_id, progress=run.report,
-        cancelled=run.cancelled, lean=run.tiled,
+        cancelled=run.cancelled, lean=run.tiled, previews=previews,
     )
     return Latents(out.decoder, out.latents, {
         "load": out.load_s, "adapter_load": out.adapter_load_s,

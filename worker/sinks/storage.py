@@ -29,6 +29,8 @@ from producer.wire import Location, decode_uri
 from worker.inputs.paths import confine, os_error, read_local, writable_target
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+#: The folders of a job's output (beside its top-level files): ``previews/step-0005.mp4``.
+OUTPUT_FOLDERS = ("previews",)
 #: Never in a key a store is handed (the same rule as ``producer.wire.decode_uri``).
 UNSAFE_KEY = re.compile(r"[\x00-\x1f\x7f\\%?#]")
 RETRYABLE_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
@@ -286,7 +288,8 @@ def read_uri(uri: str, max_bytes: int, settings: Settings | None = None,
 
 
 class JobOutput:
-    """The only way a job writes: plain names under ``{output}/{tenant}/{job_id}/``."""
+    """The only way a job writes: plain names under ``{output}/{tenant}/{job_id}/``, or in one
+    of its :data:`OUTPUT_FOLDERS` there."""
 
     def __init__(self, prefix_uri: str, settings: Settings | None = None) -> None:
         self.store, self.prefix = open_uri(prefix_uri, settings, "output.uri")
@@ -294,7 +297,9 @@ class JobOutput:
         self._lock = threading.Lock()  # segments upload from several encoder threads
 
     def key(self, name: str) -> str:
-        if not NAME_RE.fullmatch(name) or ".." in name:
+        folder, _, base = name.rpartition("/")
+        if (folder and folder not in OUTPUT_FOLDERS) or not NAME_RE.fullmatch(base) or (
+                ".." in base):
             raise InvalidJobError(f"output name {name!r} is not a plain file name")
         return f"{self.prefix}/{name}" if self.prefix else name
 

@@ -34,7 +34,7 @@ from typing import Any
 
 from producer.errors import InvalidJobError
 from producer.settings import Settings, get_settings
-from producer.spec import JobResult, JobSpec, NotifyEvent, Progress, SegmentInfo
+from producer.spec import JobResult, JobSpec, NotifyEvent, PreviewInfo, Progress, SegmentInfo
 from producer.webhooks import (
     DELIVERY_HEADER,
     EVENT_HEADER,
@@ -167,6 +167,11 @@ class JobEvents:
 
     def started(self, node: str) -> None:
         self.emit("started", {"worker": node, "spec_digest": self.spec.digest()})
+
+    def preview(self, preview: PreviewInfo) -> None:
+        """A preview was stored (a ``Run.preview_hooks`` entry): only for receivers that ask
+        for ``preview`` events."""
+        self.emit("preview", {"preview": preview.model_dump(mode="json")})
 
     def segment(self, seg: SegmentInfo, progress: Progress) -> None:
         """Segment ``seg`` joined the live playlist (a ``Run.segment_hooks`` entry)."""
