@@ -3,6 +3,9 @@
 Events, each with a rising ``id``:
 
 - ``state``: the native job object, whenever the state or the progress changed;
+- ``preview``: ``{step, steps_total, url, latest_url, width, height, frames, fps}`` for the
+  newest preview of a generate job (while it denoises, before its first segment), each step
+  once, in step order (a preview replaced between two reads is not sent);
 - ``segment``: ``{index, url}`` for each segment that joined the live playlist (counted by
   the worker's progress; the manifest's segments on success), in order, each once;
 - ``end``: the final job object (SUCCESS, FAILURE or REVOKED); then the stream closes.
@@ -26,14 +29,22 @@ from producer.api.context import Gateway
 from producer.api.registry import Record
 from producer.api.streams import RENEW_S, Slot
 from producer.api.video import job_object
-from producer.spec import segment_name
+from producer.spec import PREVIEW_LATEST, PreviewInfo, preview_name, segment_name
 
 KEEPALIVE_S = 15.0
 
 
+def preview_data(rec: Record, p: PreviewInfo) -> dict[str, Any]:
+    """A ``preview`` event: the preview's step, size and its files under the job's URL."""
+    files = f"/v1/jobs/{rec.id}/files"
+    return {"step": p.step, "steps_total": p.steps_total, "url": f"{files}/{preview_name(p.step)}",
+            "latest_url": f"{files}/{PREVIEW_LATEST}", "width": p.width, "height": p.height,
+            "frames": p.frames, "fps": p.fps}
+
+
 async def job_events(gw: Gateway, rec: Record, slot: Slot) -> AsyncIterator[ServerSentEvent]:
     """The events of ``rec``'s job, holding ``slot`` (renewed) while the stream is open."""
-    seq, sent_segments, last_key = 0, 0, None
+    seq, sent_segments, sent_preview, last_key = 0, 0, 0, None
     quiet_since = renewed = time.monotonic()
 
     def event(kind: str, data: Any) -> ServerSentEvent:
@@ -60,6 +71,10 @@ async def job_events(gw: Gateway, rec: Record, slot: Slot) -> AsyncIterator[Serv
             last_key = key
             yield event("state", obj)
         if js.progress is not None:
+            shown = js.progress.preview
+            if shown is not None and shown.step > sent_preview:
+                sent_preview = shown.step
+                yield event("preview", preview_data(rec, shown))
             for e in segments(js.progress.segments_done):
                 yield e
         if js.finished:

@@ -1,5 +1,5 @@
-"""Serve a job's files (the MP4, its segments, the live playlist, the manifest) from the
-store: streamed by the gateway with HTTP Range, or as a redirect to a presigned S3 URL
+"""Serve a job's files (the MP4, its segments, the live playlist, the manifest, the previews)
+from the store: streamed by the gateway with HTTP Range, or as a redirect to a presigned S3 URL
 (``FRAMEFLEET_API_CONTENT``). HEAD answers the same status and headers as GET, without a body.
 
 Only the names a job writes are served, and only under the fleet's output prefix. Range
@@ -23,8 +23,12 @@ from producer.api.errors import not_found
 from producer.api.registry import Record
 from producer.api.store import Obj, parse, under
 from producer.errors import ApiRequestError
+from producer.spec import PREVIEW_LATEST
 
-NAME_RE = re.compile(r"^(index\.m3u8|manifest\.json|full\.mp4|segment-[0-9]{5}\.mp4)$")
+NAME_RE = re.compile(r"^(index\.m3u8|manifest\.json|full\.mp4|segment-[0-9]{5}\.mp4|"
+                     r"previews/(latest|step-[0-9]{4,5})\.mp4)$")
+#: Files a job replaces while it runs: never cached, never redirected to a presigned URL.
+LIVE = {"index.m3u8", PREVIEW_LATEST}
 TYPES = {".m3u8": "application/vnd.apple.mpegurl", ".json": "application/json",
          ".mp4": "video/mp4"}
 # Any number of digits is a valid position; past 100 the header is not a client's mistake.
@@ -90,7 +94,7 @@ def serve(gw: Gateway, rec: Record, name: str, range_header: str | None,
     if not under(uri, gw.output_prefix):
         raise not_found("file")
     obj = parse(uri)
-    live = name == "index.m3u8"
+    live = name in LIVE
     media_type = TYPES[name[name.rindex("."):]]
     if gw.settings.api_content == "redirect" and not live:
         return RedirectResponse(gw.store.presign(obj), status_code=307)

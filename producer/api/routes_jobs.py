@@ -65,7 +65,7 @@ def _slot(gw: GatewayDep, tenant: TenantDep,
 
 
 @router.get("/{job_id}/events", response_class=EventSourceResponse,
-            summary="Server-Sent Events: state, segment, end")
+            summary="Server-Sent Events: state, preview, segment, end")
 async def events(gw: GatewayDep, rec: Annotated[Record, Depends(_record)],
                  slot: Annotated[Slot, Depends(_slot)]) -> AsyncIterator[ServerSentEvent]:
     async for e in job_events(gw, rec, slot):
@@ -79,8 +79,9 @@ def job_file(job_id: str, name: str, request: Request, gw: GatewayDep, tenant: T
 
 
 router.add_api_route(
-    "/{job_id}/files/{name}", job_file, methods=["GET"], response_class=Response,
-    summary="A file of the job: index.m3u8, segment-NNNNN.mp4, full.mp4, manifest.json")
+    "/{job_id}/files/{name:path}", job_file, methods=["GET"], response_class=Response,
+    summary="A file of the job: index.m3u8, segment-NNNNN.mp4, full.mp4, manifest.json, "
+    "previews/step-NNNN.mp4, previews/latest.mp4")
 # HEAD: the same status and headers, no body (a route of its own: one operation id each).
-router.add_api_route("/{job_id}/files/{name}", job_file, methods=["HEAD"],
+router.add_api_route("/{job_id}/files/{name:path}", job_file, methods=["HEAD"],
                      response_class=Response, include_in_schema=False)

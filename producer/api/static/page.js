@@ -1,4 +1,6 @@
-// framefleet's page: list the key's jobs, play one live with hls.js, download its MP4.
+// framefleet's page: list the key's jobs, play one live with hls.js, download its MP4. Until
+// a generate job's first segment is in, its newest preview (a small clip of the model's
+// estimate while it denoises) loops in the player's place.
 // The key stays in this tab's sessionStorage and goes only into Authorization headers to
 // this origin. Every value from the API is put in the page as text, never as HTML.
 "use strict";
@@ -9,8 +11,9 @@
   const $ = (id) => document.getElementById(id);
   const rows = $("jobs").querySelector("tbody");
   // What the player did, for people (the log) and for tests (window.framefleet).
-  const state = window.framefleet = { events: [], frames: 0, playing: null, jobs: [] };
-  let hls = null, timer = null;
+  const state = window.framefleet = { events: [], frames: 0, playing: null, jobs: [],
+                                      preview: null, live: false };
+  let hls = null, timer = null, previewTimer = null;
 
   function key() { return sessionStorage.getItem(KEY); }
   function auth() { return { Authorization: "Bearer " + key() }; }
@@ -55,9 +58,53 @@
     } catch (e) { say(String(e)); }
   }
 
+  function jobUrl(id) { return "/v1/jobs/" + encodeURIComponent(id); }
+
+  // The newest preview in the player's place, until the live stream has a segment to show.
+  async function showPreview(id) {
+    const r = await fetch(jobUrl(id), { headers: auth() });
+    if (!r.ok || state.playing !== id || state.live) return;
+    const job = await r.json();
+    const p = job.progress && job.progress.preview;
+    if (job.status !== "in_progress") stopPreview();
+    if (!p || (state.preview && state.preview.step >= p.step)) return;
+    const step = String(p.step).padStart(4, "0");
+    const f = await fetch(jobUrl(id) + "/files/previews/step-" + step + ".mp4",
+                          { headers: auth() });
+    if (!f.ok || state.playing !== id || state.live) return;
+    const el = $("preview");
+    const old = el.src;
+    el.src = URL.createObjectURL(await f.blob());
+    if (old) URL.revokeObjectURL(old);
+    $("preview-note").textContent = "preview: denoise step " + p.step + "/" + p.steps_total;
+    $("preview-box").hidden = false;
+    $("video").hidden = true;
+    state.preview = { step: p.step, width: p.width, height: p.height, frames: p.frames };
+    log("preview", { step: p.step });
+  }
+  function stopPreview() { clearInterval(previewTimer); previewTimer = null; }
+  function showLive() {
+    if (state.live) return;
+    state.live = true;
+    stopPreview();
+    if (!$("preview-box").hidden) log("live");
+    $("preview-box").hidden = true;
+    $("video").hidden = false;
+  }
+
   function play(v) {
     if (typeof Hls === "undefined") { say(state.missing || "no hls.js: cannot play"); return; }
     state.playing = v.id;
+    state.preview = null; state.live = false;
+    stopPreview();
+    const shown = $("preview");
+    if (shown.src) { URL.revokeObjectURL(shown.src); shown.removeAttribute("src"); }
+    $("preview-box").hidden = true;
+    $("video").hidden = false;
+    if (v.status !== "completed" && v.status !== "failed") {
+      previewTimer = setInterval(() => showPreview(v.id).catch((e) => log("preview-error",
+                                                                         String(e))), 1000);
+    }
     $("player").hidden = false;
     $("playing").textContent = v.id;
     const ff = v.framefleet || {};
@@ -85,6 +132,7 @@
       }
     });
     hls.on(E.MANIFEST_PARSED, () => video.play().catch((e) => log("play-error", String(e))));
+    hls.on(E.FRAG_BUFFERED, showLive);
     hls.loadSource(src);
     hls.attachMedia(video);
     const onFrame = () => { state.frames++; video.requestVideoFrameCallback(onFrame); };
@@ -125,5 +173,5 @@
   }
   refresh();
   timer = setInterval(refresh, 2000);
-  window.addEventListener("pagehide", () => clearInterval(timer));
+  window.addEventListener("pagehide", () => { clearInterval(timer); stopPreview(); });
 })();
