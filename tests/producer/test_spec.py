@@ -140,13 +140,14 @@ def test_segment_name_is_the_output_layout() -> None:
 
 
 def test_stage_names_are_checked_against_the_records_that_spell_them() -> None:
-    assert STAGE_NAMES == ("load", "adapter_load", "text_encode", "denoise", "decode",
-                           "postprocess", "d2h", "encode", "upload")
+    assert STAGE_NAMES == ("load", "adapter_load", "text_encode", "denoise", "preview",
+                           "decode", "postprocess", "d2h", "encode", "upload")
     assert {f"{s}_s" for s in STAGE_NAMES} <= set(StageTimings.model_fields)
     # and a record missing a stage is refused by name
     with pytest.raises(TypeError, match=r"\['d2h'\]"):
-        check_stage_fields(["load_s", "adapter_load_s", "text_encode_s", "denoise_s", "decode_s",
-                            "postprocess_s", "encode_s", "upload_s"], "X")
+        check_stage_fields(["load_s", "adapter_load_s", "text_encode_s", "denoise_s",
+                            "preview_s", "decode_s", "postprocess_s", "encode_s", "upload_s"],
+                           "X")
 
 
 def test_jobspec_type_is_exported() -> None:

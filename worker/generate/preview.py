@@ -120,14 +120,25 @@ class Previews:
             self.sink.failed(e)
 
     def _shoot(self, step: int, steps: int, x0: torch.Tensor) -> None:
-        assert self._weight is not None and self._bias is not None
         with self._lock:
             host = self._free.pop() if self._free else None
         if host is None:
             self.skipped += 1
             return
-        if tuple(host.shape[:3]) != tuple(x0.shape[2:]):
+        try:
+            taken = self.sink.offer(self._project(step, steps, x0, host))
+        except BaseException:
             self._give_back(host)
+            raise
+        if not taken:
+            self.skipped += 1
+            self._give_back(host)
+
+    def _project(self, step: int, steps: int, x0: torch.Tensor, host: torch.Tensor) -> Shot:
+        """x0 → uint8 RGB in ``host``, queued on the device (CUDA: non-blocking, marked by
+        an event)."""
+        assert self._weight is not None and self._bias is not None
+        if tuple(host.shape[:3]) != tuple(x0.shape[2:]):
             raise ValueError(f"latents {tuple(x0.shape)} are not the grid {tuple(host.shape)}")
         cuda = x0.device.type == "cuda"
         t0 = time.perf_counter()
@@ -140,11 +151,8 @@ class Previews:
         host.copy_(clip, non_blocking=cuda)
         if events is not None:
             events[1].record()
-        shot = Shot(step, steps, host, release=lambda: self._give_back(host), events=events,
+        return Shot(step, steps, host, release=lambda: self._give_back(host), events=events,
                     cpu_s=0.0 if cuda else time.perf_counter() - t0)
-        if not self.sink.offer(shot):
-            self.skipped += 1
-            shot.release()
 
     def _give_back(self, host: torch.Tensor) -> None:
         with self._lock:
