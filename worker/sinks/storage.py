@@ -297,8 +297,8 @@ class JobOutput:
         self._lock = threading.Lock()  # segments upload from several encoder threads
 
     def key(self, name: str) -> str:
-        folder, _, base = name.rpartition("/")
-        if (folder and folder not in OUTPUT_FOLDERS) or not NAME_RE.fullmatch(base) or (
+        folder, slash, base = name.rpartition("/")
+        if (slash and folder not in OUTPUT_FOLDERS) or not NAME_RE.fullmatch(base) or (
                 ".." in base):
             raise InvalidJobError(f"output name {name!r} is not a plain file name")
         return f"{self.prefix}/{name}" if self.prefix else name

@@ -70,12 +70,26 @@ def test_open_uri_picks_the_store_and_refuses_other_schemes(tmp_path: Path) -> N
             open_uri(uri)
 
 
-@pytest.mark.parametrize("name", ["../up", "a/b.mp4", "..", "a..b", ".hidden", "", "x" * 129])
+@pytest.mark.parametrize("name", ["../up", "a/b.mp4", "..", "a..b", ".hidden", "", "x" * 129,
+                                  "previews/../up", "previews//x.mp4", "previews/", "/x.mp4",
+                                  "previews/a/b.mp4", "previews/.hidden", "segments/x.mp4",
+                                  "previews/..", "previews/%2e%2e"])
 def test_job_output_accepts_plain_names_only(tmp_path: Path, name: str) -> None:
     out = JobOutput((tmp_path / "out" / "acme" / "j1").as_uri())
     with pytest.raises(InvalidJobError, match="is not a plain file name"):
         out.put_bytes(name, b"x")
     assert not (tmp_path / "out").exists()  # nothing was written anywhere
+
+
+def test_job_output_writes_previews_in_their_folder(tmp_path: Path) -> None:
+    out = JobOutput((tmp_path / "out" / "acme" / "j1").as_uri())
+    uri = out.put_bytes("previews/step-0005.mp4", b"clip", "video/mp4")
+    assert uri == (tmp_path / "out" / "acme" / "j1" / "previews" / "step-0005.mp4").as_uri()
+    out.put_bytes("previews/latest.mp4", b"one", "video/mp4")
+    out.put_bytes("previews/latest.mp4", b"two", "video/mp4")  # replaced whole
+    assert out.get_bytes("previews/latest.mp4") == b"two" and out.puts == 3
+    assert sorted(p.name for p in (tmp_path / "out" / "acme" / "j1" / "previews").iterdir()) == [
+        "latest.mp4", "step-0005.mp4"]  # no temporary file left behind
 
 
 def test_job_output_writes_under_its_prefix_and_counts_puts(tmp_path: Path) -> None:
