@@ -40,8 +40,9 @@ def test_colours_survive_the_upsample_and_the_encode() -> None:
         assert np.abs(got.reshape(-1, 3).mean(0) - want[0, 0]).max() < 4
 
 
-@pytest.mark.parametrize("bad", [np.zeros((2, 4, 6), np.uint8), np.zeros((2, 4, 6, 3)),
-                                 np.zeros((0, 4, 6, 3), np.uint8), np.zeros((2, 4, 6, 4), np.uint8)])
+@pytest.mark.parametrize("bad", [
+    np.zeros((2, 4, 6), np.uint8), np.zeros((2, 4, 6, 3)), np.zeros((0, 4, 6, 3), np.uint8),
+    np.zeros((2, 4, 6, 4), np.uint8)])
 def test_anything_but_rgb_frames_is_refused(bad: np.ndarray) -> None:
     with pytest.raises(ValueError, match=r"expected \(T, h, w, 3\) uint8 frames"):
         encode_clip(bad, 4, fps=4.0)
