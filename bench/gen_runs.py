@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -90,13 +91,18 @@ def baseline(pipe: Any, gen: GenerateSpec, info: Any, device: torch.device, path
     }
 
 
-def framefleet(spec: JobSpec, decoders: DecoderCache, settings: Settings) -> dict[str, Any]:
-    """One framefleet job through ``run_job``; its timings, cost stages and saved latents."""
+def framefleet(spec: JobSpec, decoders: DecoderCache, settings: Settings,
+               watch: Callable[[Run], None] | None = None) -> dict[str, Any]:
+    """One framefleet job through ``run_job`` (``watch`` attaches hooks to its run first);
+    its timings, cost stages and saved latents."""
     from safetensors.torch import load_file
 
     from producer.cost import cost_for_job
 
-    result = run_job(spec, decoders, Run(spec, cost=cost_for_job, settings=settings))
+    run = Run(spec, cost=cost_for_job, settings=settings)
+    if watch is not None:
+        watch(run)
+    result = run_job(spec, decoders, run)
     t = result.timings
     busy = t.text_encode_s + t.denoise_s + t.decode_s
     assert result.manifest.latents_uri is not None
@@ -112,6 +118,7 @@ def framefleet(spec: JobSpec, decoders: DecoderCache, settings: Settings) -> dic
         "gpu_busy_share": busy / t.wall_s, "decode_share": t.decode_s / t.wall_s,
         "frames": result.manifest.frames, "segments": len(result.manifest.segments),
         "compiled": facts.compiled if facts else False,
+        "previews": facts.previews if facts else 0, "preview_s": t.preview_s,
         "cost_stages": [s.model_dump() for s in result.cost.stages] if result.cost else [],
         "latents": latents,
         "segment_files": [Path(s.uri.removeprefix("file://")) for s in result.manifest.segments],

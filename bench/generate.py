@@ -20,13 +20,17 @@ final latents and PSNR of the decoded MP4 frames against the exact tier at the s
 random weights these measure the arithmetic's error, not a model's visual quality).
 
 ``--image`` adds an image-to-video job per model that can take one (TI2V) against diffusers'
-WanImageToVideoPipeline; ``--lora`` the cost of a LoRA switch (bench/gen_extra.py).
+WanImageToVideoPipeline; ``--lora`` the cost of a LoRA switch (bench/gen_extra.py);
+``--previews N`` runs each framefleet row again with a preview every N steps: the overhead in %
+of the denoise, the time to the first preview, one preview frame as a PNG (bench/gen_previews.py).
 ``--budget-s`` stops the run in time: an item whose estimate does not fit is skipped and
 listed with the reason, and what ran is saved after every row.
 
   python bench/generate.py --models wan2.2-ti2v-5b --steps 20,4 \
       --tiers exact,fp8,cache,fp8+cache --json denoise-h200.json --out DIR
   python bench/generate.py --tiny --out DIR       # CPU, the same code paths (CI runs it)
+  python bench/generate.py --models wan2.2-ti2v-5b --steps 20 --tiers exact,cache \
+      --previews 2 --json previews-h200.json --out DIR
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import gen_extra
+from bench import gen_extra, gen_previews
 from bench.gen_runs import baseline, forward_error, framefleet, frames_psnr, rel_l2, sync
 from producer.errors import InvalidJobError, NonFiniteOutput
 from producer.settings import Settings
@@ -174,6 +178,7 @@ def run_tier(m: Model, tier: str, steps: int, base: dict[str, Any],
            bool(torch.equal(latents, base["latents"])), "peak_gib": peak, "framefleet": ff}
     if tier == "exact":
         row["_ref"] = {"latents": latents, "files": files}
+    row["_latents"] = latents
     return row
 
 
@@ -240,6 +245,14 @@ def bench_model(args: argparse.Namespace, name: str, device: torch.device, dtype
                     continue
                 if "_ref" in row:
                     refs[steps] = row.pop("_ref")
+                latents = row.pop("_latents")
+                if args.previews and budget.fits(f"{name} {steps} steps {tier} previews", est):
+                    every = {"every": args.previews}
+                    spec = job(m.work, m.name, gen_spec(m.folder, m.size, steps, tier,
+                                                        preview=every),
+                               f"{tier}-{steps}-pv{args.previews}")
+                    row["previews"] = gen_previews.measure(m, spec, row, latents, Path(args.out),
+                                                           Path(args.json).stem)
                 row["diffusers"] = {k: v for k, v in bases[steps].items() if k != "latents"}
                 row["quality"]["forward_rel_l2"] = (doc["checks"][-1]["forward_rel_l2"]
                                                     if tier.startswith("fp8") else err)
@@ -286,6 +299,7 @@ def markdown(doc: dict[str, Any]) -> str:
         "Image-to-video and LoRA rows (full figures in the JSON):", "",
         *("- " + json.dumps({k: v for k, v in e.items() if k not in ("framefleet", "diffusers")},
                             default=str) for e in doc["extras"]), "",
+        *gen_previews.table(doc["rows"]),
         *(f"- skipped: {k['what']}: {k['reason']}" for k in doc["skipped"]),
     ]
     return "\n".join(lines) + "\n"
@@ -304,6 +318,8 @@ def parse_args() -> argparse.Namespace:
                     help="also an image-to-video job on this model (a TI2V preset)")
     ap.add_argument("--image-steps", type=int, default=4)
     ap.add_argument("--lora", default=None, metavar="MODEL", help="also a LoRA switch's cost")
+    ap.add_argument("--previews", type=int, default=0, metavar="N",
+                    help="also each framefleet row with a preview every N steps (0: not)")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="stop in time: skip what does not fit (default: BUDGET env, or none)")
     ap.add_argument("--tiny", action="store_true",
