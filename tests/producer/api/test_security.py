@@ -91,7 +91,10 @@ def test_only_the_files_a_job_writes_are_served(client: TestClient,
                                                 keys: dict[str, Key]) -> None:
     video = create(client, keys["acme"])
     h = keys["acme"].headers
-    for name in ("..%2F..%2Fkeys", "manifest.json.bak", "segment-1.mp4", "%2e%2e", "full.mp4x"):
+    for name in ("..%2F..%2Fkeys", "manifest.json.bak", "segment-1.mp4", "%2e%2e", "full.mp4x",
+                 "previews/step-5.mp4", "previews/latest.mp4x", "previews/x/latest.mp4",
+                 "previews/..%2Fmanifest.json", "previews/",
+                 "other/latest.mp4", "previews/step-000005.mp4"):
         r = client.get(f"/v1/jobs/{video['id']}/files/{name}", headers=h)
         assert r.status_code == 404 and error_of(r)["message"] in ("no such file",
                                                                    "no such route"), name
