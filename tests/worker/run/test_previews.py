@@ -187,3 +187,33 @@ def test_a_cancelled_job_publishes_no_preview_after_its_end(
     assert landed == announced and 3 <= len(announced) < 300
     assert announced == sorted(announced)
     assert not list((tmp_path / "out" / "default" / "c1").glob("manifest.json"))
+
+
+def test_the_preview_stage_is_priced_within_what_the_job_held() -> None:
+    from types import SimpleNamespace
+
+    from producer.cost import with_stages
+    from producer.cost.model import job_cost
+    from producer.cost.pricing import default_catalog, prices_for
+    from worker.run.finish import _cost_seconds
+    from worker.run.source import Latents
+
+    direct = job_cost(tenant="t", prices=prices_for("g7e.2xlarge", "on-demand",
+                                                    default_catalog()),
+                      gpu_seconds=10.0, s3_puts=4, stored_bytes=1000, video_seconds=5.0)
+    latents = Latents(decoder=None, tensor=None,  # type: ignore[arg-type]
+                      seconds={"text_encode": 1.0, "denoise": 6.0})
+    # The projection (0.5 s of GPU) ran inside the denoise: it moves to the preview stage
+    previews = SimpleNamespace(seconds=0.8, gpu_s=0.5)
+    seconds = _cost_seconds(latents, previews, 10.0)  # type: ignore[arg-type]
+    assert seconds == {"adapter_load": 0.0, "text_encode": 1.0, "denoise": 5.5, "preview": 0.8}
+    stages = {s.stage: s for s in with_stages(direct, seconds).stages}
+    assert list(stages) == ["text_encode", "denoise", "preview", "decode", "s3"]
+    assert stages["decode"].gpu_seconds == pytest.approx(10.0 - 1.0 - 5.5 - 0.8)
+    # encodes that outlast what the job held (they overlap it) are priced within it
+    seconds = _cost_seconds(latents, SimpleNamespace(seconds=9.0, gpu_s=0.5), 10.0)  # type: ignore[arg-type]
+    assert seconds["preview"] == pytest.approx(3.5)
+    assert sum(with_stages(direct, seconds).stages[i].share for i in range(5)) == pytest.approx(1)
+    # no previews: no preview stage
+    assert "preview" not in [s.stage for s in with_stages(
+        direct, _cost_seconds(latents, None, 10.0)).stages]
