@@ -5,7 +5,8 @@
   fails naming both, unless that id is a submitted job's: a message that is not the job its
   id names (another spec's key, a job's key with another spec, no job at all) is then dropped
   with a critical log, and nothing is stored under the id: no sender can overwrite another
-  job's result.
+  job's result. Not even STARTED: Celery's ``track_started`` would store it before the
+  check, so the task stores it itself once it holds the job's lease.
 - A duplicate delivery of a job that already succeeded is dropped.
 - A job that another worker runs right now (its lease is held) waits in the queue: a requeue,
   counted apart from the retries of errors (``worker.concerns.retries``).
@@ -23,10 +24,11 @@ Nothing is registered at import: ``register(app)`` adds the task to an app built
 from __future__ import annotations
 
 import logging
+import os
 import socket
 from typing import Any, NoReturn
 
-from celery import Celery, Task
+from celery import Celery, Task, states
 from celery.exceptions import Ignore, TimeLimitExceeded
 
 from producer.app import TASK_NAME
@@ -69,10 +71,13 @@ def register(app: Celery) -> Task:
     in this process (a client's, the dashboard's). ``throws``: a fatal job error (bad input,
     a path outside the file roots, the store's configuration) is the job's answer, not a bug:
     Celery logs it as one line with the job's id and the message, without a traceback.
+    ``track_started=False``: Celery would store STARTED under the message's task id before
+    the task could check that the message is the job its id names; the task stores STARTED
+    itself once it holds the job (``_started``).
     """
     task: Task = app.task(bind=True, base=DecodeTask, name=TASK_NAME, acks_late=True,
                           reject_on_worker_lost=True, shared=False, lazy=False,
-                          throws=(FatalJobError,))(decode_video)
+                          track_started=False, throws=(FatalJobError,))(decode_video)
     return task
 
 
@@ -110,11 +115,20 @@ def decode_video(self: Task, payload: Any, tiled: bool = False, error_retries: i
     if not lease.acquire():
         _wait_for_lease(self, spec, int(requeues), settings)
     try:
+        _started(self)
         run = Run(spec=spec, settings=settings, node=str(self.request.hostname), tiled=tiled,
                   cost=cost_for_job, error_retries=int(error_retries), requeues=int(requeues))
         return run_concerns(run, self, CONCERNS, lambda: run_job(spec, decoders(), run))
     finally:
         lease.release()
+
+
+def _started(task: Task) -> None:
+    """STARTED with Celery's own payload (``pid``, ``hostname``), stored only now: the message
+    is the job its id names, claimed with this spec, and this run holds the job's lease (a
+    duplicate delivery waiting for it overwrites nothing of the run that holds it)."""
+    task.update_state(state=states.STARTED,
+                      meta={"pid": os.getpid(), "hostname": str(task.request.hostname)})
 
 
 def _wait_for_lease(task: Task, spec: JobSpec, requeues: int, settings: Settings) -> NoReturn:
