@@ -114,7 +114,8 @@ def test_every_route_to_an_end_leaves_one_record_and_one_count(
     assert (no.status, no.reason) == ("failure", "InvalidJobError")
 
     # And the worker goes on: one more job, one more record, and every count is still one
-    client.submit(pattern_spec("fine", small, s3_bucket, tenant="acme", time_limit_s=50)).wait(timeout=60)
+    fine = pattern_spec("fine", small, s3_bucket, tenant="acme", time_limit_s=50)
+    client.submit(fine).wait(timeout=60)
     wait_for(lambda: len(_records(s3, s3_bucket)) == 4, 30, "4 records")
     samples = scrape(port)
     assert value(samples, JOBS, status="success", reason="", tenant="acme") == 1
