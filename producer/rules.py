@@ -14,6 +14,10 @@ whose folder it knows), a path outside the roots is refused before anything is q
 it is not set, the producer cannot know, so the client warns that the workers decide. The
 worker checks again with symlinks resolved (``worker/inputs/paths.py``), which a producer
 cannot do for a path on another machine.
+
+A job's time limits follow from its spec alone (``time_limits``): the soft limit is its
+``time_limit_s``, the hard one ``HARD_LIMIT_AFTER_S`` later. The client sends them with the
+message; the worker sets them again from the spec it receives, whatever the message says.
 """
 
 from __future__ import annotations
@@ -30,6 +34,20 @@ from producer.spec import RANDOM_WEIGHTS, JobSpec
 from producer.webhooks import UrlPolicy, check_notify
 from producer.weights import check_job_weights
 from producer.wire import decode_uri
+
+#: Seconds from a job's soft time limit (its ``time_limit_s``) to the hard one.
+HARD_LIMIT_AFTER_S = 60
+
+
+def time_limits(payload: Any, settings: Settings) -> tuple[int, int]:
+    """(hard, soft) time limits of a job message's payload (the spec's JSON): from its
+    ``time_limit_s`` when that is a number the fleet allows, else the fleet's longest
+    (``FRAMEFLEET_MAX_TIME_LIMIT_S``: the message is refused on receipt anyway)."""
+    limit = payload.get("time_limit_s") if isinstance(payload, dict) else None
+    if isinstance(limit, bool) or not isinstance(limit, int) or not (
+            1 <= limit <= settings.max_time_limit_s):
+        limit = settings.max_time_limit_s
+    return limit + HARD_LIMIT_AFTER_S, limit
 
 
 def check_message_size(payload: Any, settings: Settings) -> None:

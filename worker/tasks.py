@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 from typing import Any, NoReturn
 
 from celery import Celery, Task, states
@@ -40,7 +41,7 @@ from producer.app import ENQUEUED_AT_HEADER, TASK_NAME
 from producer.control import Flags, flags_for
 from producer.cost import cost_for_job
 from producer.errors import FatalJobError, InvalidJobError, JobConflictError
-from producer.rules import check_message_size, check_spec
+from producer.rules import check_message_size, check_spec, time_limits
 from producer.settings import Settings, get_settings
 from producer.spec import JobSpec, parse_spec
 from worker.concerns import CONCERNS, run_concerns
@@ -85,15 +86,25 @@ def register(app: Celery) -> Task:
                           reject_on_worker_lost=True, shared=False, lazy=False,
                           track_started=False, throws=(FatalJobError,))(decode_video)
     # A pool process that starts (one replacing a process the hard time limit killed, say)
-    # records the job ends its main process handed over.
-    worker_process_init.connect(lambda **_: take_over_ends(app), weak=False)
+    # records the job ends its main process handed over: from a thread, since a pool process
+    # that takes too long to start (a ledger write) is killed by Celery before it is up.
+    worker_process_init.connect(lambda **_: threading.Thread(
+        target=take_over_ends, args=(app,), name="job-ends", daemon=True).start(), weak=False)
     return task
 
 
 class DecodeRequest(Request):  # type: ignore[misc]
-    """The job's request in the worker's main process: it ends what Celery's hard time limit
-    ends there (the pool process that ran the job is killed, no concern of its run ends it):
-    the live playlist, the count and the ledger record (``worker.concerns.outside``)."""
+    """The job's request in the worker's main process.
+
+    Its time limits come from the spec (``producer.rules.time_limits``), never from the
+    message: a message aimed at another job with a limit of a millisecond would have Celery
+    store that job's FAILURE and kill the pool process. And it ends what Celery's hard time
+    limit ends there (the pool process that ran the job is killed, no concern of its run ends
+    it): the live playlist, the count and the ledger record (``worker.concerns.outside``)."""
+
+    def __init__(self, message: Any, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.time_limits = time_limits(self.args[0] if self.args else None, get_settings())
 
     def on_timeout(self, soft: bool, timeout: float) -> None:
         super().on_timeout(soft, timeout)
@@ -134,8 +145,8 @@ def _killed(request: DecodeRequest, timeout: float) -> None:
 
 
 def take_over_ends(app: Celery) -> int:
-    """Record the job ends a main process handed over (``worker.concerns.outside``); the
-    worker entry point's pool process calls it at start, the task before each job."""
+    """Record the job ends a main process handed over (``worker.concerns.outside``): a pool
+    process does at its start (from a thread), and the task before each job."""
     settings = get_settings()
     return take_over(flags_for(app, settings), settings, getattr(app.backend, "client", None))
 

@@ -2,7 +2,8 @@
 ends decided outside a run's concerns, black-box through real Redis, SeaweedFS and a worker:
 
 - Celery's hard time limit (decided in the worker's main process, which kills the pool
-  process: the count lands on the pool process that replaces it);
+  process: the count lands on the pool process that replaces it, and the main process ends
+  the live playlist);
 - the requeue cap while another run holds the job's lease (``FRAMEFLEET_MAX_REQUEUES=2``);
 - a spec the worker's rules refuse on receipt (an output outside its
   ``FRAMEFLEET_OUTPUT_PREFIX``; this producer sets none).
@@ -14,23 +15,25 @@ from __future__ import annotations
 
 import os
 import time
+from functools import partial
 from typing import Any
 
 import pytest
 import redis
+from botocore.exceptions import BotoCoreError, ClientError
 
 from producer import keys
-from producer.app import ENQUEUED_AT_HEADER, TASK_NAME
 from producer.client import Client
 from producer.errors import JobFailed
 from producer.results import LedgerRecord
-from producer.spec import OutputSpec, VideoSpec
+from producer.rules import HARD_LIMIT_AFTER_S
+from producer.spec import JobSpec, OutputSpec, VideoSpec
 from tests.e2e.chaos_helpers import CHAOS_ENV, new_pool_child, pool_child, wait_for
 from tests.e2e.helpers import pattern_spec, put_latents
 from tests.services import free_port
 from tests.worker.test_metrics import scrape, value
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
 JOBS = "framefleet_jobs_total"
 
 
@@ -38,6 +41,17 @@ def _records(s3: Any, bucket: str) -> list[LedgerRecord]:
     listed = s3.client().list_objects_v2(Bucket=bucket, Prefix="ledger/").get("Contents", [])
     return [LedgerRecord.model_validate_json(
         s3.client().get_object(Bucket=bucket, Key=o["Key"])["Body"].read()) for o in listed]
+
+
+def ended(s3: Any, bucket: str, spec: JobSpec) -> str | None:
+    """The job's playlist once it has its end tag."""
+    try:
+        body = s3.client().get_object(Bucket=bucket,
+                                      Key=f"out/{spec.tenant}/{spec.job_id}/index.m3u8")
+    except (ClientError, BotoCoreError):
+        return None
+    text = str(body["Body"].read().decode())
+    return text if "#EXT-X-ENDLIST" in text else None
 
 
 def _count(port: int, reason: str) -> float:
@@ -62,28 +76,35 @@ def test_every_route_to_an_end_leaves_one_record_and_one_count(
     slow = put_latents(s3, s3_bucket, "in/slow.safetensors", latent_frames=250, h=48, w=64)
     small = put_latents(s3, s3_bucket, "in/small.safetensors", latent_frames=2)
 
-    # Given a message with a hard time limit of 3 s (and no soft one): its pool process is
-    # killed mid-job, and no code of the run sees its end
-    killed = pattern_spec("killed", slow, s3_bucket, tenant="acme", time_limit_s=30)
-    killed = killed.model_copy(update={"video": VideoSpec(segment_frames=12)})
-    pid = pool_child(worker).pid
-    sent_at = time.time()
-    client.app.send_task(TASK_NAME, args=[killed.model_dump(mode="json")], task_id=killed.key,
-                         time_limit=3, headers={ENQUEUED_AT_HEADER: sent_at})
+    # Given a job (soft limit 2 s, hard 62 s) whose pool process stops mid-decode, as if stuck
+    # in native code: the soft limit's signal waits, and no code of the run sees its end
+    killed = pattern_spec("killed", slow, s3_bucket, tenant="acme", time_limit_s=2)
+    killed = killed.model_copy(update={"video": VideoSpec(segment_frames=12,
+                                                          first_segment_frames=1)})
+    handle = client.submit(killed)
+    child = pool_child(worker)
+    wait_for(lambda: (p := handle.progress()) is not None and p.segments_done >= 1, 60,
+             "a listed segment", 0.02)
+    child.suspend()
+    stopped_at = time.time()
+    # Then Celery's hard limit kills it, in the worker's main process
     with pytest.raises(JobFailed, match="TimeLimitExceeded"):
-        client.get(killed.key).wait(timeout=60)
-    new_pool_child(worker, pid)
-    # Then the pool process that replaced it counts it, and the ledger has its record
+        handle.wait(timeout=120)
+    assert time.time() - stopped_at < 2 + HARD_LIMIT_AFTER_S + 10
+    new_pool_child(worker, child.pid)
+    # and the pool process that replaced it counts it, the ledger has its one record, and the
+    # main process ends its live playlist
     wait_for(lambda: _count(port, "TimeLimitExceeded") == 1, 60, "the hard limit's count")
     (record,) = wait_for(lambda: _records(s3, s3_bucket), 30, "its ledger record")
     assert (record.key, record.status, record.reason) == (killed.key, "failure",
                                                           "TimeLimitExceeded")
     assert [s.state for s in record.states] == ["QUEUED", "STARTED", "FAILURE"]
-    assert record.states[0].at == sent_at
     (held,) = record.held
     assert (held.status, held.reason) == ("failure", "TimeLimitExceeded")
-    assert 2.5 < held.gpu_seconds < 30, held
+    assert HARD_LIMIT_AFTER_S < held.gpu_seconds < HARD_LIMIT_AFTER_S + 30, held
     assert not r.hexists(keys.runs(killed.key), "running")  # no worker loss left behind
+    playlist = wait_for(partial(ended, s3, s3_bucket, killed), 30, "the playlist's end")
+    assert playlist.count("#EXT-X-ENDLIST") == 1 and "segment-00000.mp4" in playlist
 
     # Given a job whose lease another run holds all along
     held_elsewhere = pattern_spec("held", small, s3_bucket, tenant="acme", time_limit_s=50)

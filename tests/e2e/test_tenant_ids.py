@@ -85,8 +85,8 @@ def test_a_tampered_message_locks_no_finished_job(
     redis_url: str, worker_factory: Any, s3: Any, s3_bucket: str
 ) -> None:
     """A raw message aimed at acme's FAILED, SUCCESS and REVOKED jobs changes none of them:
-    nothing is stored under their keys (no STARTED either), and acme's identical resubmit of
-    the failed and the cancelled job runs them."""
+    nothing is stored under their keys (no STARTED, no time limit's FAILURE), and acme's
+    identical resubmit of the failed and the cancelled job runs them."""
     r = redis.Redis.from_url(redis_url)
     r.flushdb()
     client = Client(broker_url=redis_url, backend_url=redis_url)
@@ -111,14 +111,16 @@ def test_a_tampered_message_locks_no_finished_job(
     stored = [f"celery-task-meta-{s.key}" for s in (failed, done, stopped)]
     before = r.mget(stored)
     # When evil sends, under each of their task ids, its own spec, the victim's job_id with
-    # another spec, and a payload that is no spec at all
+    # another spec, and a payload that is no spec at all, each with time limits of 1 ms (the
+    # worker takes a job's limits from its spec, not from the message)
     seen = _dropped(worker)
     for victim in (failed, done, stopped):
         other = pattern_spec("mine", small, s3_bucket, tenant="evil")
         twin = victim.model_copy(update={"video": VideoSpec(segment_frames=3)})
         for payload in (other.model_dump(mode="json"), twin.model_dump(mode="json"),
                         {"hello": "world"}):
-            client.app.send_task(TASK_NAME, args=[payload], task_id=victim.key)
+            client.app.send_task(TASK_NAME, args=[payload], task_id=victim.key,
+                                 time_limit=0.001, soft_time_limit=0.001)
     wait_for(lambda: _dropped(worker) - seen >= 9, 60, "9 dropped messages")
     # Then every victim's stored result is exactly what it was: no STARTED, no FAILURE
     assert r.mget(stored) == before
@@ -131,4 +133,4 @@ def test_a_tampered_message_locks_no_finished_job(
     again = client.submit(stopped).wait(timeout=180)
     assert again.manifest.frames == 237 and not again.reused
     assert client.submit(done).wait(timeout=10).manifest.spec_digest == done.digest()
-    assert worker.running
+    assert worker.running and "Hard time limit" not in worker.log_text()
