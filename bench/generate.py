@@ -9,7 +9,8 @@ text encoder, the Wan transformer and VAE, Wan's UniPC scheduler) and per step c
                speed-up is against it.
   framefleet   run_job of a generate spec per tier: ``exact`` (compiled blocks on CUDA),
                ``fp8`` (torchao float8, compiled; CUDA 8.9+ only) and ``cache`` (exact with the
-               recommended step cache, RECOMMENDED_CACHE): prompt encode, denoise, latents
+               recommended step cache, RECOMMENDED_CACHE), ``fp8+cache`` (fp8 with that cache):
+               prompt encode, denoise, latents
                handed on the GPU to the streamed decoder, async pipeline, file:// upload.
 
 Correctness first: one transformer forward of each tier against eager (rel L2; the exact tier
@@ -23,8 +24,8 @@ WanImageToVideoPipeline; ``--lora`` the cost of a LoRA switch (bench/gen_extra.p
 ``--budget-s`` stops the run in time: an item whose estimate does not fit is skipped and
 listed with the reason, and what ran is saved after every row.
 
-  python bench/generate.py --models wan2.2-ti2v-5b --steps 20,4 --tiers exact,fp8,cache \
-      --json denoise-h200.json --out DIR
+  python bench/generate.py --models wan2.2-ti2v-5b --steps 20,4 \
+      --tiers exact,fp8,cache,fp8+cache --json denoise-h200.json --out DIR
   python bench/generate.py --tiny --out DIR       # CPU, the same code paths (CI runs it)
 """
 
@@ -49,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import gen_extra
 from bench.gen_runs import baseline, forward_error, framefleet, frames_psnr, rel_l2, sync
-from producer.errors import InvalidJobError
+from producer.errors import InvalidJobError, NonFiniteOutput
 from producer.settings import Settings
 from producer.spec import GenerateSpec, JobSpec, OutputSpec, VideoSpec
 from worker.generate.cache import ModelCache
@@ -89,11 +90,11 @@ class Budget:
 def gen_spec(folder: Path, size: tuple[int, int, int], steps: int, tier: str,
              **extra: Any) -> GenerateSpec:
     h, w, f = size
-    cache = RECOMMENDED_CACHE if tier == "cache" else None
+    cache = RECOMMENDED_CACHE if tier.endswith("cache") else None
     return GenerateSpec(model=folder.as_uri(), prompt=PROMPT, negative_prompt=NEGATIVE, height=h,
                         width=w, num_frames=f, num_inference_steps=steps, guidance_scale=5.0,
-                        seed=42, save_latents=True, tier="fp8" if tier == "fp8" else "exact",
-                        cache=cache, **extra)
+                        seed=42, save_latents=True,
+                        tier="fp8" if tier.startswith("fp8") else "exact", cache=cache, **extra)
 
 
 def job(work: Path, name: str, gen: GenerateSpec, tag: str) -> JobSpec:
@@ -113,7 +114,8 @@ class Model:
         t0 = time.perf_counter()
         self.pipe = build_pipeline(name, device, dtype, seed=0)
         # fp8 quantises a copy; taken before the exact resident's blocks are compiled
-        spare = copy.deepcopy(self.pipe.transformer) if "fp8" in tiers else None
+        spare = copy.deepcopy(self.pipe.transformer) if any(
+            t.startswith("fp8") for t in tiers) else None
         sync(device)
         self.build_s = time.perf_counter() - t0
         self.folder = save_configs(self.pipe, work / name)
@@ -149,7 +151,7 @@ class Model:
 def run_tier(m: Model, tier: str, steps: int, base: dict[str, Any],
              ref: dict[str, Any] | None) -> dict[str, Any]:
     """One timed framefleet job at ``tier`` (after an untimed 1-step one that compiles)."""
-    if tier != "cache":
+    if not tier.endswith("cache"):  # a cache tier runs the compiled code of its base tier
         framefleet(job(m.work, m.name, gen_spec(m.folder, m.size, 1, tier), f"{tier}-warm"),
                    m.decoders, m.settings)
     if m.device.type == "cuda":
@@ -165,7 +167,7 @@ def run_tier(m: Model, tier: str, steps: int, base: dict[str, Any],
     else:
         quality.update(latents_rel_l2=0.0, frames_psnr_db=None)
     row = {**m.meta, "steps": steps, "tier": tier,
-           "cache": RECOMMENDED_CACHE if tier == "cache" else None,
+           "cache": RECOMMENDED_CACHE if tier.endswith("cache") else None,
            "framefleet_wall_s": ff["wall_s"], "diffusers_wall_s": base["wall_s"],
            "speedup": base["wall_s"] / ff["wall_s"], "denoise_s_per_step": ff["denoise_s"] / steps,
            "quality": quality, "latents_identical_to_diffusers":
@@ -197,9 +199,9 @@ def bench_model(args: argparse.Namespace, name: str, device: torch.device, dtype
     try:
         check_tier("fp8", device)
     except InvalidJobError as e:
-        if "fp8" in tiers:
-            tiers.remove("fp8")
-            doc["skipped"].append({"what": f"{name} fp8", "reason": str(e)})
+        for tier in [t for t in tiers if t.startswith("fp8")]:
+            tiers.remove(tier)
+            doc["skipped"].append({"what": f"{name} {tier}", "reason": str(e)})
     m = Model(args, name, device, dtype, work, tiers)
     print(json.dumps(m.meta), flush=True)
     h, w, _ = m.size
@@ -213,28 +215,34 @@ def bench_model(args: argparse.Namespace, name: str, device: torch.device, dtype
     # and compiles: minutes), so a tight budget drops the costliest rows, not the most
     bases: dict[int, dict[str, Any]] = {}
     refs: dict[int, dict[str, Any]] = {}
-    for tier_pass in (["exact", "cache"], ["fp8"]):
+    for tier_pass in (["exact", "cache"], ["fp8", "fp8+cache"]):
         for steps in args.steps:
             for tier in [t for t in tier_pass if t in tiers]:
                 if steps not in bases and not _baseline(args, m, steps, bases, budget):
                     break
                 est = EST["ff_fixed"] + EST["ff_step"] * steps
-                if tier == "fp8" and m.fp8 is None:
+                if tier.startswith("fp8") and m.fp8 is None:
                     est += EST["fp8_prepare"]
                 if not budget.fits(f"{name} {steps} steps {tier}", est):
                     continue
-                if tier == "fp8" and m.fp8 is None:
+                if tier.startswith("fp8") and m.fp8 is None:
                     prep = m.add_fp8()
                     ferr = forward_error(m.pipe.transformer, m.fp8.pipe.transformer, m.size,
                                          m.info, device)
                     doc["checks"].append({"model": name, "tier": "fp8", "forward_rel_l2": ferr,
                                           "prepare_s": prep})
-                row = run_tier(m, tier, steps, bases[steps], refs.get(steps))
+                try:
+                    row = run_tier(m, tier, steps, bases[steps], refs.get(steps))
+                except NonFiniteOutput as e:  # the guard stopped the job: a row that says so
+                    doc["failed"] = True
+                    save({**m.meta, "steps": steps, "tier": tier, "nonfinite": str(e)},
+                         "nonfinite")
+                    continue
                 if "_ref" in row:
                     refs[steps] = row.pop("_ref")
                 row["diffusers"] = {k: v for k, v in bases[steps].items() if k != "latents"}
                 row["quality"]["forward_rel_l2"] = (doc["checks"][-1]["forward_rel_l2"]
-                                                    if tier == "fp8" else err)
+                                                    if tier.startswith("fp8") else err)
                 print(json.dumps({k: row[k] for k in ("model", "steps", "tier", "speedup",
                                                       "denoise_s_per_step")}), flush=True)
                 save(row)
@@ -287,7 +295,8 @@ def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--models", default="wan2.2-ti2v-5b,wan2.1-t2v-1.3b")
     ap.add_argument("--steps", default="20,4", type=lambda s: [int(v) for v in s.split(",")])
-    ap.add_argument("--tiers", default="exact,fp8,cache", type=lambda s: s.split(","))
+    ap.add_argument("--tiers", default="exact,fp8,cache,fp8+cache",
+                    type=lambda s: s.split(","))
     ap.add_argument("--size", default=None, help="HxWxF for every model (default: its own)")
     ap.add_argument("--decode-graphs", type=int, default=0,
                     help="framefleet's compiled decode graphs (FRAMEFLEET_DECODE_GRAPHS)")
@@ -330,7 +339,7 @@ def main() -> int:
         "torch": torch.__version__, "diffusers": diffusers.__version__, "dtype": str(dtype),
         "weights": "random (seeded): quality figures measure arithmetic error only",
         "recommended_cache": RECOMMENDED_CACHE, "rows": [], "checks": [], "extras": [],
-        "skipped": [], "failed": False,
+        "skipped": [], "nonfinite": [], "failed": False,
     }
     budget = Budget(args.budget_s, doc)
 

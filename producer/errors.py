@@ -16,6 +16,7 @@ The tree::
     │   ├── InputNotFoundError (FileNotFoundError)
     │   ├── JobConflictError
     │   ├── StorageConfigError    no credentials, access denied, no such bucket
+    │   ├── NonFiniteOutput       NaN or infinite latents or frames: never a "successful" video
     │   └── PricingError (ValueError)
     │       └── UnknownInstanceTypeError
     ├── JobCancelled              the client asked; neither retried nor a failure
@@ -58,6 +59,13 @@ class InputNotFoundError(FatalJobError, FileNotFoundError):
 
 class PathRefusedError(InvalidJobError):
     """A local path outside FRAMEFLEET_FILE_ROOTS; the message never says whether it exists."""
+
+
+class NonFiniteOutput(FatalJobError):
+    """A stage made NaN or infinite values: the denoise's final latents, or a decoded chunk.
+
+    The job fails naming the stage and the tier or decoder that made them, before anything
+    of them is encoded; no retry (the same job on the same weights repeats it)."""
 
 
 class JobConflictError(FatalJobError):

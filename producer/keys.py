@@ -22,9 +22,10 @@ framefleet's own keys (``framefleet:`` prefix):
   kept until its end's ledger record carries them;
 - ``ends``: job ends that a worker's main process decided (Celery's hard time limit), handed
   to a pool process, which counts them and writes their ledger records;
-- ``api:job:{job}``, ``api:jobs:{tenant}``, ``api:inflight:{tenant}``, ``api:rate:…``: the HTTP
-  gateway's records of the jobs it submitted, each tenant's listing and jobs in flight, and
-  the rate limiter's windows.
+- ``api:job:{job}``, ``api:jobs:{tenant}``, ``api:inflight:{tenant}``, ``api:streams:{tenant}``,
+  ``api:rate:…``: the HTTP gateway's records of the jobs it submitted, each tenant's listing,
+  jobs in flight and open event streams, and the rate limiter's windows (per tenant, and per
+  client address for requests without a valid key).
 
 Keys of Celery and kombu that framefleet reads: ``celery-task-meta-{task_id}`` (a result),
 ``unacked`` / ``unacked_index`` (kombu's messages delivered and not acknowledged), and a
@@ -90,7 +91,8 @@ def held(job_id: str, token: str) -> str:
 
 def api_job(job_id: str) -> str:
     """Hash: the gateway's record of a fleet job (field ``record``: JSON with its owner tenant,
-    public id, model, size; field ``completed_at``: first time seen finished)."""
+    public id, model, size; field ``completed_at``: first time seen finished; field
+    ``percent``: the highest progress any replica has shown)."""
     return f"{PREFIX}api:job:{job_id}"
 
 
@@ -102,6 +104,12 @@ def api_listing(tenant: str) -> str:
 def api_in_flight(tenant: str) -> str:
     """Sorted set: the tenant's fleet job ids not yet seen finished, scored by submit time."""
     return f"{PREFIX}api:inflight:{tenant}"
+
+
+def api_streams(tenant: str) -> str:
+    """Sorted set: the tenant's open event streams, scored by when each lapses (ms) unless
+    its replica renews it."""
+    return f"{PREFIX}api:streams:{tenant}"
 
 
 #: Key prefix of the ``limits`` library's rate-limit windows (it appends its own parts).
@@ -247,5 +255,30 @@ if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 1 end
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
 redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
 redis.call('EXPIRE', KEYS[1], ARGV[4])
+return 1
+"""
+
+#: The progress a job shows: the higher of ARGV[1] and what was shown before, kept in the
+#: record's hash (KEYS[1]) so that no replica shows less later. Writes nothing once the
+#: record is gone (a write would leave a hash without a record and without a TTL).
+API_PROGRESS = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return tonumber(ARGV[1]) end
+local shown = tonumber(redis.call('HGET', KEYS[1], 'percent') or '0')
+local now = tonumber(ARGV[1])
+if now > shown then
+  redis.call('HSET', KEYS[1], 'percent', ARGV[1])
+  return now
+end
+return shown
+"""
+
+#: Open an event stream unless the tenant has the limit open. KEYS: the tenant's streams.
+#: ARGV: stream id, now (ms), lapse (ms from now), limit. Lapsed streams (a replica that died
+#: with them open) are dropped first. Returns 1 when opened, else 0.
+API_STREAM_OPEN = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[2])
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then return 0 end
+redis.call('ZADD', KEYS[1], tonumber(ARGV[2]) + tonumber(ARGV[3]), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return 1
 """

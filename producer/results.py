@@ -220,6 +220,9 @@ class GenerateFacts(Frozen):
     image: ImageFacts | None = None
     last_image: ImageFacts | None = None
     loras: tuple[LoraFacts, ...] = ()
+    random_weights: bool = Field(
+        default=False, description="the model folder is labelled random weights (written by "
+        "framefleet models tiny): the video is noise")
 
 
 
@@ -240,7 +243,8 @@ class Manifest(Frozen):
     playlist_uri: str | None = Field(default=None, description="the live HLS playlist")
     latents_uri: str | None = Field(default=None, description="generate.save_latents")
     random_weights: bool = Field(
-        default=False, description="decoded with random weights (decoder.weights \"random\"): noise"
+        default=False, description="made with random weights (decoder.weights \"random\", or "
+        "a generate model folder labelled random, as framefleet models tiny writes): noise"
     )
     generate: GenerateFacts | None = Field(
         default=None, description="generate jobs: the tier, the step cache and the inputs")
@@ -261,7 +265,8 @@ class JobResult(Frozen):
 
     @property
     def random_weights(self) -> bool:
-        """Decoded with random weights (``decoder.weights: "random"``): the video is noise."""
+        """Made with random weights (``decoder.weights: "random"``, or a model folder labelled
+        random): the video is noise."""
         return self.manifest.random_weights
 
 

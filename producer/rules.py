@@ -15,6 +15,11 @@ it is not set, the producer cannot know, so the client warns that the workers de
 worker checks again with symlinks resolved (``worker/inputs/paths.py``), which a producer
 cannot do for a path on another machine.
 
+``check_local_files`` also runs at submit only: where the producer can see a path (it lies
+under a root that is a folder on this host, or under the embedded mode's folder), a missing
+input, image or LoRA file, or a missing model or weights folder, is refused before anything
+is queued, naming the field, instead of a job that a worker fails a moment later.
+
 A job's time limits follow from its spec alone (``time_limits``): the soft limit is its
 ``time_limit_s``, the hard one ``HARD_LIMIT_AFTER_S`` later. The client sends them with the
 message; the worker sets them again from the spec it receives, whatever the message says.
@@ -25,10 +30,10 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Any
 
-from producer.errors import InvalidJobError, PathRefusedError
+from producer.errors import InputNotFoundError, InvalidJobError, PathRefusedError
 from producer.settings import Settings
 from producer.spec import RANDOM_WEIGHTS, JobSpec
 from producer.webhooks import UrlPolicy, check_notify
@@ -145,3 +150,31 @@ def check_local_paths(spec: JobSpec, settings: Settings) -> list[str]:
                 "would refuse it; use a folder under the roots, or add one to "
                 "FRAMEFLEET_FILE_ROOTS here and on the workers")
     return []
+
+
+#: Fields whose local path names a folder (every other input names a file).
+FOLDER_FIELDS = ("decoder.weights", "generate.model")
+
+
+def check_local_files(spec: JobSpec, settings: Settings) -> None:
+    """At submit: raise ``InputNotFoundError`` naming the first local input (file or folder)
+    that does not exist where this producer can see it: under a root of
+    ``FRAMEFLEET_FILE_ROOTS`` that is a folder on this host (or the embedded mode's folder).
+    A path under a root this host does not have is the workers' to judge."""
+    roots = submit_roots(settings)
+    if not roots:
+        return
+    for field, uri in local_paths(spec):
+        if field == "output.uri":  # made by the job
+            continue
+        path = PurePosixPath(decode_uri(uri, field=field).path)
+        root = next((r for r in roots if path == r or path.is_relative_to(r)), None)
+        if root is None or not os.path.isdir(root):
+            continue
+        folder = field in FOLDER_FIELDS
+        if not (Path(path).is_dir() if folder else Path(path).is_file()):
+            what = "folder" if folder else "file"
+            state = f"is not a {what}" if os.path.lexists(path) else f"no such {what}"
+            raise InputNotFoundError(f"{field}: {state}: {path} (looked for where the job "
+                                     "was submitted, under FRAMEFLEET_FILE_ROOTS; nothing "
+                                     "was queued)")

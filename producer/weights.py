@@ -16,6 +16,9 @@ from __future__ import annotations
 from producer.errors import InvalidJobError
 from producer.spec import RANDOM_WEIGHTS, DecoderSpec, JobSpec
 
+#: What a job made with random weights says wherever it is shown: the CLI's result line, the
+#: API's video object and the page (the manifest and the result carry ``random_weights``).
+NOISE_NOTE = "random weights: noise"
 #: Decoders that draw frames without a model.
 NO_WEIGHTS = frozenset({"pattern"})
 HINT = (

@@ -2,8 +2,7 @@
 # System packages the test suite drives for real: redis-server, promtool/prometheus,
 # chromium (Flower screenshot, HLS playback), docker-compose (compose file validation),
 # ffmpeg (ffprobe reads every segment; the ffmpeg libs the worker uses come with PyAV's
-# wheel), npm (hls.js for the playback test, installed into the git-ignored .node/),
-# docker.io and debootstrap (the docker test builds stand-in base images and the two images,
+# wheel), docker.io and debootstrap (the docker test builds stand-in base images and the two images,
 # and runs the compose fleet: tests/infra/test_docker_fleet.py starts its own dockerd).
 # Installs only when run as root and something is missing; otherwise it says what is
 # missing, and the tests that need it skip (or fail when CI=true).
@@ -11,8 +10,6 @@
 # Debian bookworm's kubernetes-client is kubectl 1.20, whose kustomize (v2) cannot build
 # infra/k8s (components, labels).
 set -euo pipefail
-root="$(cd "$(dirname "$0")/.." && pwd)"
-HLS_JS_VERSION=1.7.4
 need=()
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v promtool >/dev/null || need+=(prometheus)
@@ -20,7 +17,6 @@ command -v chromium >/dev/null || need+=(chromium)
 command -v docker-compose >/dev/null || need+=(docker-compose)
 command -v shellcheck >/dev/null || need+=(shellcheck)
 command -v ffprobe >/dev/null || need+=(ffmpeg)
-command -v npm >/dev/null || need+=(npm)
 command -v dockerd >/dev/null || need+=(docker.io)
 command -v debootstrap >/dev/null || need+=(debootstrap)
 if [ ${#need[@]} -gt 0 ]; then
@@ -39,10 +35,4 @@ if [ ${#need[@]} -gt 0 ]; then
     done
     echo "installed: ${need[*]}"
   fi
-fi
-# hls.js from the npm registry, pinned, for the browser playback test (tests/e2e).
-if [ ! -f "$root/.node/node_modules/hls.js/dist/hls.min.js" ] && command -v npm >/dev/null; then
-  npm install --prefix "$root/.node" --no-save --no-audit --no-fund --loglevel=error \
-    "hls.js@$HLS_JS_VERSION" >/dev/null
-  echo "installed: hls.js $HLS_JS_VERSION into .node/"
 fi

@@ -21,8 +21,8 @@ from typing import Any
 
 from tests.services import REPO_ROOT, _Process, free_port
 
-#: The npm file the page serves (scripts/install-system-deps.sh puts it there).
-HLS_JS = REPO_ROOT / ".node" / "node_modules" / "hls.js" / "dist" / "hls.min.js"
+#: The hls.js the package ships and the page serves (the pinned npm file).
+HLS_JS = REPO_ROOT / "producer" / "api" / "static" / "hls.min.js"
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,10 @@ def write_models(path: Path, models: Mapping[str, Mapping[str, Any]]) -> Path:
 class GatewayProcess(_Process):
     """``python -m producer.cli api`` with ``env`` on a free loopback port."""
 
-    def __init__(self, workdir: Path, env: Mapping[str, str], name: str = "gateway") -> None:
+    def __init__(self, workdir: Path, env: Mapping[str, str], name: str = "gateway",
+                 cwd: Path = REPO_ROOT) -> None:
         super().__init__(name, workdir / f"{name}.log")
+        self.cwd = cwd  # elsewhere than the checkout: the package is an installed one
         self.port = free_port()
         self.env = {**os.environ, **env, "FRAMEFLEET_API_ADDR": "127.0.0.1",
                     "FRAMEFLEET_API_PORT": str(self.port), "PYTHONUNBUFFERED": "1"}
@@ -76,5 +78,5 @@ class GatewayProcess(_Process):
             return False
 
     def start(self, timeout: float = 60.0) -> float:
-        self._spawn([sys.executable, "-m", "producer.cli", "api"], self.env, REPO_ROOT)
+        self._spawn([sys.executable, "-m", "producer.cli", "api"], self.env, self.cwd)
         return self._wait_until(self._ready, timeout, "ready /readyz", 0.1)

@@ -1,12 +1,13 @@
-"""The README's quickstart, run exactly as written: its own lines, taken from its section.
+"""The README's quickstart, its first minute and docs/api.md, run exactly as written: their own
+lines, taken from their sections.
 
-The quickstart starts Redis, SeaweedFS and a CPU worker on their usual ports (6379, 8333, …),
-as a new user would. So that they cannot meet anything else on this host, the lines run in a
-network namespace of their own (``unshare --net``: only a loopback interface, nothing but
-loopback reachable), with ``HOME`` a folder of the test, the venv's ``bin`` first on ``PATH``
-(what ``. .venv/bin/activate`` does) and no ``FRAMEFLEET_*`` or ``AWS_*`` variable of ours.
-After the quickstart's block, the README's Python example runs in the same shell, then the
-block that stops everything. Whatever is left is stopped by its process group (the test's own).
+The quickstart starts Redis, SeaweedFS and a CPU worker, as a new user would. So that they
+cannot meet anything else on this host, the lines run in a network namespace of their own
+(``unshare --net``: only a loopback interface, nothing but loopback reachable), with ``HOME`` a
+folder of the test, the venv's ``bin`` first on ``PATH`` (what ``. .venv/bin/activate`` does)
+and no ``FRAMEFLEET_*`` or ``AWS_*`` variable of ours. The test adds only what the text says the
+reader brings: ``photo.png``, a picture of theirs. Each run ends with the block that stops
+everything; whatever is left is stopped by its process group (the test's own).
 """
 
 from __future__ import annotations
@@ -26,27 +27,33 @@ from tests.services import REDIS_INSTALL, REPO_ROOT, WEED_INSTALL
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 README = (REPO_ROOT / "README.md").read_text()
+API_DOC = (REPO_ROOT / "docs" / "api.md").read_text()
 #: weed mini's default ports, as it names its sockets in /tmp (which it does not take from
 #: TMPDIR): removed after the run if this run made them.
 WEED_PORTS = {"master": 9333, "volume": 8080, "filer": 8888, "s3": 8333, "admin": 23646}
+#: Lines of dependencies that a start must not print (worker/quiet.py), and the openai SDK's
+#: deprecation of its videos API (the docs' example filters it).
+NOISE = ("Failed to load", "Detected no triton", "_pytree", "Unable to import `torchao`",
+         "requires torchvision", "FutureWarning", "DeprecationWarning", "The Sora API",
+         "Loading pipeline components", "Loading weights", "Writing model shards")
 
 
-def section(title: str) -> str:
-    start = README.index(f"\n### {title}\n")
-    end = README.find("\n### ", start + 1)
-    return README[start:end if end > 0 else None]
+def section(title: str, text: str = README, level: str = "###") -> str:
+    start = text.index(f"\n{level} {title}\n")
+    end = text.find(f"\n{level} ", start + 1)
+    return text[start:end if end > 0 else None]
+
+
+def blocks(title: str, lang: str = "bash", text: str = README, level: str = "###") -> list[str]:
+    return [str(b) for b in re.findall(rf"```{lang}\n(.*?)```", section(title, text, level),
+                                       re.S)]
 
 
 def quickstart_blocks() -> tuple[str, str]:
     """The quickstart's two bash blocks: start and use the fleet, then stop it."""
-    blocks = re.findall(r"```bash\n(.*?)```", section("Quickstart: a fleet on one machine"), re.S)
-    assert len(blocks) == 2, blocks
-    return blocks[0], blocks[1]
-
-
-def python_example() -> str:
-    (block,) = re.findall(r"```python\n(.*?)```", section("Submit from Python"), re.S)
-    return str(block)
+    found = blocks("Quickstart: a fleet on one machine")
+    assert len(found) == 2, found
+    return found[0], found[1]
 
 
 def own_network() -> list[str]:
@@ -63,40 +70,55 @@ def own_network() -> list[str]:
     return prefix
 
 
-def test_the_readme_quickstart_runs_as_written(tmp_path: Path) -> None:
+def write_photo(folder: Path) -> Path:
+    """The reader's picture: a small PNG."""
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    Image.radial_gradient("L").resize((80, 60)).convert("RGB").save(folder / "photo.png")
+    return folder / "photo.png"
+
+
+def run_as_written(tmp_path: Path, *parts: str) -> tuple[str, Path]:
+    """``parts`` (the docs' lines and the test's markers) in one bash, in a namespace of its
+    own, as the README's reader; returns the output and the quickstart's folder. The run
+    must end with ``--- done``."""
     require_binary("redis-server", REDIS_INSTALL)
     require_binary("weed", WEED_INSTALL)
     prefix = own_network()
-    run, stop = quickstart_blocks()
-    example = tmp_path / "readme_example.py"
-    example.write_text(python_example())
     home = tmp_path / "home"
-    home.mkdir()
+    folder = home / "framefleet-quickstart"
+    write_photo(folder)
     venv_bin = str(Path(sys.executable).parent)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("FRAMEFLEET_", "AWS_", "VIRTUAL_ENV", "PYTHON"))}
     env.update(HOME=str(home), PATH=f"{venv_bin}{os.pathsep}{env.get('PATH', '')}",
                VIRTUAL_ENV=str(Path(venv_bin).parent), COLUMNS="200")
-    # The README's lines verbatim; around them only the loopback interface of the new
-    # namespace, and the Python example between the two blocks.
-    script = "\n".join([
-        "set -e", "ip link set lo up", run, "echo '--- python example'",
-        f"python {example}", "echo '--- stop'", stop, "echo '--- done'"])
+    script = "\n".join(["set -e", "ip link set lo up", *parts, "echo '--- done'"])
     started = time.time()
     proc = subprocess.Popen([*prefix, "bash", "-c", script], env=env, cwd=home, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
     try:
-        out, _ = proc.communicate(timeout=600)
+        out, _ = proc.communicate(timeout=780)
     finally:
         _stop_group(proc)
         _remove_weed_sockets(started)
-    folder = home / "framefleet-quickstart"
     logs = "".join(f"\n--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
                    for p in sorted(folder.glob("*.log")))
     assert proc.returncode == 0, out + logs
     assert out.rstrip().endswith("--- done"), out
-    # The job ran to its end, was reported, recorded and checked, as the README says
+    return out, folder
+
+
+def between(out: str, start: str, end: str) -> str:
+    return out.split(start, 1)[1].split(end, 1)[0]
+
+
+def check_quickstart(out: str) -> None:
+    """The quickstart's job ran to its end, was reported, recorded and checked, as the README
+    says."""
+    assert re.search(r"(?m)^Redis on 127\.0\.0\.1:\d+$", out), out
     assert "SUCCESS clip-1: 49 frames, 2 segments, 416x240" in out, out
     assert "manifest: s3://videos/out/default/clip-1/manifest.json" in out
     assert re.search(r"(?m)^cost: \$\d+\.\d{6} total: GPU \$", out), out
@@ -107,13 +129,90 @@ def test_the_readme_quickstart_runs_as_written(tmp_path: Path) -> None:
     assert any(line.startswith("OK   live workers: 1 answered a ping: cpu0@") for line in doctor)
     assert any(line.startswith("OK   broker persistence: append-only file on") for line in doctor)
     assert any(line.startswith("OK   ledger: s3://videos/ledger") for line in doctor)
-    # The Python example: the job's URIs, a one-line cost, and a bad spec as one line
-    example_out = out.split("--- python example", 1)[1].split("--- stop", 1)[0]
+    assert "Traceback" not in out
+
+
+def test_the_readme_quickstart_and_first_minute_run_as_written(tmp_path: Path) -> None:
+    run, stop = quickstart_blocks()
+    (first_minute,) = blocks("The first minute: prompt and image jobs without real weights")
+    (example,) = blocks("Submit from Python", "python")
+    script = tmp_path / "readme_example.py"
+    script.write_text(example)
+    out, folder = run_as_written(
+        tmp_path, run, "echo '--- first minute'", first_minute, "echo '--- python example'",
+        f"python {script}", "echo '--- stop'", stop)
+    check_quickstart(out)
+    # The first minute: a model and a LoRA made here, two demo jobs and a fleet job that all
+    # say their weights are random, one segment said as one
+    minute = between(out, "--- first minute", "--- python example")
+    assert (folder / "models/tiny/framefleet_random_weights.json").is_file()
+    assert (folder / "style.safetensors").is_file()
+    assert minute.count("demo: 33 frames, 3 segments, ") == 2, minute  # its defaults
+    assert len(re.findall(r"(?m)^demo: .*random weights: noise\)$", minute)) == 2, minute
+    success = re.search(r"(?m)^SUCCESS fox-1: 9 frames, 1 segment, 64x64, wall [\d.]+ s, "
+                        r"random weights: noise$", minute)
+    assert success, minute
+    assert re.search(r"(?m)^generate: tier exact, cache none, 4 steps, image [0-9a-f]{12}, "
+                     r"LoRA [0-9a-f]{12} x0\.8$", minute), minute
+    assert "manifest: s3://videos/out/default/fox-1/manifest.json" in minute
+    noise = [line for line in out.splitlines() if any(n in line for n in NOISE)]
+    assert not noise, noise
+    # The Python example: the job's URIs, a one-line cost, and a bad spec as its comment says
+    example_out = between(out, "--- python example", "--- stop")
     assert "s3://videos/out/acme/clip-42/manifest.json" in example_out, example_out
     assert "s3://videos/out/acme/clip-42/index.m3u8" in example_out
     assert re.search(r"(?m)^\$\d+\.\d{6} total: GPU \$.*per video-minute", example_out)
-    assert re.search(r"(?m)^invalid job spec: job_id: .*; output.uri: ", example_out)
-    assert "Traceback" not in out
+    comment = re.search(r"print\(e\)  # one line naming each bad field: (.*)$", example, re.M)
+    assert comment is not None, example
+    shape = re.escape(comment.group(1)).replace("…", ".+")
+    assert re.search(rf"(?m)^{shape}$", example_out), (comment.group(1), example_out)
+
+
+def test_the_quickstart_leaves_a_redis_on_6379_alone(tmp_path: Path) -> None:
+    # Given another Redis on 6379 (no persistence: a laptop's), holding one key of its own
+    other = ("redis-server --port 6379 --bind 127.0.0.1 --save '' --appendonly no "
+             "--dir \"$HOME\" > \"$HOME/other-redis.log\" 2>&1 &\n"
+             "until python -c 'import redis; redis.Redis(port=6379).set(\"mine\", 1)' "
+             "2> /dev/null; do sleep 0.1; done")
+    run, stop = quickstart_blocks()
+    out, _ = run_as_written(
+        tmp_path, other, run, "echo \"other redis keys: $(python -c 'import redis; "
+        "print(sorted(redis.Redis(port=6379).keys()))')\"", stop)
+    # When the quickstart runs as written, its fleet runs on a Redis of its own
+    check_quickstart(out)
+    assert not re.search(r"(?m)^Redis on 127\.0\.0\.1:6379$", out), out
+    # and the other Redis holds only its own key
+    assert "other redis keys: [b'mine']" in out, out
+
+
+def test_docs_api_runs_as_written_on_the_quickstart(tmp_path: Path) -> None:
+    run, stop = quickstart_blocks()
+    (first_minute,) = blocks("The first minute: prompt and image jobs without real weights")
+    (make_model,) = [line for line in first_minute.splitlines()
+                     if line.startswith("framefleet models tiny ")]
+    setup, curl_block, native = (
+        *blocks("Run it", text=API_DOC, level="##"), *blocks("curl", text=API_DOC, level="##"),
+        *blocks("The native API", text=API_DOC, level="##"))
+    (sdk,) = blocks("The `openai` SDK", "python", text=API_DOC, level="##")
+    script = tmp_path / "sdk_example.py"
+    script.write_text(sdk)
+    out, folder = run_as_written(
+        tmp_path, run, make_model, setup, "echo '--- curl'", curl_block, "echo '--- sdk'",
+        f"python {script}", "echo '--- native'", native, "echo '--- stop'", stop)
+    check_quickstart(out)
+    curls = between(out, "--- curl", "--- sdk")
+    assert '"object":"video"' in curls and '"status":"completed"' in curls, curls
+    assert '"random_weights":true' in curls and '"worker":"cpu0@' in curls, curls
+    assert (folder / "fox.mp4").stat().st_size > 1000 and (folder / "head.bin").stat().st_size \
+        == 1024
+    assert curls.count('"model":"tiny"') >= 3  # created, listed, image-to-video
+    sdk_out = between(out, "--- sdk", "--- native")
+    assert re.search(r"(?m)^completed 100 [\d.e-]+ cpu0@\S+ True$", sdk_out), sdk_out
+    assert re.search(r"(?m)^video_\S+ completed$", sdk_out), sdk_out
+    events = between(out, "--- native", "--- stop")
+    assert "event: end" in events and '"state": "SUCCESS"' in events, events
+    noise = [line for line in out.splitlines() if any(n in line for n in NOISE)]
+    assert not noise, noise
 
 
 def _stop_group(proc: subprocess.Popen[str]) -> None:

@@ -15,3 +15,9 @@
 Importing a module here never initialises CUDA: only the pool process that runs tasks does.
 See ARCHITECTURE.md for how the parts fit together.
 """
+
+from worker import quiet
+
+# Before any module here imports torchao, diffusers or transformers: their known start-up
+# noise (worker/quiet.py says why each is noise) is dropped, nothing else they log.
+quiet.install()

@@ -30,21 +30,23 @@ def _parser() -> argparse.ArgumentParser:
     tiny.add_argument("path", type=Path)
     tiny.add_argument("--layout", choices=("t2v", "ti2v", "i2v"), default="t2v")
     tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument("--lora", type=Path, default=None,
+                      help="also write a random LoRA for it (.safetensors)")
     return parser
 
 
 def _tiny(args: argparse.Namespace) -> int:
-    from worker.generate.presets import LAYOUTS, PRESETS, build_pipeline
+    from worker.generate.presets import PRESETS
+    from worker.generate.tiny import write_tiny
 
     path: Path = args.path
-    if path.exists() and any(path.iterdir()):
-        raise ValueError(f"{path}: exists and is not empty")
-    preset = LAYOUTS[args.layout]
-    build_pipeline(preset, seed=args.seed).save_pretrained(path)
+    preset = write_tiny(path, args.layout, args.seed, args.lora)
     h, w, f = PRESETS[preset].default_size
     sys.stdout.write(f"{path}: a tiny random Wan pipeline ({args.layout}, {preset}); random "
-                     f"weights: its videos are noise. Sizes: multiples of its VAE x patch, "
-                     f"e.g. {w}x{h}, {f} frames\n")
+                     f"weights: noise. Sizes: multiples of its VAE x patch, e.g. {w}x{h}, "
+                     f"{f} frames\n")
+    if args.lora is not None:
+        sys.stdout.write(f"{args.lora}: a random LoRA for it (random weights: noise)\n")
     return 0
 
 

@@ -34,6 +34,11 @@ def out_of_memory(e: torch.OutOfMemoryError, what: str) -> DeviceOutOfMemory:
     return DeviceOutOfMemory(f"CUDA out of memory {what}: {e}")
 
 
+def nonfinite(tensor: torch.Tensor) -> int:
+    """How many values of ``tensor`` are NaN or infinite (one reduction, then a sync)."""
+    return int(torch.isfinite(tensor).logical_not_().sum())
+
+
 def worker_info(device: torch.device, node: str | None = None) -> WorkerInfo:
     name = uuid = None
     if device.type == "cuda":

@@ -127,6 +127,10 @@ TORCH_VRAM = Gauge(
     ["device"],
     registry=WORKER_REGISTRY,
 )
+VRAM_AFTER_JOB = Gauge(
+    "framefleet_torch_vram_after_job_bytes", "torch.cuda memory of this process when its last "
+    "job ended: allocated (tensors) or reserved (caching allocator).", ["kind"],
+    registry=WORKER_REGISTRY)
 WORKER_READY = Gauge(
     "framefleet_worker_ready",
     "1 once this worker's warm-up decode sizes are compiled and captured; 0 while warming up.",

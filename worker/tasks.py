@@ -13,6 +13,8 @@
 - A job whose ``output.uri`` is outside ``FRAMEFLEET_OUTPUT_PREFIX`` (when set) fails at once.
 - Everything around the run (progress, cancel and preemption, the worker-loss cap, the OOM
   fallback, retries with back-off, metrics) is a concern of ``worker.concerns``.
+- A CUDA error ends this pool process once the job's lease is released: its CUDA context is
+  gone, and Celery redelivers the job to a fresh one (``worker.concerns.device``).
 - A job failed for good outside the concerns (refused by the fleet's rules on receipt;
   requeued too often while another run held its lease; Celery's hard time limit, decided in
   the worker's main process: ``DecodeRequest``) still gets its one count and ledger record
@@ -45,6 +47,7 @@ from producer.rules import check_message_size, check_spec, time_limits
 from producer.settings import Settings, get_settings
 from producer.spec import JobSpec, parse_spec
 from worker.concerns import CONCERNS, run_concerns
+from worker.concerns.device import RetireProcess, retire
 from worker.concerns.metrics import as_stamp, enqueued_at, failed_before_run
 from worker.concerns.outside import failed_outside, hand_over, record_end, take_over
 from worker.concerns.playlist import end_later
@@ -168,6 +171,9 @@ def decode_video(self: Task, payload: Any, tiled: bool = False, error_retries: i
         run = Run(spec=spec, settings=settings, node=str(self.request.hostname), tiled=tiled,
                   cost=cost_for_job, error_retries=int(error_retries), requeues=int(requeues))
         return run_concerns(run, self, CONCERNS, lambda: run_job(spec, decoders(), run))
+    except RetireProcess as e:  # a CUDA error: free the job for its next run, then go
+        lease.release()
+        retire(e)
     finally:
         lease.release()
 

@@ -6,6 +6,7 @@ from fastapi import FastAPI
 
 from producer.api import errors, ops, page, routes_jobs, routes_videos
 from producer.api.bodylimit import BodyLimit
+from producer.api.clientlimit import ClientLimit
 from producer.api.context import Gateway
 from producer.client import Client
 from producer.settings import Settings, get_settings
@@ -13,7 +14,8 @@ from producer.settings import Settings, get_settings
 DESCRIPTION = """framefleet's HTTP gateway. `/v1/videos` speaks the OpenAI Videos API shape
 (the `openai` SDK's `client.videos.*` work unmodified); `/v1/jobs` takes whole JobSpecs and
 streams their events. Every route but `/`, `/healthz`, `/readyz` and `/metrics` needs
-`Authorization: Bearer KEY`; the key names the tenant."""
+`Authorization: Bearer KEY`; the key names the tenant. Requests without a valid key are
+rate-limited per client address."""
 
 
 def create_app(settings: Settings | None = None, client: Client | None = None) -> FastAPI:
@@ -25,6 +27,8 @@ def create_app(settings: Settings | None = None, client: Client | None = None) -
                   redoc_url=None)
     app.state.gateway = gateway
     errors.install(app)
+    # Innermost first: the client limit's 429s are counted, the body limit comes before both.
+    app.add_middleware(ClientLimit, gateway=gateway)
     ops.install_metrics(app)
     app.add_middleware(BodyLimit, max_body=settings.api_max_body_bytes,
                        max_upload=max(settings.api_max_upload_bytes + 64 * 1024,

@@ -36,6 +36,7 @@ class KeyEntry(BaseModel):
         default=False, description="DELETE of a finished job also deletes its outputs")
     rate_per_minute: int | None = Field(default=None, ge=1, le=1_000_000)
     max_in_flight: int | None = Field(default=None, ge=1, le=100_000)
+    max_streams: int | None = Field(default=None, ge=1, le=10_000)
 
     @field_validator("tenant")
     @classmethod
@@ -57,6 +58,7 @@ class Tenant:
     delete_outputs: bool
     rate_per_minute: int
     max_in_flight: int
+    max_streams: int
 
 
 def key_hash(key: str) -> str:
@@ -66,9 +68,10 @@ def key_hash(key: str) -> str:
 class KeyRing:
     """The keys file, read at start and again whenever its modification time changes."""
 
-    def __init__(self, path: str, rate_per_minute: int, max_in_flight: int) -> None:
+    def __init__(self, path: str, rate_per_minute: int, max_in_flight: int,
+                 max_streams: int) -> None:
         self.path = Path(path)
-        self.defaults = (rate_per_minute, max_in_flight)
+        self.defaults = (rate_per_minute, max_in_flight, max_streams)
         self._lock = threading.Lock()
         self._stamp: tuple[int, int] | None = None
         self._entries: list[tuple[bytes, Tenant]] = []
@@ -82,10 +85,11 @@ class KeyRing:
         """Read the file (raises ``SettingsError`` naming the file and the field)."""
         stamp = self._read_stamp()
         parsed = load(self.path, KeysFile, "FRAMEFLEET_API_KEYS_FILE")
-        rate, flight = self.defaults
+        rate, flight, streams = self.defaults
         entries = [(bytes.fromhex(k.sha256), Tenant(k.tenant, k.delete_outputs,
                                                     k.rate_per_minute or rate,
-                                                    k.max_in_flight or flight))
+                                                    k.max_in_flight or flight,
+                                                    k.max_streams or streams))
                    for k in parsed.keys]
         with self._lock:
             self._entries, self._stamp = entries, stamp

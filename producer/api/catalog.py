@@ -38,6 +38,8 @@ from producer.errors import ApiRequestError
 
 SIZE_RE = re.compile(r"^([1-9][0-9]{0,4})x([1-9][0-9]{0,4})$")
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
+#: The longest ``max_seconds`` a model may have (``Limits``), and so any request's.
+MAX_SECONDS = 3600
 
 
 class Limits(BaseModel):
@@ -45,7 +47,7 @@ class Limits(BaseModel):
 
     sizes: tuple[str, ...] = Field(default=(), description="allowed WxH; empty: any in bounds")
     max_pixels: int = Field(default=1280 * 720, ge=64)
-    max_seconds: float = Field(default=10.0, gt=0, le=3600)
+    max_seconds: float = Field(default=10.0, gt=0, le=MAX_SECONDS)
     max_steps: int = Field(default=50, ge=1, le=10_000)
 
     @field_validator("sizes")
@@ -132,41 +134,79 @@ class Shape:
     steps: int
 
 
+@dataclass(frozen=True)
+class Fields:
+    """What a request calls each quantity the model's limits cover: a 400 names it."""
+
+    size: str
+    frames: str
+    steps: str
+    image: str
+
+
+#: ``POST /v1/videos``: size, seconds and steps, and the upload.
+VIDEO_FIELDS = Fields("size", "seconds", "steps", "input_reference")
+#: ``POST /v1/jobs``: the ``generate`` block of a JobSpec.
+NATIVE_FIELDS = Fields("generate.width", "generate.num_frames", "generate.num_inference_steps",
+                       "generate.image")
+
+
 def _bad(param: str, message: str) -> ApiRequestError:
     return ApiRequestError(400, "invalid_value", f"{param}: {message}", param)
 
 
+def check_limits(entry: ModelEntry, width: int, height: int, frames: int, steps: int,
+                 image: bool, fields: Fields) -> None:
+    """The model's limits on one job: its sizes, pixels, duration, steps and whether it takes
+    an image. The one check of both APIs (``/v1/videos`` after :func:`shape`, ``/v1/jobs`` on
+    the parsed spec); a 400 names the request's own field."""
+    limits, multiple, size = entry.limits, entry.size_multiple, f"{width}x{height}"
+    if limits.sizes and size not in limits.sizes:
+        raise _bad(fields.size, f"{size} is not one of this model's sizes: "
+                   f"{', '.join(limits.sizes)}")
+    if width % multiple or height % multiple:
+        raise _bad(fields.size, f"{size}: width and height must be multiples of {multiple}")
+    if width * height > limits.max_pixels:
+        raise _bad(fields.size, f"{size} is over this model's {limits.max_pixels} pixels")
+    # Exact: frames - 1 intervals at fps against max_seconds, without a float's rounding.
+    if Decimal(frames - 1) > Decimal(str(limits.max_seconds)) * Decimal(str(entry.fps)):
+        seconds = Decimal(frames - 1) / Decimal(str(entry.fps))
+        raise _bad(fields.frames, f"{frames} frames ({seconds.normalize():f} s at {entry.fps:g} "
+                   f"fps) are over this model's {limits.max_seconds:g} s")
+    if not 1 <= steps <= limits.max_steps:
+        raise _bad(fields.steps, f"{steps} is not in [1, {limits.max_steps}]")
+    if image and not entry.image_to_video:
+        raise _bad(fields.image, "this model takes no input image")
+
+
 def shape(entry: ModelEntry, size: str | None, seconds: str | None,
-          steps: int | None) -> Shape:
-    """Map ``size``/``seconds``/``steps`` (None: the model's defaults) by its rules."""
+          steps: int | None, image: bool = False) -> Shape:
+    """Map ``size``/``seconds``/``steps`` (None: the model's defaults) by its rules, then
+    check them, and whether an ``image`` comes too, against its limits
+    (:func:`check_limits`)."""
     size = entry.size if size is None else size.strip()
     match = SIZE_RE.match(size)
     if match is None:
         raise _bad("size", f"expected WIDTHxHEIGHT such as {entry.size}, got {size[:32]!r}")
     width, height = int(match[1]), int(match[2])
-    limits, multiple = entry.limits, entry.size_multiple
-    if limits.sizes and size not in limits.sizes:
-        raise _bad("size", f"{size} is not one of this model's sizes: {', '.join(limits.sizes)}")
-    if width % multiple or height % multiple:
-        raise _bad("size", f"{size}: width and height must be multiples of {multiple}")
-    if width * height > limits.max_pixels:
-        raise _bad("size", f"{size} is over this model's {limits.max_pixels} pixels")
     text = entry.seconds if seconds is None else str(seconds).strip()
     try:
         value = Decimal(text)
     except InvalidOperation:
         raise _bad("seconds", f"expected a number of seconds, got {text[:32]!r}") from None
-    if not value.is_finite() or value <= 0 or value > Decimal(str(limits.max_seconds)):
-        raise _bad("seconds", f"{text} is not in (0, {limits.max_seconds:g}]")
+    # A number, not the limit (check_limits has that): a bound so that "1e99999" never
+    # becomes a frame count with a hundred thousand digits.
+    if not value.is_finite() or value <= 0 or value > MAX_SECONDS:
+        raise _bad("seconds", f"{text} is not a duration in (0, {MAX_SECONDS}] seconds")
     intervals = value * Decimal(str(entry.fps))
     if intervals != intervals.to_integral_value() or int(intervals) % 4:
         step = Decimal(4) / Decimal(str(entry.fps))
         raise _bad("seconds", f"{text} s at {entry.fps:g} fps: this model makes 4k+1 frames, "
                    f"so seconds must be a multiple of {step.normalize()}")
     n_steps = entry.steps if steps is None else steps
-    if not 1 <= n_steps <= limits.max_steps:
-        raise _bad("steps", f"{n_steps} is not in [1, {limits.max_steps}]")
-    return Shape(width, height, int(intervals) + 1, size, text, n_steps)
+    frames = int(intervals) + 1
+    check_limits(entry, width, height, frames, n_steps, image, VIDEO_FIELDS)
+    return Shape(width, height, frames, size, text, n_steps)
 
 
 def load_catalog(path: str) -> Catalog:

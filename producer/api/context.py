@@ -7,6 +7,7 @@ key names the tenant, then the tenant's rate limit is spent (Redis, shared by ev
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import time
 from collections.abc import Iterable
@@ -17,6 +18,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from limits import RateLimitItemPerMinute
 from limits.storage import RedisStorage
 from limits.strategies import MovingWindowRateLimiter
+from redis.exceptions import RedisError
 
 from producer import keys
 from producer.api.auth import KeyRing, Tenant
@@ -24,7 +26,8 @@ from producer.api.catalog import load_catalog
 from producer.api.errors import not_found
 from producer.api.registry import Record, Registry
 from producer.api.store import Store
-from producer.api.video import View
+from producer.api.streams import Streams
+from producer.api.video import View, progress
 from producer.broker import redis_client
 from producer.client import Client
 from producer.client.jobstate import FINISHED
@@ -45,12 +48,13 @@ class Gateway:
                                 "s3:// output prefix; set one")
         self.settings = settings
         self.keyring = KeyRing(settings.api_keys_file, settings.api_rate_per_minute,
-                               settings.api_max_in_flight)
+                               settings.api_max_in_flight, settings.api_max_streams)
         self.catalog = load_catalog(settings.api_models_file)
         self.client = client or Client(settings=settings)
         self.redis = redis_client(settings.backend_url, settings, socket_timeout=5,
                                   socket_connect_timeout=5, health_check_interval=30)
         self.registry = Registry(self.redis)
+        self.streams = Streams(self.redis)
         self.store = Store(settings)
         # A moving window: exact (each hit is kept for a minute), and it says when the oldest
         # hit leaves it, which is the honest Retry-After.
@@ -63,17 +67,41 @@ class Gateway:
         assert self.settings.output_prefix is not None
         return self.settings.output_prefix.rstrip("/")
 
+    def _spend(self, per_minute: int, who: str, what: str) -> None:
+        """One request of ``who``'s ``per_minute``, or a 429 saying when one is free again."""
+        item = RateLimitItemPerMinute(per_minute)
+        try:
+            allowed = self.limiter.hit(item, who)
+            reset = 0.0 if allowed else self.limiter.get_window_stats(item, who).reset_time
+        except RedisError:
+            # The limits live in Redis: without it nothing can be counted, nor served.
+            raise ApiRequestError(503, "fleet_unavailable",
+                                  "the fleet's Redis does not answer") from None
+        if not allowed:
+            wait = max(1, math.ceil(reset - time.time()))
+            raise ApiRequestError(429, "rate_limit_exceeded",
+                                  f"over {per_minute} requests per minute {what}",
+                                  headers={"Retry-After": str(wait)})
+
     def authorize(self, authorization: str | None) -> Tenant:
         """The key's tenant, once its rate limit allows this request (else a 429)."""
         tenant = self.keyring.tenant(authorization)
-        item = RateLimitItemPerMinute(tenant.rate_per_minute)
-        if not self.limiter.hit(item, tenant.name):
-            reset = self.limiter.get_window_stats(item, tenant.name).reset_time
-            wait = max(1, math.ceil(reset - time.time()))
-            raise ApiRequestError(429, "rate_limit_exceeded",
-                                  f"over {tenant.rate_per_minute} requests per minute",
-                                  headers={"Retry-After": str(wait)})
+        self._spend(tenant.rate_per_minute, tenant.name, "for this key")
         return tenant
+
+    def keyed(self, authorization: str | None) -> bool:
+        """Whether the request carries a valid key (its tenant's own limit applies)."""
+        try:
+            self.keyring.tenant(authorization)
+        except ApiRequestError:
+            return False
+        return True
+
+    def admit_unkeyed(self, host: str | None) -> None:
+        """Spend one request of a client address without a valid key, or a 429. The limiter's
+        identities never meet a tenant's: a tenant name has no ':'."""
+        self._spend(self.settings.api_anon_rate_per_minute, f"addr:{client_network(host)}",
+                    "without a valid key from this address")
 
     def lookup(self, tenant: Tenant, public_id: str, what: str = "video") -> Record:
         """The tenant's record, or the same 404 for unknown, foreign and malformed ids."""
@@ -92,12 +120,27 @@ class Gateway:
         if js.finished:
             completed = self.registry.completed_at(rec)
             self.registry.release(rec.tenant, rec.job_id)
-        return View(rec, js, result, completed)
+        percent = progress(rec, js)
+        if percent < 100:
+            percent = self.registry.progress(rec, percent)
+        return View(rec, js, result, completed, percent)
 
     def finished(self, tenant: str, job_ids: Iterable[str]) -> list[str]:
         """Of ``tenant``'s ``job_ids``, those that ended (or that the fleet forgot)."""
         return [j for j in job_ids
                 if self.client.state(j, tenant).state in FINISHED | {"UNKNOWN"}]
+
+
+def client_network(host: str | None) -> str:
+    """What the per-address limit counts: an IPv4 address, an IPv6 client's /64 (one host
+    may hold all of a /64), or the peer as given when it is not an address."""
+    try:
+        address = ipaddress.ip_address(host or "")
+    except ValueError:
+        return (host or "unknown")[:64]
+    if address.version == 6:
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return str(address)
 
 
 def _gateway(request: Request) -> Gateway:

@@ -25,19 +25,24 @@ from producer.errors import (
     UnknownJobError,
 )
 
-#: OpenAI's error ``type`` per status.
-TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-         404: "invalid_request_error", 409: "invalid_request_error", 413: "invalid_request_error",
-         416: "invalid_request_error", 429: "rate_limit_error", 501: "invalid_request_error"}
+#: OpenAI's error ``type`` per status; any other 4xx is the client's (invalid_request_error),
+#: any 5xx the server's (server_error).
+TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error",
+         501: "invalid_request_error"}
 CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large",
          416: "range_not_satisfiable"}
 # "generate.num_frames: must be 4k+1" or "invalid job spec: time_limit_s: ...": the field.
 _FIELD = re.compile(r"^(?:invalid job spec: )?([A-Za-z_][\w.\[\]]*): ")
 
 
+def error_type(status: int) -> str:
+    """OpenAI's ``type`` for ``status``: a 405 or 416 is the client's error, never the server's."""
+    return TYPES.get(status, "invalid_request_error" if 400 <= status < 500 else "server_error")
+
+
 def body(status: int, code: str, message: str, param: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": TYPES.get(status, "server_error"),
-                      "param": param, "code": code}}
+    return {"error": {"message": message, "type": error_type(status), "param": param,
+                      "code": code}}
 
 
 def respond(e: ApiRequestError) -> JSONResponse:

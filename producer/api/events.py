@@ -9,7 +9,8 @@ Events, each with a rising ``id``:
 
 The state is read every ``FRAMEFLEET_API_EVENTS_POLL_S`` in a worker thread (the client is
 blocking), so an open stream holds no thread between reads. A comment line every
-``KEEPALIVE_S`` keeps proxies from closing a quiet stream.
+``KEEPALIVE_S`` keeps proxies from closing a quiet stream. Each stream holds one of its
+tenant's stream slots (``producer.api.streams``), renewed while it runs.
 """
 
 from __future__ import annotations
@@ -23,15 +24,17 @@ from fastapi.sse import ServerSentEvent
 
 from producer.api.context import Gateway
 from producer.api.registry import Record
+from producer.api.streams import RENEW_S, Slot
 from producer.api.video import job_object
 from producer.spec import segment_name
 
 KEEPALIVE_S = 15.0
 
 
-async def job_events(gw: Gateway, rec: Record) -> AsyncIterator[ServerSentEvent]:
+async def job_events(gw: Gateway, rec: Record, slot: Slot) -> AsyncIterator[ServerSentEvent]:
+    """The events of ``rec``'s job, holding ``slot`` (renewed) while the stream is open."""
     seq, sent_segments, last_key = 0, 0, None
-    quiet_since = time.monotonic()
+    quiet_since = renewed = time.monotonic()
 
     def event(kind: str, data: Any) -> ServerSentEvent:
         nonlocal seq, quiet_since
@@ -65,6 +68,9 @@ async def job_events(gw: Gateway, rec: Record) -> AsyncIterator[ServerSentEvent]
                     yield e
             yield event("end", obj)
             return
+        if time.monotonic() - renewed > RENEW_S:
+            renewed = time.monotonic()
+            await anyio.to_thread.run_sync(slot.renew)
         if time.monotonic() - quiet_since > KEEPALIVE_S:
             quiet_since = time.monotonic()
             yield ServerSentEvent(comment="keep-alive")

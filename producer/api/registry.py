@@ -72,10 +72,11 @@ class Registry:
     def __init__(self, r: Any) -> None:
         self.r = r
         self._reserve = r.register_script(keys.API_RESERVE)
+        self._progress = r.register_script(keys.API_PROGRESS)
 
-    def create(self, rec: Record) -> Record:
+    def create(self, rec: Record) -> tuple[Record, bool]:
         """Write ``rec`` unless its fleet id has a record: then return that one (the same
-        tenant's job: the id's digest names the tenant)."""
+        tenant's job: the id's digest names the tenant). The flag: whether this call wrote it."""
         key = keys.api_job(rec.job_id)
         pipe = self.r.pipeline()
         pipe.hsetnx(key, "record", rec.dumps()).expire(key, keys.API_RECORD_TTL_S)
@@ -84,13 +85,13 @@ class Registry:
             existing = self.get(rec.tenant, rec.id)
             if existing is None:
                 raise ApiRequestError(409, "conflict", "the job id is taken")
-            return existing
+            return existing, False
         listing = keys.api_listing(rec.tenant)
         now_ms = time.time() * 1000
         (self.r.pipeline().zadd(listing, {rec.id: int(rec.created_at * 1000)})
          .zremrangebyscore(listing, "-inf", now_ms - keys.API_RECORD_TTL_S * 1000)
          .expire(listing, keys.API_RECORD_TTL_S).execute())
-        return rec
+        return rec, True
 
     def get(self, tenant: str, public_id: str) -> Record | None:
         """The tenant's job ``public_id``, or None: unknown, another tenant's, or not an id."""
@@ -106,6 +107,15 @@ class Registry:
         (self.r.pipeline().delete(keys.api_job(rec.job_id))
          .zrem(keys.api_listing(rec.tenant), rec.id)
          .zrem(keys.api_in_flight(rec.tenant), rec.job_id).execute())
+
+    def progress(self, rec: Record, percent: int) -> int:
+        """The progress to show: ``percent``, or more if a replica showed more before (a
+        cancel or a retry reads 0 from the fleet; what was shown never goes back)."""
+        return int(self._progress(keys=[keys.api_job(rec.job_id)], args=[percent]))
+
+    def restart(self, rec: Record) -> None:
+        """A failed or cancelled job sent again: its new run counts from 0, and finishes anew."""
+        self.r.hdel(keys.api_job(rec.job_id), "percent", "completed_at")
 
     def completed_at(self, rec: Record) -> float:
         """When a replica first saw the job finished (the same answer on every replica)."""

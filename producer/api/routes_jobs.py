@@ -3,8 +3,7 @@ Server-Sent Events stream and the job's files."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Request, Response
@@ -14,10 +13,11 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 from producer.api.context import GatewayDep, TenantDep
 from producer.api.events import job_events
 from producer.api.files import serve
+from producer.api.jsonbody import parse_json
 from producer.api.registry import Record
+from producer.api.streams import Slot
 from producer.api.submit import submit_job
 from producer.api.video import job_object
-from producer.errors import ApiRequestError
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 _SPEC_DOC = ("A JobSpec (producer/spec.py) without tenant and output, which the gateway sets; "
@@ -31,10 +31,7 @@ _SPEC_DOC = ("A JobSpec (producer/spec.py) without tenant and output, which the 
 async def create_job(request: Request, gw: GatewayDep, tenant: TenantDep) -> dict[str, Any]:
     # Read here, not through a Body parameter: FastAPI turns any error while reading a body
     # into a 400, and an over-long body must stay the 413 that the limit raises.
-    try:
-        spec = json.loads(await request.body() or b"null")
-    except ValueError:
-        raise ApiRequestError(400, "invalid_json", "the body is not JSON") from None
+    spec = parse_json(await request.body())
     view = await run_in_threadpool(submit_job, gw, tenant, spec)
     return job_object(view)
 
@@ -56,16 +53,34 @@ def _record(job_id: str, gw: GatewayDep, tenant: TenantDep) -> Record:
     return gw.lookup(tenant, job_id, "job")
 
 
+def _slot(gw: GatewayDep, tenant: TenantDep,
+          rec: Annotated[Record, Depends(_record)]) -> Iterator[Slot]:
+    # Taken before the stream starts (over the cap: a 429, not a stream), given back after
+    # the response ends: FastAPI closes a request's dependencies once it has been sent.
+    slot = gw.streams.open(tenant.name, tenant.max_streams)
+    try:
+        yield slot
+    finally:
+        slot.close()
+
+
 @router.get("/{job_id}/events", response_class=EventSourceResponse,
             summary="Server-Sent Events: state, segment, end")
-async def events(gw: GatewayDep,
-                 rec: Annotated[Record, Depends(_record)]) -> AsyncIterator[ServerSentEvent]:
-    async for e in job_events(gw, rec):
+async def events(gw: GatewayDep, rec: Annotated[Record, Depends(_record)],
+                 slot: Annotated[Slot, Depends(_slot)]) -> AsyncIterator[ServerSentEvent]:
+    async for e in job_events(gw, rec, slot):
         yield e
 
 
-@router.get("/{job_id}/files/{name}", response_class=Response,
-            summary="A file of the job: index.m3u8, segment-NNNNN.mp4, full.mp4, manifest.json")
-def job_file(job_id: str, name: str, gw: GatewayDep, tenant: TenantDep,
+def job_file(job_id: str, name: str, request: Request, gw: GatewayDep, tenant: TenantDep,
              range_header: Annotated[str | None, Header(alias="range")] = None) -> Response:
-    return serve(gw, gw.lookup(tenant, job_id, "job"), name, range_header)
+    return serve(gw, gw.lookup(tenant, job_id, "job"), name, range_header,
+                 head=request.method == "HEAD")
+
+
+router.add_api_route(
+    "/{job_id}/files/{name}", job_file, methods=["GET"], response_class=Response,
+    summary="A file of the job: index.m3u8, segment-NNNNN.mp4, full.mp4, manifest.json")
+# HEAD: the same status and headers, no body (a route of its own: one operation id each).
+router.add_api_route("/{job_id}/files/{name}", job_file, methods=["HEAD"],
+                     response_class=Response, include_in_schema=False)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Request, Response
@@ -12,6 +11,7 @@ from starlette.datastructures import UploadFile
 
 from producer.api.context import Gateway, GatewayDep, TenantDep
 from producer.api.files import content
+from producer.api.jsonbody import parse_json
 from producer.api.store import parse
 from producer.api.submit import VideoCreate, submit_video
 from producer.api.video import video_object
@@ -52,12 +52,9 @@ async def _read(request: Request, gw: Gateway) -> tuple[VideoCreate, bytes | Non
         if len(raw) > gw.settings.api_max_body_bytes:
             raise ApiRequestError(413, "body_too_large",
                                   f"over {gw.settings.api_max_body_bytes} bytes")
-        try:
-            fields = json.loads(raw or b"null")
-        except ValueError:
-            raise ApiRequestError(400, "invalid_json", "the body is not JSON") from None
+        fields = parse_json(raw)
         if not isinstance(fields, dict):
-            raise ApiRequestError(400, "invalid_value", "expected a JSON object")
+            raise ApiRequestError(400, "invalid_value", "body: expected a JSON object", "body")
     try:
         return VideoCreate.model_validate(fields), upload
     except ValidationError as e:
@@ -109,10 +106,10 @@ def delete(video_id: str, gw: GatewayDep, tenant: TenantDep) -> dict[str, Any]:
     return {"id": rec.id, "object": "video.deleted", "deleted": True}
 
 
-def video_content(video_id: str, gw: GatewayDep, tenant: TenantDep,
+def video_content(video_id: str, request: Request, gw: GatewayDep, tenant: TenantDep,
                   variant: Literal["video"] = "video",
                   range_header: Annotated[str | None, Header(alias="range")] = None) -> Response:
-    return content(gw, gw.lookup(tenant, video_id), range_header)
+    return content(gw, gw.lookup(tenant, video_id), range_header, head=request.method == "HEAD")
 
 
 router = APIRouter(prefix="/v1/videos", tags=["videos"])
@@ -128,3 +125,5 @@ router.add_api_route("/{video_id}/content", video_content, methods=["GET"],
                      response_class=Response, responses={
                          200: {"content": {"video/mp4": {}}},
                          206: {"description": "exactly the bytes asked for"}})
+router.add_api_route("/{video_id}/content", video_content, methods=["HEAD"],
+                     response_class=Response, include_in_schema=False)

@@ -99,11 +99,13 @@ class Store:
 
         return resp, chunks()
 
-    def size(self, obj: Obj) -> int:
+    def head(self, obj: Obj) -> dict[str, Any]:
+        """HeadObject: ``ContentLength``, ``ETag`` …"""
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            return int(self.client.head_object(Bucket=obj.bucket, Key=obj.key)["ContentLength"])
+            info: dict[str, Any] = self.client.head_object(Bucket=obj.bucket, Key=obj.key)
+            return info
         except (BotoCoreError, ClientError) as e:
             raise self._error(e, obj.key.rsplit("/", 1)[-1]) from None
 

@@ -16,17 +16,20 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from producer.api.auth import Tenant
-from producer.api.catalog import shape
+from producer.api.catalog import NATIVE_FIELDS, ModelEntry, check_limits, shape
 from producer.api.context import Gateway
 from producer.api.registry import Record, fleet_id, new_video_id, valid_public_id
 from producer.api.store import under
 from producer.api.uploads import discard, image_fields, input_root, store_upload
 from producer.api.video import View
 from producer.errors import ApiRequestError
-from producer.spec import RANDOM_WEIGHTS, parse_spec
+from producer.rules import check_spec
+from producer.spec import RANDOM_WEIGHTS, JobSpec, parse_spec
 
 #: A full tenant waits for one of its jobs to end; it cannot know when, so: look again soon.
 IN_FLIGHT_RETRY_S = 5
+#: The ends after which the same spec submitted again runs again (``Client.submit``).
+RERUN = frozenset({"FAILURE", "REVOKED"})
 
 
 class VideoCreate(BaseModel):
@@ -55,17 +58,23 @@ def _reserve(gw: Gateway, tenant: Tenant, job_id: str) -> None:
                               headers={"Retry-After": str(IN_FLIGHT_RETRY_S)})
 
 
-def _send(gw: Gateway, tenant: Tenant, rec: Record, spec_data: dict[str, Any]) -> View:
-    spec = parse_spec(spec_data)
+def _send(gw: Gateway, tenant: Tenant, rec: Record, spec: JobSpec) -> View:
+    """Register ``spec`` and submit it, once every check has passed: a request refused for
+    any reason the rules know leaves no record (the client checks again when it submits)."""
+    check_spec(spec, gw.client.settings)
     _reserve(gw, tenant, spec.job_id)
-    rec = gw.registry.create(rec)
+    rec, created = gw.registry.create(rec)
+    rerun = not created and gw.client.state(rec.job_id, rec.tenant).state in RERUN
     try:
         gw.client.submit(spec)
     except BaseException:
-        gw.registry.release(tenant.name, spec.job_id)
-        if rec.api == "videos":  # a fresh id nobody has seen: leave nothing behind
+        # A record this request made goes again (with its in-flight slot); one that was there
+        # (a resubmit of the same id) stays: it is an earlier request's job.
+        if created:
             gw.registry.forget(rec)
         raise
+    if rerun:
+        gw.registry.restart(rec)
     return gw.view(rec)
 
 
@@ -73,9 +82,7 @@ def submit_video(gw: Gateway, tenant: Tenant, req: VideoCreate,
                  upload: bytes | None) -> View:
     """A prompt (and an image) for a model of the map."""
     name, entry = gw.catalog.get(req.model)
-    dims = shape(entry, req.size, req.seconds, req.steps)
-    if upload is not None and not entry.image_to_video:
-        raise _bad("input_reference", f"model {name} takes no input image")
+    dims = shape(entry, req.size, req.seconds, req.steps, image=upload is not None)
     public = new_video_id()
     job_id = fleet_id(tenant.name, public)
     generate: dict[str, Any] = {
@@ -88,19 +95,22 @@ def submit_video(gw: Gateway, tenant: Tenant, req: VideoCreate,
     image_uri = None
     if upload is not None:
         image_uri = store_upload(gw.store, gw.settings, tenant.name, public, upload)
-        try:
-            generate |= image_fields(image_uri)
-        except ApiRequestError:
-            discard(gw.store, image_uri)
-            raise
     rec = Record(id=public, job_id=job_id, tenant=tenant.name, api="videos",
                  created_at=time.time(), output=f"{gw.output_prefix}/{tenant.name}/{job_id}",
                  model=name, size=dims.size, seconds=dims.seconds, prompt=req.prompt,
                  tier=entry.tier, input_uri=image_uri)
-    return _send(gw, tenant, rec, {
-        "job_id": job_id, "tenant": tenant.name, "generate": generate,
-        "video": {"fps": entry.fps, "stitch": True}, "output": {"uri": gw.output_prefix},
-    })
+    try:
+        if image_uri is not None:
+            generate |= image_fields(image_uri)
+        spec = parse_spec({
+            "job_id": job_id, "tenant": tenant.name, "generate": generate,
+            "video": {"fps": entry.fps, "stitch": True}, "output": {"uri": gw.output_prefix},
+        })
+        return _send(gw, tenant, rec, spec)
+    except BaseException:
+        if image_uri is not None:  # a fresh id: nothing of a refused request stays
+            discard(gw.store, image_uri)
+        raise
 
 
 def _inputs(gw: Gateway, tenant: Tenant, data: dict[str, Any]) -> None:
@@ -120,8 +130,10 @@ def _inputs(gw: Gateway, tenant: Tenant, data: dict[str, Any]) -> None:
             raise _bad(field, f"must be an s3:// object under this key's input prefix {root}/")
 
 
-def _models(gw: Gateway, data: dict[str, Any]) -> None:
-    """Model and decoder weights by name: the map's folder, never a client's path."""
+def _models(gw: Gateway, data: dict[str, Any]) -> ModelEntry | None:
+    """Model and decoder weights by name: the map's folder, never a client's path. Returns
+    the generate model's entry (its limits apply to the job)."""
+    entry = None
     gen = data.get("generate")
     if isinstance(gen, dict) and "model" in gen:
         _, entry = gw.catalog.get(str(gen["model"]))  # 400 naming "model" if unknown
@@ -133,6 +145,16 @@ def _models(gw: Gateway, data: dict[str, Any]) -> None:
             raise _bad("decoder.weights", '"random" or a model name of this gateway')
         assert isinstance(decoder, dict)
         data["decoder"] = {**decoder, "weights": gw.catalog.models[weights].folder + "/vae"}
+    return entry
+
+
+def _limits(entry: ModelEntry | None, spec: JobSpec) -> None:
+    """The map's limits on a native generate job: the same check as ``/v1/videos``."""
+    gen = spec.generate
+    if gen is None or entry is None:
+        return
+    check_limits(entry, gen.width, gen.height, gen.num_frames, gen.num_inference_steps,
+                 gen.image is not None or gen.last_image is not None, NATIVE_FIELDS)
 
 
 def _decoder_name(data: dict[str, Any]) -> str:
@@ -154,12 +176,14 @@ def submit_job(gw: Gateway, tenant: Tenant, data: Any) -> View:
         raise _bad("output", "the gateway writes under the fleet's output prefix; leave it out")
     _inputs(gw, tenant, data)
     name = data["generate"].get("model") if isinstance(data.get("generate"), dict) else None
-    _models(gw, data)
+    entry = _models(gw, data)
     job_id = fleet_id(tenant.name, public)
     data |= {"job_id": job_id, "tenant": tenant.name, "output": {"uri": gw.output_prefix}}
-    gen = data.get("generate") if isinstance(data.get("generate"), dict) else None
+    spec = parse_spec(data)
+    _limits(entry, spec)
+    gen = spec.generate
     rec = Record(id=public, job_id=job_id, tenant=tenant.name, api="jobs",
                  created_at=time.time(), output=f"{gw.output_prefix}/{tenant.name}/{job_id}",
                  model=str(name) if name else _decoder_name(data), generate=gen is not None,
-                 prompt=gen.get("prompt") if gen else None)
-    return _send(gw, tenant, rec, data)
+                 prompt=gen.prompt if gen else None)
+    return _send(gw, tenant, rec, spec)

@@ -3,9 +3,11 @@
 ``status``: queued (QUEUED, RETRY, REQUEUED), in_progress (STARTED, PROGRESS), completed
 (SUCCESS), failed (FAILURE, and REVOKED: the object has no "cancelled"; its error says so).
 ``progress`` (0–100) weighs a generate job's denoise steps as the first 80 % and its frames
-as the rest (denoising is most of a job's GPU time); a latents job counts frames only; it
-never goes back. framefleet's own facts go in one extra object, ``framefleet``, which the
-SDK keeps as an extra field.
+as the rest (denoising is most of a job's GPU time); a latents job counts frames only. It
+never goes back: a cancel, a failure or a retry reads as 0 from the fleet, so the gateway
+shows the highest value any replica has shown (``Registry.progress``). framefleet's own facts
+go in one extra object, ``framefleet``, which the SDK keeps as an extra field. A failure's
+reason reads as ``producer.api.failures`` maps it: a code and a short message.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from producer.api import failures
 from producer.api.registry import Record
 from producer.client.jobstate import JobState
 from producer.spec import JobResult
@@ -25,21 +28,23 @@ STATUS = {"UNKNOWN": "queued", "QUEUED": "queued", "RETRY": "queued", "REQUEUED"
 
 @dataclass(frozen=True)
 class View:
-    """One observation of a job: the record, the fleet's state, the result when it succeeded
-    and when a replica first saw it finished."""
+    """One observation of a job: the record, the fleet's state, the result when it succeeded,
+    when a replica first saw it finished, and the progress shown (0-100, never less than
+    before)."""
 
     record: Record
     state: JobState
     result: JobResult | None
     completed_at: float | None
+    percent: int
 
     @property
     def status(self) -> str:
         return STATUS.get(self.state.state, "queued")
 
 
-def progress(view: View) -> int:
-    js = view.state
+def progress(rec: Record, js: JobState) -> int:
+    """The progress of this one observation (the view keeps the highest one shown)."""
     if js.state == "SUCCESS":
         return 100
     p = js.progress
@@ -48,7 +53,7 @@ def progress(view: View) -> int:
     if p.stage == "denoise":
         return DENOISE_SHARE * p.steps_done // max(p.steps_total, 1)
     frames = p.frames_done * 100 // max(p.frames_total, 1)
-    if not view.record.generate:
+    if not rec.generate:
         return min(frames, 99)
     return min(DENOISE_SHARE + frames * (100 - DENOISE_SHARE) // 100, 99)
 
@@ -65,12 +70,13 @@ def extras(view: View) -> dict[str, Any]:
     rec, result = view.record, view.result
     cost = result.cost if result is not None else None
     return {
-        "job_id": rec.job_id, "state": view.state.state, "detail": view.state.describe(),
+        "job_id": rec.job_id, "state": view.state.state, "detail": failures.describe(view.state),
         **links(rec),
         "cost_usd": cost.total_usd if cost is not None else None,
         "usd_per_video_minute": cost.usd_per_video_minute if cost is not None else None,
         "tier": rec.tier,
-        "worker": result.worker.hostname if result is not None else view.state.worker,
+        # the Celery node name (cpu0@host, gpu3@host), as the CLI and the ledger name it
+        "worker": result.worker.node if result is not None else view.state.worker,
         "random_weights": result.random_weights if result is not None else None,
         "frames": result.manifest.frames if result is not None else None,
     }
@@ -81,7 +87,8 @@ def error(view: View) -> dict[str, Any] | None:
     if js.state == "REVOKED":
         return {"code": "cancelled", "message": "the job was cancelled"}
     if js.state == "FAILURE":
-        return {"code": "job_failed", "message": js.reason or "the job failed"}
+        found = failures.failure(js) or failures.UNEXPECTED
+        return {"code": found.code, "message": found.message}
     return None
 
 
@@ -95,7 +102,7 @@ def video_object(view: View) -> dict[str, Any]:
         seconds = seconds or f"{m.video_seconds:g}"
     finished = view.state.finished
     return {
-        "id": rec.id, "object": "video", "status": view.status, "progress": progress(view),
+        "id": rec.id, "object": "video", "status": view.status, "progress": view.percent,
         "created_at": int(rec.created_at),
         "completed_at": int(view.completed_at) if finished and view.completed_at else None,
         "expires_at": None, "model": rec.model or "", "prompt": rec.prompt, "size": size,
@@ -109,9 +116,9 @@ def job_object(view: View) -> dict[str, Any]:
     rec, js = view.record, view.state
     return {
         "id": rec.id, "object": "framefleet.job", "job_id": rec.job_id, "state": js.state,
-        "status": view.status, "detail": js.describe(), "percent": progress(view),
+        "status": view.status, "detail": failures.describe(js), "percent": view.percent,
         "progress": js.progress.model_dump() if js.progress is not None else None,
-        "reason": js.reason, "worker": js.worker, "created_at": rec.created_at,
+        "reason": failures.reason(js), "worker": js.worker, "created_at": rec.created_at,
         "completed_at": view.completed_at if js.finished else None, **links(rec),
         "result": view.result.model_dump(mode="json") if view.result is not None else None,
     }

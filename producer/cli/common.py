@@ -12,12 +12,14 @@ from producer.cli.output import (
     EXIT_INTERRUPTED,
     EXIT_TIMEOUT,
     console,
+    count,
     ctrl_c_exits,
     errors,
     exit_now,
     note,
 )
 from producer.spec import JobResult, job_key
+from producer.weights import NOISE_NOTE
 
 if TYPE_CHECKING:
     from producer.client import Client
@@ -45,16 +47,24 @@ def _uri(value: Optional[str]) -> Optional[str]:
     return Path(value).expanduser().absolute().as_uri()
 
 
+def random_weights_why(result: JobResult) -> str:
+    """Why the job's weights were random: its decoder asked, or its model folder says so."""
+    if result.manifest.generate is not None and result.manifest.generate.random_weights:
+        return ("generate.model is a folder of random weights (framefleet models tiny): the "
+                "video is noise, not a model's")
+    return 'decoder.weights "random": the frames are noise, not a model\'s video'
+
+
 def print_result(result: JobResult) -> None:
     m = result.manifest
     key = job_key(m.tenant, m.job_id)  # what status, wait and cancel take
-    console.print(f"[green]SUCCESS[/green] {key}: {m.frames} frames, "
-                  f"{len(m.segments)} segments, {m.width}x{m.height}, "
-                  f"wall {result.timings.wall_s:.2f} s")
+    noise = f", [yellow]{NOISE_NOTE}[/yellow]" if result.random_weights else ""
+    console.print(f"[green]SUCCESS[/green] {key}: {count(m.frames, 'frame')}, "
+                  f"{count(len(m.segments), 'segment')}, {m.width}x{m.height}, "
+                  f"wall {result.timings.wall_s:.2f} s{noise}")
     console.print(f"manifest: {result.manifest_uri}", markup=False)
     if result.random_weights:
-        console.print('[yellow]random weights[/yellow] (decoder.weights "random"): the '
-                      "frames are noise, not a model's video")
+        console.print(f"{NOISE_NOTE} ({random_weights_why(result)})", markup=False)
     facts = m.generate
     if facts is not None:
         extra = "".join([f", image {facts.image.sha256[:12]}" if facts.image else "",

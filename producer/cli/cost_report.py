@@ -32,6 +32,7 @@ from producer.cli.output import fail
 from producer.cli.output import tables as console
 from producer.cost import COST_STAGES
 from producer.cost.fleet import FleetRow, Group, fleet_summary
+from producer.cost.pricing import format_usd
 from producer.cost.tables import print_report
 from producer.errors import FramefleetError
 from producer.ledger import open_ledger
@@ -69,7 +70,8 @@ def _stage_table(rows: list[StageRow]) -> Table:
     for name in ("stage", "jobs", "GPU-s", "$ direct", "share"):
         table.add_column(name, justify="left" if name == "stage" else "right")
     for row in rows:
-        table.add_row(row.stage, str(row.jobs), f"{row.gpu_seconds:,.2f}", f"{row.usd:,.6f}",
+        table.add_row(row.stage, str(row.jobs), f"{row.gpu_seconds:,.2f}",
+                      format_usd(row.usd, sign=False),
                       f"{row.share:.1%}")
     return table
 

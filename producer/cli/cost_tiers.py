@@ -8,6 +8,7 @@ from collections.abc import Iterable
 
 from rich.table import Table
 
+from producer.cost.pricing import format_usd
 from producer.spec import JobResult
 
 
@@ -49,5 +50,5 @@ def tier_table(rows: list[TierRow]) -> Table:
     for row in rows:
         table.add_row(row.tier, row.cache, str(row.jobs), str(row.steps),
                       f"{row.denoise_gpu_seconds:,.2f}", f"{row.gpu_seconds_per_step:,.3f}",
-                      f"{row.denoise_usd:,.6f}")
+                      format_usd(row.denoise_usd, sign=False))
     return table

@@ -12,8 +12,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from producer.cli.output import console, err, errors, fail, note
+from producer.cli.output import console, count, err, errors, fail, note
 from producer.ports import CPU_PORT_OFFSET, DEFAULT_EXPORTER_PORT, DEFAULT_METRICS_PORT
+from producer.weights import NOISE_NOTE
 
 #: ``--gpus``: all, a count, or a comma-separated list of indices.
 GPUS_RE = re.compile(r"^(all|[0-9]+|[0-9]+(,[0-9]+)+)$")
@@ -91,10 +92,10 @@ def demo(
     for seg in m.segments:
         console.print(f"  {seg.uri}  frames {seg.first_frame}-{seg.first_frame + seg.frames - 1}",
                       markup=False)
-    what = ("tiny random Wan pipeline" if generate else decoder
-            + (", random weights" if result.random_weights else ""))
-    console.print(f"demo: {m.frames} frames, {len(m.segments)} segments, "
-                  f"wall {wall:.1f} s ({what}, {m.width}x{m.height})")
+    what = ("tiny random Wan pipeline" if generate else decoder)
+    noise = f", {NOISE_NOTE}" if result.random_weights else ""
+    console.print(f"demo: {count(m.frames, 'frame')}, {count(len(m.segments), 'segment')}, "
+                  f"wall {wall:.1f} s ({what}, {m.width}x{m.height}{noise})", markup=False)
 
 
 def healthcheck(

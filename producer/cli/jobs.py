@@ -18,13 +18,14 @@ from rich import box
 from rich.table import Table
 
 from producer.cli.cost_read import parse_duration
-from producer.cli.output import console, errors, fail
+from producer.cli.output import console, count, errors, fail
 from producer.cli.output import tables as table_console
 from producer.errors import LedgerError
 from producer.ledger import LedgerReader, open_ledger
 from producer.results import LedgerRecord
 from producer.settings import get_settings
 from producer.spec import split_key
+from producer.weights import NOISE_NOTE
 
 jobs_app = typer.Typer(help="Jobs that ended (succeeded, failed, cancelled), from the ledger.",
                        no_args_is_help=True, pretty_exceptions_enable=False)
@@ -146,8 +147,9 @@ def _show(r: LedgerRecord) -> None:
         stages = {k: v for k, v in res.timings.model_dump().items()
                   if k.endswith("_s") and v and k != "backpressure_s"}
         lines += ["  stages: " + ", ".join(f"{k[:-2]} {v:.2f} s" for k, v in stages.items()),
-                  f"  video: {m.frames} frames, {m.width}x{m.height}, {len(m.segments)} "
-                  f"segments" + (" (reused)" if res.reused else ""),
+                  f"  video: {count(m.frames, 'frame')}, {m.width}x{m.height}, "
+                  f"{count(len(m.segments), 'segment')}" + (" (reused)" if res.reused else "")
+                  + (f", {NOISE_NOTE}" if res.random_weights else ""),
                   f"  manifest: {res.manifest_uri}"]
         lines += [f"  {name}: {uri}" for name, uri in (
             ("playlist", m.playlist_uri), ("full", m.full_uri), ("latents", m.latents_uri))

@@ -37,6 +37,11 @@ EXIT_INTERRUPTED = 130  # Ctrl-C on `wait`: the job goes on (128 + SIGINT)
 CTRL_C_GRACE_S = 3.0
 
 
+def count(n: int, noun: str) -> str:
+    """``1 segment``, ``2 segments``, ``0 segments``."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
 def fail(e: Exception | str, code: int = EXIT_ERROR) -> NoReturn:
     """Print ``error: MESSAGE`` on one line (no markup, no wrapping) and exit with ``code``."""
     message = " ".join(str(e).split())

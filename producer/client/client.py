@@ -20,7 +20,13 @@ from producer.client.handle import JobHandle, _io, _unknown
 from producer.client.jobstate import FINISHED, JobState
 from producer.control import flags_for
 from producer.errors import InvalidJobError
-from producer.rules import HARD_LIMIT_AFTER_S, LocalPathWarning, check_local_paths, check_spec
+from producer.rules import (
+    HARD_LIMIT_AFTER_S,
+    LocalPathWarning,
+    check_local_files,
+    check_local_paths,
+    check_spec,
+)
 from producer.settings import Settings, get_settings
 from producer.spec import JobSpec, job_key, split_key
 
@@ -62,8 +68,10 @@ class Client:
         withdraws the cancel. The same job_id with a different spec raises JobConflictError
         naming the fields that differ. A spec the fleet's rules refuse (``producer.rules``:
         no ``decoder.weights`` for a Wan decoder, a ``file://`` path outside this producer's
-        ``FRAMEFLEET_FILE_ROOTS``, …) raises InvalidJobError before anything is queued; local
-        paths that only the workers can judge (no roots set here) give a ``LocalPathWarning``."""
+        ``FRAMEFLEET_FILE_ROOTS``, …) raises InvalidJobError before anything is queued, and so
+        does a local input file or folder that is missing where this host can see it
+        (``InputNotFoundError``, ``producer.rules.check_local_files``); local paths that only
+        the workers can judge (no roots set here) give a ``LocalPathWarning``."""
         with _io(self.app):
             return self._submit(spec)
 
@@ -71,6 +79,7 @@ class Client:
         check_spec(spec, self.settings)  # the worker checks again on receipt
         for warning in check_local_paths(spec, self.settings):
             warnings.warn(warning, LocalPathWarning, stacklevel=4)
+        check_local_files(spec, self.settings)  # a missing file where it is visible here
         payload = spec.model_dump(mode="json")
         digest, key = spec.digest(), spec.key
         flags = flags_for(self.app, self.settings)
@@ -131,14 +140,16 @@ class Client:
         """Cooperative cancel: the worker stops between chunks, writes no manifest, and the
         job ends REVOKED; a job still queued ends so when a worker receives it.
 
-        Returns the job's state when asked. A finished job is left as it is. Raises
+        Returns the job's state when asked, as ``state()`` names it (QUEUED, STARTED,
+        PROGRESS, RETRY, …). A finished job is left as it is. Raises
         ``UnknownJobError`` for an id that was never submitted: nothing is flagged.
         """
         with _io(self.app):
             flags = flags_for(self.app, self.settings)
             handle = JobHandle(self.app, _key(job, tenant), flags, self.settings)
-            state = handle.status()
-            if state == "PENDING" and not handle.registered():
+            # The state as status and wait name it (QUEUED, not Celery's PENDING).
+            state = handle.state().state
+            if state == "UNKNOWN":
                 raise _unknown(handle.key)
             if state not in FINISHED:
                 flags.set_cancel(handle.key)

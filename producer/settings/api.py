@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, ip_network
 from typing import Literal
 
-from pydantic import BaseModel, Field, IPvAnyAddress
+from pydantic import BaseModel, Field, IPvAnyAddress, field_validator
 
 from producer.ports import DEFAULT_API_PORT
 
@@ -42,6 +42,23 @@ class ApiSettings(BaseModel):
         description="requests one tenant may make per minute, across every replica (429 "
         "beyond); a key in the keys file may set its own",
     )
+    api_anon_rate_per_minute: int = Field(
+        default=120, ge=1, le=1_000_000,
+        description="requests one client address may make per minute without a valid key "
+        "(an IPv6 client: its /64), across every replica (429 beyond); /healthz and /readyz "
+        "are exempt",
+    )
+    api_trusted_proxies: str = Field(
+        default="127.0.0.1",
+        description="comma-separated addresses or CIDR networks of the proxies (the load "
+        "balancer) whose X-Forwarded-For names the client; the limits count that client's "
+        "address. Only what these proxies add is believed",
+    )
+    api_max_streams: int = Field(
+        default=8, ge=1, le=10_000,
+        description="Server-Sent Events streams one tenant may hold open at once, across every "
+        "replica (429 with Retry-After beyond); a key in the keys file may set its own",
+    )
     api_max_in_flight: int = Field(
         default=16, ge=1, le=100_000,
         description="unfinished jobs one tenant may have (429 on the next submit); a key in "
@@ -62,9 +79,25 @@ class ApiSettings(BaseModel):
     )
     api_hls_js: str | None = Field(
         default=None,
-        description="hls.min.js the page serves (the pinned npm file: .node/node_modules/"
-        "hls.js/dist/hls.min.js); unset: the page lists jobs but cannot play them",
+        description="another hls.min.js for the page to serve; unset: the one the package "
+        "ships (hls.js 1.7.4, producer/api/static/hls.min.js). A file that cannot be read "
+        "is named when framefleet api starts, and the page says it cannot play",
     )
     api_events_poll_s: float = Field(
         default=0.5, ge=0.05, le=10, description="how often a job's event stream reads its state"
     )
+
+    @field_validator("api_trusted_proxies")
+    @classmethod
+    def _proxies(cls, v: str) -> str:
+        for part in (p.strip() for p in v.split(",")):
+            try:
+                ip_network(part)  # an address, or a network without host bits (as uvicorn)
+            except ValueError:
+                raise ValueError(f"{part!r} is not an IP address or a CIDR network") from None
+        return v
+
+    @property
+    def api_trusted_proxy_list(self) -> list[str]:
+        """FRAMEFLEET_API_TRUSTED_PROXIES, one address or network each."""
+        return [p.strip() for p in self.api_trusted_proxies.split(",")]

@@ -56,6 +56,19 @@ class WorkerSettings(BaseModel):
         "(inductor FX graphs, Triton kernels, autotuning): a restarted worker replays its "
         "warm-up sizes in seconds instead of compiling again; None: the process's temp folder",
     )
+    pool_start_timeout_s: float | None = Field(
+        default=None, gt=0, le=6 * 3600,
+        description="seconds a pool process may take to start (imports, then the warm-up "
+        "model and decoder) before Celery kills it as hung and starts another; unset: 120 "
+        "without a warm-up, 1800 with FRAMEFLEET_WARMUP_MODEL or FRAMEFLEET_WARMUP_DECODER "
+        "(a cold load of a published folder plus a cold compile)",
+    )
+    pool_start_failures: int = Field(
+        default=3, ge=1, le=100,
+        description="pool processes in a row that end before they are up (killed, crashed, "
+        "timed out) after which the worker stops with exit status 75 so that its "
+        "supervisor restarts it, instead of Celery replacing the child for ever",
+    )
     decode_graphs: int = Field(
         default=2, ge=0, le=16,
         description="CUDA: compiled, graph-captured decode sizes kept per decoder; 0: eager",

@@ -5,9 +5,13 @@ uvicorn process, both on the session's Redis and SeaweedFS."""
 from __future__ import annotations
 
 import io
+import json
 import secrets
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,9 +20,9 @@ import numpy as np
 import pytest
 import redis
 
-from tests.gateway import HLS_JS, GatewayProcess, Key, write_keys, write_models
+from tests.gateway import GatewayProcess, Key, write_keys, write_models
 from tests.services import S3Server, WorkerProcess
-from tests.worker.generate.tiny import save_tiny_model
+from worker.generate.tiny import write_tiny
 
 #: Seconds per pattern chunk (4 frames): a 40-latent-frame job runs ~6 s.
 CHUNK_S = 0.15
@@ -44,10 +48,11 @@ class ApiFleet:
         return f"s3://{self.bucket}/in"
 
     def put_latents(self, tenant: str, name: str, latent_frames: int, h: int = 8,
-                    w: int = 12) -> str:
-        """Zeros (the pattern decoder ignores values) under the tenant's input prefix."""
+                    w: int = 12, fill: float = 0.0) -> str:
+        """Latents of ``fill`` (the pattern decoder ignores values, but for
+        ``paced_worker.FAULT_VALUE``) under the tenant's input prefix."""
         buf = io.BytesIO()
-        np.save(buf, np.zeros((16, latent_frames, h, w), np.float32))
+        np.save(buf, np.full((16, latent_frames, h, w), fill, np.float32))
         key = f"in/{tenant}/{name}.npy"
         self.s3.client().put_object(Bucket=self.bucket, Key=key, Body=buf.getvalue())
         return f"s3://{self.bucket}/{key}"
@@ -62,7 +67,9 @@ def api_fleet(tmp_path_factory: pytest.TempPathFactory, redis_url: str,
               s3: S3Server) -> Iterator[ApiFleet]:
     tmp = tmp_path_factory.mktemp("api")
     redis.Redis.from_url(redis_url).flushdb()
-    model = save_tiny_model(tmp / "tiny-wan")
+    # What framefleet models tiny writes: random weights, labelled so
+    model = tmp / "tiny-wan"
+    write_tiny(model, "t2v")
     bucket = f"ff-api-{secrets.token_hex(4)}"
     s3.client().create_bucket(Bucket=bucket)
     keys = write_keys(tmp / "keys.toml", {"acme": {"delete_outputs": True}, "evil": {},
@@ -86,7 +93,7 @@ def api_fleet(tmp_path_factory: pytest.TempPathFactory, redis_url: str,
         **common, "FRAMEFLEET_API_KEYS_FILE": str(tmp / "keys.toml"),
         "FRAMEFLEET_API_MODELS_FILE": str(models),
         "FRAMEFLEET_API_INPUT_PREFIX": f"s3://{bucket}/in",
-        "FRAMEFLEET_API_HLS_JS": str(HLS_JS), "FRAMEFLEET_API_EVENTS_POLL_S": "0.1"})
+        "FRAMEFLEET_API_EVENTS_POLL_S": "0.1"})  # the page's hls.js: the packaged one
     try:
         worker.start()
         gateway.start()
@@ -97,6 +104,38 @@ def api_fleet(tmp_path_factory: pytest.TempPathFactory, redis_url: str,
         worker.stop()
 
 
+@contextmanager
+def replica(fleet: ApiFleet, workdir: Path, name: str, **env: str) -> Iterator[GatewayProcess]:
+    """One more gateway process on the fleet's Redis and store, with ``env`` on top of the
+    first one's settings (another replica, or one with other limits)."""
+    gateway = GatewayProcess(workdir, {**fleet.gateway.env, **env}, name=name)
+    try:
+        gateway.start()
+        yield gateway
+    finally:
+        gateway.stop()
+
+
+def call(url: str, path: str, key: Key | None = None, method: str = "GET",
+         headers: dict[str, str] | None = None,
+         body: bytes | None = None) -> tuple[int, Any, bytes]:
+    """One request: (status, headers (case-insensitive), body)."""
+    h = {**(key.headers if key else {}), **(headers or {})}
+    req = urllib.request.Request(url + path, data=body, headers=h, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return int(r.status), r.headers, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers, e.read()
+
+
+def post_json(url: str, path: str, key: Key, data: Any) -> tuple[int, Any]:
+    """POST ``data`` as JSON: (status, the JSON answer)."""
+    status, _, body = call(url, path, key, "POST", {"Content-Type": "application/json"},
+                           json.dumps(data).encode())
+    return status, json.loads(body)
+
+
 def wait_for(probe: Any, timeout: float, what: str) -> Any:
     deadline = time.monotonic() + timeout
     while (value := probe()) is None:
@@ -105,4 +144,4 @@ def wait_for(probe: Any, timeout: float, what: str) -> Any:
     return value
 
 
-__all__ = ["ApiFleet", "Path", "api_fleet", "wait_for"]
+__all__ = ["ApiFleet", "Path", "api_fleet", "call", "post_json", "replica", "wait_for"]

@@ -1,7 +1,8 @@
 """A real browser playing a job's live HLS stream: a loopback web server and headless Chromium.
 
 The server serves one job's output folder (with HTTP Range requests: the playlist points
-into the segment files by byte range), hls.js from the npm registry, and a player page. The
+into the segment files by byte range), hls.js (the pinned npm file the package ships), and a
+player page. The
 page plays the playlist with hls.js, draws every presented frame to a canvas
 (``requestVideoFrameCallback``), reads the pattern decoder's index cells from the pixels,
 exactly as :func:`worker.decoders.pattern.read_frame_index` does, and POSTs what it saw back.
@@ -21,10 +22,9 @@ from typing import Any
 from tests.services import REPO_ROOT, _Process
 from worker.decoders.pattern import BITS, GRID_COLS, GRID_ROWS
 
-#: Where ``scripts/install-system-deps.sh`` puts the npm packages of the browser tests.
-NODE_DIR = REPO_ROOT / ".node"
-HLS_JS = NODE_DIR / "node_modules" / "hls.js" / "dist" / "hls.min.js"
-HLS_JS_INSTALL = "hls.js from npm (scripts/install-system-deps.sh runs npm install --prefix .node)"
+#: The pinned npm hls.js, as the package ships it for the API's page.
+HLS_JS = REPO_ROOT / "producer" / "api" / "static" / "hls.min.js"
+HLS_JS_INSTALL = "hls.js, shipped in the package (producer/api/static/hls.min.js)"
 CHROMIUM_INSTALL = "Debian package chromium"
 
 PAGE = """<!doctype html>

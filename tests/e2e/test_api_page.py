@@ -1,24 +1,38 @@
 """The page at ``/`` in headless Chromium, driven over the DevTools protocol like a person:
 paste a key, see the jobs, click one that is still rendering and watch it play with hls.js
-(its events read from the page), all under the page's strict Content-Security-Policy."""
+(its events read from the page), all under the page's strict Content-Security-Policy.
+
+hls.js is the one the package ships: the fleet's gateway has no setting for it, a gateway run
+from a fresh install of the built wheel serves it too, and one whose hls.js is missing says so
+at start and on the page."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import itertools
 import json
+import subprocess
+import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from producer.api.page import HLS_JS_SHA256
 from tests.e2e.api_fleet import ApiFleet, api_fleet, wait_for  # noqa: F401 - the fixture
-from tests.gateway import HLS_JS
-from tests.require import missing, require_binary
+from tests.gateway import GatewayProcess
+from tests.require import require_binary
 from tests.services import _Process, free_port
+from tests.wheel import build_wheel, install_fresh
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 JOB = "page-1"
+#: Records any CSP violation from the first byte of a page on.
+CSP_PROBE = ("window.cspViolations = [];document.addEventListener('securitypolicyviolation',"
+             "e => window.cspViolations.push(e.violatedDirective + ' ' + e.blockedURI));")
 
 
 class DevTools:
@@ -72,55 +86,73 @@ class Browser(_Process):
         return wait_for(up, 30, "DevTools endpoint")  # type: ignore[no-any-return]
 
 
-def job_state(fleet: ApiFleet) -> str:
-    req = urllib.request.Request(fleet.gateway.url + f"/v1/jobs/{JOB}",
-                                 headers=fleet.keys["acme"].headers)
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return str(json.loads(r.read())["state"])
+def http(url: str, headers: dict[str, str] | None = None, data: Any = None,
+         ) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, headers={**(headers or {}), **(
+        {"Content-Type": "application/json"} if data is not None else {})},
+        data=json.dumps(data).encode() if data is not None else None,
+        method="POST" if data is not None else "GET")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return int(r.status), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def job_state(fleet: ApiFleet, job: str = JOB) -> str:
+    _, body = http(fleet.gateway.url + f"/v1/jobs/{job}", fleet.keys["acme"].headers)
+    return str(json.loads(body)["state"])
+
+
+def open_page(browser: Browser, url: str, key: str) -> DevTools:
+    """The page at ``url`` in a new tab, with ``key`` pasted as a person does."""
+    page = browser.devtools()
+    page.call("Page.enable")
+    page.call("Page.addScriptToEvaluateOnNewDocument", source=CSP_PROBE)
+    page.call("Page.navigate", url=url + "/")
+    wait_for(lambda: page.eval("document.readyState") == "complete" or None, 20, "page")
+    page.eval(f"document.getElementById('key').value = {json.dumps(key)};"
+              "document.querySelector('#key-form button[type=submit]').click()")
+    return page
+
+
+def row_text(page: DevTools, job: str, timeout: float = 30, has: str = "") -> str:
+    return str(wait_for(lambda: page.eval(
+        f"(r => r && r.textContent.includes({json.dumps(has)}) && r.textContent)"
+        f"(document.querySelector('tr[data-id=\"{job}\"]'))") or None, timeout,
+        f"the job {job} in the list"))
+
+
+def frames_shown(page: DevTools, job: str) -> dict[str, Any]:
+    """Click the job; what the player did once it showed a few frames."""
+    page.eval(f"document.querySelector('tr[data-id=\"{job}\"]').click()")
+    seen = wait_for(lambda: page.eval(
+        "window.framefleet.frames > 3 ? JSON.stringify(window.framefleet) : null"),
+        60, "frames on screen")
+    return dict(json.loads(seen))
 
 
 def test_the_page_lists_jobs_and_plays_one_still_running(api_fleet: ApiFleet,  # noqa: F811
                                                          tmp_path: Path) -> None:
     binary = require_binary("chromium", "Debian package chromium")
-    if not HLS_JS.is_file():
-        missing("hls.js", "scripts/install-system-deps.sh (npm install into .node/)")
     # Given a job that renders for ~10 s, its first segment 4 frames long
     uri = api_fleet.put_latents("acme", JOB, latent_frames=60, h=24, w=32)
     spec = api_fleet.pattern_job(JOB, uri, segment_frames=16, first_segment_frames=4)
-    req = urllib.request.Request(api_fleet.gateway.url + "/v1/jobs", method="POST",
-                                 data=json.dumps(spec).encode(),
-                                 headers={**api_fleet.keys["acme"].headers,
-                                          "Content-Type": "application/json"})
-    urllib.request.urlopen(req, timeout=30).read()
+    http(api_fleet.gateway.url + "/v1/jobs", api_fleet.keys["acme"].headers, spec)
     browser = Browser(binary, tmp_path)
     browser.start()
     try:
-        page = browser.devtools()
-        page.call("Page.enable")
-        # Record any CSP violation from the first byte of the page on.
-        page.call("Page.addScriptToEvaluateOnNewDocument", source=(
-            "window.cspViolations = [];document.addEventListener('securitypolicyviolation',"
-            "e => window.cspViolations.push(e.violatedDirective + ' ' + e.blockedURI));"))
-        page.call("Page.navigate", url=api_fleet.gateway.url + "/")
-        wait_for(lambda: page.eval("document.readyState") == "complete" or None, 20, "page")
-        # When a person pastes the key
+        # When a person pastes the key (the gateway has no hls.js setting: the packaged one)
         key = api_fleet.keys["acme"].secret
-        page.eval(f"document.getElementById('key').value = {json.dumps(key)};"
-                  "document.querySelector('#key-form button[type=submit]').click()")
-        row = wait_for(lambda: page.eval(
-            f"(r => r && r.textContent)(document.querySelector('tr[data-id=\"{JOB}\"]'))"),
-            30, "the job in the list")
+        page = open_page(browser, api_fleet.gateway.url, key)
+        row = row_text(page, JOB)
         assert key not in page.eval("document.documentElement.outerHTML")
         assert page.eval("sessionStorage.getItem('framefleet.key')") == key
         assert page.eval("localStorage.length") == 0
         wait_for(lambda: job_state(api_fleet) == "PROGRESS" or None, 60, "rendering")
         # and clicks the job while it still renders
-        page.eval(f"document.querySelector('tr[data-id=\"{JOB}\"]').click()")
-        seen = wait_for(lambda: page.eval(
-            "window.framefleet.frames > 3 ? JSON.stringify(window.framefleet) : null"),
-            60, "frames on screen")
+        state = frames_shown(page, JOB)
         running = job_state(api_fleet)
-        state = json.loads(seen)
         names = [e["name"] for e in state["events"]]
         # Then hls.js loaded the live playlist and buffered fragments, and frames showed,
         assert "hlsManifestParsed" in names and "hlsFragBuffered" in names, names
@@ -138,7 +170,102 @@ def test_the_page_lists_jobs_and_plays_one_still_running(api_fleet: ApiFleet,  #
                    for i in fatal), state["events"]
         assert not fatal or max(fatal) < names.index("hlsManifestParsed"), names
         shot = page.call("Page.captureScreenshot")["data"]
-        (tmp_path / "page.png").write_bytes(__import__("base64").b64decode(shot))
+        (tmp_path / "page.png").write_bytes(base64.b64decode(shot))
     finally:
         browser.stop()
     wait_for(lambda: job_state(api_fleet) == "SUCCESS" or None, 60, "the job's end")
+
+
+def _gateway_env(fleet: ApiFleet, **extra: str) -> dict[str, str]:
+    """The fleet gateway's own settings (keys, models, Redis, S3), nothing else of ours."""
+    return {**{k: v for k, v in fleet.gateway.env.items()
+               if k.startswith(("FRAMEFLEET_", "AWS_")) and k != "FRAMEFLEET_API_PORT"},
+            **extra}
+
+
+def test_a_fresh_install_serves_hls_js_and_the_page_plays_a_job(api_fleet: ApiFleet,  # noqa: F811
+                                                               tmp_path: Path) -> None:
+    binary = require_binary("chromium", "Debian package chromium")
+    # Given the package as pip builds it, installed into a folder of its own
+    wheel, _ = build_wheel(tmp_path / "build")
+    site = install_fresh(wheel, tmp_path / "site")
+    run = tmp_path / "run"  # not the checkout: what runs is the installed package
+    run.mkdir()
+    env = _gateway_env(api_fleet, PYTHONPATH=str(site))
+    where = subprocess.run(
+        [sys.executable, "-c", "import producer.api.page as p; print(p.__file__)"],
+        env={**env, "PATH": "/usr/bin:/bin"}, cwd=run, capture_output=True, text=True)
+    assert where.stdout.startswith(str(site)), where
+    # and a gateway run from it with no setting for hls.js
+    assert "FRAMEFLEET_API_HLS_JS" not in env
+    gateway = GatewayProcess(tmp_path, env, name="fresh", cwd=run)
+    gateway.start()
+    try:
+        # Then it serves the pinned hls.js (was a 404 without FRAMEFLEET_API_HLS_JS)
+        status, body = http(gateway.url + "/static/hls.min.js")
+        assert status == 200 and hashlib.sha256(body).hexdigest() == HLS_JS_SHA256
+        assert "cannot play" not in gateway.log_text()
+        # and a person plays a finished prompt job of the tiny model, labelled as noise
+        acme = api_fleet.keys["acme"]
+        status, body = http(gateway.url + "/v1/videos", acme.headers,
+                            {"model": "tiny", "prompt": "a red fox", "seconds": "0.5"})
+        assert status == 200, body
+        video = json.loads(body)["id"]
+        wait_for(lambda: job_state(api_fleet, video) == "SUCCESS" or None, 180, "its end")
+        browser = Browser(binary, tmp_path)
+        browser.start()
+        try:
+            page = open_page(browser, gateway.url, acme.secret)
+            row = row_text(page, video, has="random weights")
+            assert "completed (SUCCESS), random weights: noise" in row, row
+            state = frames_shown(page, video)
+            names = [e["name"] for e in state["events"]]
+            assert "hlsManifestParsed" in names and "hlsFragBuffered" in names, names
+            assert page.eval("document.getElementById('note').textContent") == \
+                "random weights: noise"
+            assert page.eval("window.cspViolations") == []
+            assert page.eval("document.getElementById('missing').hidden") is True
+        finally:
+            browser.stop()
+    finally:
+        gateway.stop()
+
+
+def test_a_gateway_without_hls_js_says_so_at_start_and_on_the_page(
+        api_fleet: ApiFleet, tmp_path: Path) -> None:  # noqa: F811
+    binary = require_binary("chromium", "Debian package chromium")
+    job = "page-2"
+    uri = api_fleet.put_latents("acme", job, latent_frames=2)
+    http(api_fleet.gateway.url + "/v1/jobs", api_fleet.keys["acme"].headers,
+         api_fleet.pattern_job(job, uri))
+    nowhere = tmp_path / "no" / "hls.min.js"
+    gateway = GatewayProcess(tmp_path, _gateway_env(
+        api_fleet, FRAMEFLEET_API_HLS_JS=str(nowhere)), name="no-hls")
+    gateway.start()
+    try:
+        # framefleet api says so when it starts, naming the file
+        assert (f"warning: the page at / cannot play videos: FRAMEFLEET_API_HLS_JS={nowhere}: "
+                "No such file or directory") in gateway.log_text()
+        # the file is a 404 that says what is missing (never the path: anyone may ask)
+        status, body = http(gateway.url + "/static/hls.min.js")
+        error = json.loads(body)["error"]
+        assert status == 404 and error["param"] == "hls.min.js", body
+        assert error["message"].startswith("no hls.js: FRAMEFLEET_API_HLS_JS names a file ")
+        assert str(nowhere) not in error["message"]
+        browser = Browser(binary, tmp_path)
+        browser.start()
+        try:
+            # and the page says it, instead of a player that never starts
+            page = open_page(browser, gateway.url, api_fleet.keys["acme"].secret)
+            shown = wait_for(lambda: page.eval(
+                "(m => !m.hidden && m.textContent)(document.getElementById('missing'))")
+                or None, 20, "the missing-hls.js message")
+            assert shown == error["message"], shown
+            row_text(page, job)  # the list still works
+            page.eval(f"document.querySelector('tr[data-id=\"{job}\"]').click()")
+            assert page.eval("document.getElementById('status').textContent") == shown
+            assert page.eval("document.getElementById('player').hidden") is True
+        finally:
+            browser.stop()
+    finally:
+        gateway.stop()

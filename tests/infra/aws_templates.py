@@ -28,6 +28,12 @@ PARAMS = {
     "BucketName": "framefleet-test-output",
     "RedisHost": "master.framefleet.abc123.use2.cache.amazonaws.com",
     "RedisAuthTokenSecretArn": "arn:aws:secretsmanager:us-east-2:123456789012:secret:ff-AbCdEf",
+    # api.yaml's own.
+    "ApiKeysSecretArn": "arn:aws:secretsmanager:us-east-2:123456789012:secret:ff-api-keys-AbCd",
+    "CertificateArn": "arn:aws:acm:us-east-2:123456789012:certificate/0f1e2d3c-4b5a-6978-8a9b",
+    "VpcCidr": "10.20.0.0/16",
+    "ClientCidr": "10.0.0.0/8",
+    "WorkerRoleName": "ff-test-WorkerRole-ABC123",
 }
 PSEUDO = {
     "AWS::Region": "us-east-2",
@@ -92,20 +98,25 @@ def names_for(template: dict[str, Any], **overrides: str) -> dict[str, str]:
     return names
 
 
-def user_data(resource: str, **overrides: str) -> str:
-    """The rendered user data of a launch template of fleet.yaml."""
-    fleet = load("fleet.yaml")
-    data = fleet["Resources"][resource]["Properties"]["LaunchTemplateData"]["UserData"]
-    return sub(data["Fn::Base64"]["Fn::Sub"], names_for(fleet, **overrides))
+def user_data(resource: str, template: str = "fleet.yaml", **overrides: str) -> str:
+    """The rendered user data of a launch template (of fleet.yaml unless ``template`` says)."""
+    loaded = load(template)
+    data = loaded["Resources"][resource]["Properties"]["LaunchTemplateData"]["UserData"]
+    return sub(data["Fn::Base64"]["Fn::Sub"], names_for(loaded, **overrides))
 
 
 # Stand-ins for the commands the scripts call; each records its argv (tab-separated) first.
 SHIMS = {
     "nvidia-smi": 'for ((i = 0; i < FAKE_GPUS; i++)); do echo "GPU $i: RTX PRO 6000"; done',
     "docker": 'case "$1" in login) cat >/dev/null ;; ps) printf "%s\\n" $FAKE_DOCKER_PS ;; esac',
+    # The API keys secret answers $FAKE_API_KEYS (keys.toml); every other secret the token.
     "aws": f"""
         case "$1 $2" in
-          "secretsmanager get-secret-value") echo {TOKEN} ;;
+          "secretsmanager get-secret-value")
+            case "$*" in
+              *api-keys*) printf '%s\\n' "$FAKE_API_KEYS" ;;
+              *) echo {TOKEN} ;;
+            esac ;;
           "ecr get-login-password") echo ecr-password ;;
         esac""",
     # Instance metadata: the lifecycle state reads InService twice, then Terminated.
@@ -123,13 +134,15 @@ SHIMS = {
         esac""",
     "hostname": "echo ip-10-0-1-23",
     "systemctl": "",
+    "chown": "",  # the tests need not run as root
     "dnf": "",
     "sleep": "",
 }
 
 
 def run(
-    script: str, tmp: Path, gpus: int = 0, lifecycle: str = "on-demand", ps: str = ""
+    script: str, tmp: Path, gpus: int = 0, lifecycle: str = "on-demand", ps: str = "",
+    api_keys: str = "",
 ) -> tuple[subprocess.CompletedProcess[str], list[list[str]]]:
     """Run ``script`` with bash, the stand-ins first on PATH; return it and the calls made."""
     bin_dir, root, log = tmp / "bin", tmp / "root", tmp / "calls.log"
@@ -145,7 +158,8 @@ def run(
         shim.chmod(0o755)
     (tmp / "script.sh").write_text(script)
     env = dict(PATH=f"{bin_dir}:/usr/bin:/bin", FRAMEFLEET_ROOT=str(root), HOME=str(tmp))
-    fakes = dict(FAKE_LOG=str(log), FAKE_GPUS=str(gpus), FAKE_LIFECYCLE=lifecycle)
+    fakes = dict(FAKE_LOG=str(log), FAKE_GPUS=str(gpus), FAKE_LIFECYCLE=lifecycle,
+                 FAKE_API_KEYS=api_keys)
     done = sh("bash", str(tmp / "script.sh"), env={**env, **fakes, "FAKE_DOCKER_PS": ps})
     calls = [line.split("\t") for line in log.read_text().splitlines()] if log.exists() else []
     return done, calls

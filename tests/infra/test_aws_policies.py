@@ -19,35 +19,53 @@ from tests.infra.aws_templates import (
 # --- IAM -----------------------------------------------------------------------------------
 
 S3_PREFIX = {"Fn::Sub": "arn:${AWS::Partition}:s3:::${BucketName}/${OutputPrefix}/*"}
+S3_INPUTS = {"Fn::Sub": "arn:${AWS::Partition}:s3:::${BucketName}/${InputPrefix}/*"}
+S3_BUCKET = {"Fn::Sub": "arn:${AWS::Partition}:s3:::${BucketName}"}
 LOG_GROUP = {"Fn::GetAtt": ["LogGroup", "Arn"]}
 ECR_REPOS = {"Ref": "EcrRepositoryArns"}
 GROUP_ARN = (
     "arn:${AWS::Partition}:autoscaling:${AWS::Region}:${AWS::AccountId}:autoScalingGroup:*"
     ":autoScalingGroupName/${AWS::StackName}-workers"
 )
-# Each action the fleet may use, and the one resource it may use it on (reviewed by hand).
-ALLOWED: dict[str, Any] = {
-    "s3:GetObject": S3_PREFIX,
-    "s3:PutObject": S3_PREFIX,
-    "cloudwatch:PutMetricData": "*",  # no resource-level permissions: namespace condition
-    "ecr:GetAuthorizationToken": "*",  # no resource-level permissions at all
-    "ecr:BatchGetImage": ECR_REPOS,
-    "ecr:GetDownloadUrlForLayer": ECR_REPOS,
-    "ecr:BatchCheckLayerAvailability": ECR_REPOS,
-    "secretsmanager:GetSecretValue": {"Ref": "RedisAuthTokenSecretArn"},
-    "logs:CreateLogStream": LOG_GROUP,
-    "logs:PutLogEvents": LOG_GROUP,
-    "autoscaling:CompleteLifecycleAction": {"Fn::Sub": GROUP_ARN},
+# Each action the fleet may use, and the resources it may use it on (reviewed by hand).
+ALLOWED: dict[str, list[Any]] = {
+    "s3:GetObject": [S3_PREFIX, S3_INPUTS],  # inputs: the workers read what the API takes
+    "s3:PutObject": [S3_PREFIX, S3_INPUTS],  # inputs: the API's uploads
+    "s3:DeleteObject": [S3_PREFIX, S3_INPUTS],  # the API's DELETE of a finished job
+    "s3:ListBucket": [S3_BUCKET],  # the API's, conditioned on its two prefixes
+    "cloudwatch:PutMetricData": ["*"],  # no resource-level permissions: namespace condition
+    "ecr:GetAuthorizationToken": ["*"],  # no resource-level permissions at all
+    "ecr:BatchGetImage": [ECR_REPOS],
+    "ecr:GetDownloadUrlForLayer": [ECR_REPOS],
+    "ecr:BatchCheckLayerAvailability": [ECR_REPOS],
+    "secretsmanager:GetSecretValue": [{"Ref": "RedisAuthTokenSecretArn"},
+                                      {"Ref": "ApiKeysSecretArn"}],
+    "logs:CreateLogStream": [LOG_GROUP],
+    "logs:PutLogEvents": [LOG_GROUP],
+    "autoscaling:CompleteLifecycleAction": [{"Fn::Sub": GROUP_ARN}],
+}
+# What each role (or attached policy) holds of S3: exactly these actions on these resources.
+S3_GRANTS = {
+    "WorkerRole": {("s3:GetObject", str(S3_PREFIX)), ("s3:PutObject", str(S3_PREFIX))},
+    "ExporterRole": set(),
+    "GatewayRole": {("s3:GetObject", str(S3_PREFIX)), ("s3:PutObject", str(S3_INPUTS)),
+                    ("s3:DeleteObject", str(S3_PREFIX)), ("s3:DeleteObject", str(S3_INPUTS)),
+                    ("s3:ListBucket", str(S3_BUCKET))},
+    "WorkersReadInputs": {("s3:GetObject", str(S3_INPUTS))},
 }
 
 
 def roles() -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every role's properties, and every policy attached to a role from outside it."""
     for template in TEMPLATES:
         for name, res in load(template.name)["Resources"].items():
             if res["Type"].startswith("AWS::IAM::"):
-                assert res["Type"] in {"AWS::IAM::Role", "AWS::IAM::InstanceProfile"}, name
+                assert res["Type"] in {"AWS::IAM::Role", "AWS::IAM::InstanceProfile",
+                                       "AWS::IAM::Policy"}, name
                 if res["Type"] == "AWS::IAM::Role":
                     yield name, res["Properties"]
+                if res["Type"] == "AWS::IAM::Policy":
+                    yield name, {"Policies": [res["Properties"]]}
 
 
 def statements(role: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -64,26 +82,36 @@ def listed(value: Any) -> list[Any]:
 
 def test_iam_grants_nothing_beyond_the_allow_list() -> None:
     found = dict(roles())
-    assert set(found) == {"WorkerRole", "ExporterRole"}
+    assert set(found) == set(S3_GRANTS)
     for name, role in found.items():
         assert "ManagedPolicyArns" not in role, name
-        trust = role["AssumeRolePolicyDocument"]["Statement"]
-        assert [s["Principal"] for s in trust] == [{"Service": "ec2.amazonaws.com"}], name
+        if "AssumeRolePolicyDocument" in role:
+            trust = role["AssumeRolePolicyDocument"]["Statement"]
+            assert [s["Principal"] for s in trust] == [{"Service": "ec2.amazonaws.com"}], name
         for st in statements(role):
             assert st["Effect"] == "Allow" and "NotAction" not in st and "NotResource" not in st
             for action in listed(st["Action"]):
                 assert "*" not in action, f"{name}: wildcard action {action}"
                 assert action in ALLOWED, f"{name}: unreviewed action {action}"
-                assert listed(st["Resource"]) == [ALLOWED[action]], f"{name}: {action}"
+                for resource in listed(st["Resource"]):
+                    assert resource in ALLOWED[action], f"{name}: {action} on {resource}"
                 if action == "cloudwatch:PutMetricData":
                     assert st["Condition"] == {
                         "StringEquals": {"cloudwatch:namespace": "Framefleet"}
                     }
+                if action == "s3:ListBucket":  # the bucket, but only the two prefixes
+                    assert st["Condition"] == {"StringLike": {"s3:prefix": [
+                        {"Fn::Sub": "${OutputPrefix}/*"}, {"Fn::Sub": "${InputPrefix}/*"}]}}
     s3 = {
-        n: {a for st in statements(r) for a in listed(st["Action"]) if a.startswith("s3:")}
+        n: {(a, str(res)) for st in statements(r) for a in listed(st["Action"])
+            if a.startswith("s3:") for res in listed(st["Resource"])}
         for n, r in found.items()
     }
-    assert s3 == {"WorkerRole": {"s3:GetObject", "s3:PutObject"}, "ExporterRole": set()}
+    assert s3 == S3_GRANTS
+    # The attached policy goes to the worker role named by fleet.yaml's output, only.
+    attached = load("api.yaml")["Resources"]["WorkersReadInputs"]["Properties"]
+    assert attached["Roles"] == [{"Ref": "WorkerRoleName"}]
+    assert load("fleet.yaml")["Outputs"]["WorkerRoleName"]["Value"] == {"Ref": "WorkerRole"}
 
 
 def test_s3_grant_reaches_the_prefix_and_nothing_else() -> None:
@@ -94,18 +122,24 @@ def test_s3_grant_reaches_the_prefix_and_nothing_else() -> None:
     assert fnmatch.fnmatchcase(f"arn:aws:s3:::{bucket}/videos/acme/job-1/segment-00000.mp4", arn)
     for outside in ("", "/other/x.mp4", "/videos", "-2/videos/x", "/videosx/y"):
         assert not fnmatch.fnmatchcase(f"arn:aws:s3:::{bucket}{outside}", arn), outside
-    # The prefix parameter cannot widen the grant.
-    for template in ("fleet.yaml", "bucket.yaml"):
-        pattern = load(template)["Parameters"]["OutputPrefix"]["AllowedPattern"]
+    # The prefix parameters cannot widen the grants.
+    for template, param in (("fleet.yaml", "OutputPrefix"), ("bucket.yaml", "OutputPrefix"),
+                            ("api.yaml", "OutputPrefix"), ("api.yaml", "InputPrefix")):
+        pattern = load(template)["Parameters"][param]["AllowedPattern"]
         for bad in ("", "*", "videos/*", "/videos", "videos/", "a//b", "v?deos"):
-            assert not re.fullmatch(pattern, bad), (template, bad)
+            assert not re.fullmatch(pattern, bad), (template, param, bad)
         assert re.fullmatch(pattern, "team-a/videos.v2")
 
 
 # --- network, storage, broker, scaling -----------------------------------------------------
 
 
-def test_nothing_is_reachable_from_outside() -> None:
+# The one door in: the API's load balancer, HTTPS, from the ClientCidr parameter.
+DOOR = {"IpProtocol": "tcp", "FromPort": 443, "ToPort": 443, "CidrIp": {"Ref": "ClientCidr"},
+        "Description": "HTTPS from the API's clients"}
+
+
+def test_nothing_is_reachable_from_outside_but_the_apis_https() -> None:
     for template in TEMPLATES:
         for name, res in load(template.name)["Resources"].items():
             props = res.get("Properties", {})
@@ -113,12 +147,25 @@ def test_nothing_is_reachable_from_outside() -> None:
             if res["Type"] == "AWS::EC2::SecurityGroupIngress":
                 rules = [props]
             for rule in rules:
+                if (template.name, name) == ("api.yaml", "LoadBalancerSecurityGroup"):
+                    assert rule == DOOR
+                    continue
                 assert "CidrIp" not in rule and "CidrIpv6" not in rule, f"{template.name} {name}"
                 assert "SourceSecurityGroupId" in rule, f"{template.name} {name}"
     fleet = load("fleet.yaml")["Resources"]
     assert "SecurityGroupIngress" not in fleet["FleetSecurityGroup"]["Properties"]
-    for lt in ("WorkerLaunchTemplate", "ExporterLaunchTemplate"):
-        data = fleet[lt]["Properties"]["LaunchTemplateData"]
+    api = load("api.yaml")["Resources"]
+    assert "SecurityGroupIngress" not in api["GatewaySecurityGroup"]["Properties"]
+    # The gateway instances: from the load balancer's group, on the gateway's port, only.
+    door = api["GatewayFromLoadBalancer"]["Properties"]
+    assert door["GroupId"] == {"Ref": "GatewaySecurityGroup"}
+    assert door["SourceSecurityGroupId"] == {"Ref": "LoadBalancerSecurityGroup"}
+    assert (door["FromPort"], door["ToPort"]) == (8080, 8080)
+    launch_templates = (("fleet.yaml", "WorkerLaunchTemplate"),
+                        ("fleet.yaml", "ExporterLaunchTemplate"),
+                        ("api.yaml", "GatewayLaunchTemplate"))
+    for tpl, lt in launch_templates:
+        data = load(tpl)["Resources"][lt]["Properties"]["LaunchTemplateData"]
         assert "NetworkInterfaces" not in data  # so no AssociatePublicIpAddress either
         assert data["MetadataOptions"]["HttpTokens"] == "required"
 

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from worker.concerns.base import Concern, Failed, Outcome, Succeeded, run_concerns
 from worker.concerns.cancel import CancelAndPreempt
+from worker.concerns.device import DeviceErrors
 from worker.concerns.ledger import JobLedger
 from worker.concerns.losses import WorkerLosses
 from worker.concerns.memory import MemoryGuard
@@ -58,6 +59,7 @@ CONCERNS: tuple[type[Concern], ...] = (
     ProgressReport,
     CancelAndPreempt,
     WorkerLosses,
+    DeviceErrors,  # before the retries: a CUDA error ends the process, not just the run
     OomFallback,
     Retries,
     JobMetrics,

@@ -28,6 +28,8 @@ class Outcome:
     """How one run ends; ``settle`` is the last thing the task does."""
 
     status: ClassVar[Status]
+    #: The run ends as a loss of its process: its run record stays for the poison cap.
+    lost: ClassVar[bool] = False
     error: BaseException | None = None
     result: JobResult | None = None
 

@@ -63,7 +63,7 @@ class WorkerLosses(Concern):
                     "running it again (it fails at %d)", job_id, losses, node, cap)
 
     def on_outcome(self, outcome: Outcome) -> None:
-        if not self.recorded:
+        if not self.recorded or outcome.lost:  # a lost run's record stays: the next counts it
             return
         try:
             self.flags.end_run(self.run.spec.key, self.holder,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import sys
 import time
 from typing import Any
 
@@ -93,6 +94,7 @@ class JobMetrics(Concern):
         else:
             metrics.observe_job(status, self.tenant, outcome.result)
         metrics.observe_held(status, self.tenant, held)
+        _vram_after_job()
         if outcome.result is None:
             self._record(status, labels.failure_reason(outcome.error), held)
 
@@ -139,3 +141,11 @@ def _prices() -> Any:
         return configured_prices()
     except FramefleetError:  # a broken pricing file: the time still counts, unpriced
         return None
+
+
+def _vram_after_job() -> None:
+    """``framefleet_torch_vram_after_job_bytes`` (CUDA only): what the job left held."""
+    cuda = getattr(sys.modules.get("torch"), "cuda", None)
+    if cuda is not None and cuda.is_initialized():
+        metrics.VRAM_AFTER_JOB.labels(kind="allocated").set(cuda.memory_allocated())
+        metrics.VRAM_AFTER_JOB.labels(kind="reserved").set(cuda.memory_reserved())

@@ -45,6 +45,7 @@ from worker.decoders.wan_capture import (
     steady_caches,
 )
 from worker.decoders.wan_step import Caches, WanStep, set_memory_format
+from worker.gate import GATE, TRACE
 
 __all__ = ["TUNING", "ChunkGraph", "ChunkGraphs", "Key", "steady_caches"]
 
@@ -135,26 +136,36 @@ class ChunkGraphs:
         return graph
 
     def _prepare_steady(self, key: Key) -> ChunkGraph | None:
-        with self._build_lock:
-            if key in self._failed:
-                return None
-            graph = self.get(key)
-            if graph is not None:
-                return graph
-            t0 = time.perf_counter()
-            try:
-                graph = self._capture(key)
-            except Exception:  # a graph is an optimisation: the eager step stays correct
-                log.exception("decode graph for %s not captured; this size stays eager", key)
-                self._failed.add(key)
-                return None
-            graph.build_s = time.perf_counter() - t0
-            log.info("decode graph for %s built in %.1f s", key, graph.build_s)
-            with self._lock:
-                self._graphs[key] = graph
-                while len(self._graphs) > self.capacity:
-                    self._graphs.popitem(last=False)
+        # Parked while waiting: a background build holding the lock may be waiting for this
+        # thread to leave the gate to capture.
+        with GATE.parked(), TRACE.parked():
+            self._build_lock.acquire()
+        try:
+            return self._prepare_steady_locked(key)
+        finally:
+            self._build_lock.release()
+
+    def _prepare_steady_locked(self, key: Key) -> ChunkGraph | None:
+        if key in self._failed:
+            return None
+        graph = self.get(key)
+        if graph is not None:
             return graph
+        t0 = time.perf_counter()
+        try:
+            with TRACE.capture():  # never while a job runs compiled code (worker.gate)
+                graph = self._capture(key)
+        except Exception:  # a graph is an optimisation: the eager step stays correct
+            log.exception("decode graph for %s not captured; this size stays eager", key)
+            self._failed.add(key)
+            return None
+        graph.build_s = time.perf_counter() - t0
+        log.info("decode graph for %s built in %.1f s", key, graph.build_s)
+        with self._lock:
+            self._graphs[key] = graph
+            while len(self._graphs) > self.capacity:
+                self._graphs.popitem(last=False)
+        return graph
 
     def prepare_later(self, key: Key) -> threading.Thread | None:
         """``prepare`` in a background thread (once per key); the caller decodes eagerly."""
@@ -193,7 +204,8 @@ class ChunkGraphs:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return
-            alive[0].join(left)
+            with GATE.parked(), TRACE.parked():  # the build may be waiting for this thread
+                alive[0].join(left)
 
     def _first_later(self, key: Key) -> threading.Thread | None:
         """Build ``key``'s first-chunk graph in the background (once per key)."""
@@ -235,7 +247,8 @@ class ChunkGraphs:
                     return
                 t0 = time.perf_counter()
                 try:
-                    first = self._capture_first(key, graph)
+                    with TRACE.capture():
+                        first = self._capture_first(key, graph)
                 except Exception:  # an optimisation: the eager first chunk stays correct
                     log.exception("first-chunk graph for %s not captured; it stays eager", key)
                     with self._lock:

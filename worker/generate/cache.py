@@ -170,11 +170,15 @@ class ModelCache:
         import diffusers
         from safetensors import SafetensorError
 
+        from worker import quiet
+
+        quiet.progress_bars_off()  # one log line per load (below), not one per bar tick
         t0 = time.perf_counter()
         recheck(folder)  # what from_pretrained opens is what was checked, just now
         try:
             pipe = getattr(diffusers, pipeline).from_pretrained(
-                str(folder), torch_dtype=dtype, use_safetensors=True, local_files_only=True)
+                str(folder), **quiet.dtype_kwargs(dtype), use_safetensors=True,
+                local_files_only=True)
         except torch.OutOfMemoryError:
             raise  # the job's out-of-memory handling, not a bad model
         except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as e:

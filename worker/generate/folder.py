@@ -18,6 +18,7 @@ from producer.errors import InvalidJobError
 from producer.settings import Settings, get_settings
 from producer.spec import GenerateSpec
 from worker.generate.loader import approve, read_config
+from worker.generate.tiny import RANDOM_MARKER
 from worker.inputs.paths import file_roots, local_folder
 from worker.inputs.tree import Entry
 from worker.sinks.storage import locate
@@ -71,6 +72,14 @@ def _json(folder: Path, rel: str) -> dict[str, Any]:
     return read_config(Entry(rel, real, info.st_size), get_settings(), folder.as_uri())
 
 
+def _labelled_random(folder: Path) -> bool:
+    """Whether the folder says its weights are random (``RANDOM_MARKER``, a JSON object with
+    ``"random_weights": true``; the walk has checked it is a regular file under the roots)."""
+    if not os.path.lexists(folder / RANDOM_MARKER):
+        return False
+    return _json(folder, RANDOM_MARKER).get("random_weights") is True
+
+
 def _component(index: dict[str, Any], name: str) -> bool:
     entry = index.get(name)
     return isinstance(entry, list) and len(entry) == 2 and entry[0] is not None
@@ -96,6 +105,8 @@ class ModelInfo:
     #: a last frame too: image channels, and CLIP embeddings of two images where it has them
     #: (FLF2V's pos_embed_seq_len); Wan2.1 I2V's encoder takes one image
     last_frame: bool = False
+    #: the folder carries the marker of random weights (``framefleet models tiny``): noise
+    random_weights: bool = False
 
     @property
     def size_multiple(self) -> tuple[int, int]:
@@ -153,6 +164,7 @@ def read_model(path: Path) -> ModelInfo:
         image_encoder=encoder,
         last_frame=image_input == "channels" and (
             not encoder or transformer.get("pos_embed_seq_len") is not None),
+        random_weights=_labelled_random(path),
     )
 
 

@@ -19,10 +19,11 @@ from typing import Any
 
 import torch
 
-from producer.errors import JobCancelled
+from producer.errors import JobCancelled, NonFiniteOutput
 from producer.settings import Settings
 from producer.spec import GenerateFacts, GenerateSpec, Progress
-from worker.devices import out_of_memory
+from worker.devices import nonfinite, out_of_memory
+from worker.gate import TRACE
 from worker.generate.cache import ModelCache, Resident, module_bytes
 from worker.generate.conditions import Conditions, adapters_on, read_conditions
 from worker.generate.denoise import denoise
@@ -102,7 +103,7 @@ def generate_latents(
         tier=gen.tier, cache=gen.cache.kind if gen.cache else "none",
         cache_params=gen.cache.model_dump(mode="json") if gen.cache else None,
         steps=gen.num_inference_steps, compiled=compiled, image=cond.image,
-        last_image=cond.last_image, loras=cond.loras)
+        last_image=cond.last_image, loras=cond.loras, random_weights=info.random_weights)
     return Generated(z, models.decoder(entry, tiled=lean), load_s, t2 - t1, t3 - t2, facts,
                      cond.adapter_load_s)
 
@@ -116,7 +117,8 @@ def _denoise(models: ModelCache, entry: Resident, info: ModelInfo, gen: Generate
     # image channels (Wan I2V 14B) change the transformer's inputs: its own compiled size
     size = (gen.num_frames, gen.height, gen.width, info.image_input if cond.i2v else "text")
     adapters_loaded = entry.adapters is not None and entry.adapters.any()
-    with size_stance(entry.sizes, entry.compiled, size, models.compiled_sizes,
+    # TRACE: no background decode build traces while compiled blocks run (``worker.gate``)
+    with TRACE.work(), size_stance(entry.sizes, entry.compiled, size, models.compiled_sizes,
                      eager=adapters_loaded,
                      transformers=tuple(transformers_of(entry.pipe))) as compiled, \
             step_cache(entry.pipe, gen.cache, gen.num_inference_steps), \
@@ -128,4 +130,15 @@ def _denoise(models: ModelCache, entry: Resident, info: ModelInfo, gen: Generate
     z = vae_latents(entry.pipe.vae, latents)
     del latents
     _sync(models.device)
+    bad = nonfinite(z)  # one reduction: the device waited for the denoise anyway
+    if bad:
+        raise NonFiniteOutput(
+            f"{tier_name(gen)}: the denoise made non-finite latents ({bad} of {z.numel()} "
+            "values NaN or infinite); nothing was decoded")
     return z, compiled
+
+
+def tier_name(gen: GenerateSpec) -> str:
+    """``generate.tier fp8`` (with its step cache, if any): what an error names."""
+    cache = f", generate.cache {gen.cache.kind}" if gen.cache else ""
+    return f"generate.tier {gen.tier}{cache}"

@@ -10,6 +10,17 @@
   Only a GPU of compute capability 8.9 or more has float8 matrix units: anywhere else the job
   fails at once, naming ``generate.tier``. There is no fallback to another tier.
 
+  The activation scale has a floor (``FP8_ACTIVATION_LB``). torchao scales each row by its
+  largest magnitude, ``amax / 448``, and divides the row by that scale; a row of zeros gets the
+  scale 0 and becomes 0 / 0 = NaN. ``WanPipeline`` pads every prompt's embeddings to 512 tokens
+  with zero rows, so the text projection's first linear layer saw such rows in every job: its
+  NaN rows reached every video token through cross-attention, and the whole video was NaN
+  (random prompt embeddings, with no zero rows, were finite; on the H200 the same 5B forward
+  went from 100 % NaN to finite with those rows at 1e-3). With the floor a zero row's scale is
+  ``1e-12 / 448`` and it quantises to zeros; any real row's ``amax`` is far above the floor,
+  so its scale is unchanged. A linear layer whose weight has a row of zeros stays bfloat16:
+  torchao's weight scales have no floor.
+
 Why the blocks' ``forward`` is compiled rather than their ``_call_impl`` (what
 ``ModelMixin.compile_repeated_blocks`` does): diffusers' step caches hook a block by replacing
 its ``forward``. A compiled ``_call_impl`` would trace into the hook (graph breaks, which
@@ -35,6 +46,8 @@ from producer.errors import InvalidJobError
 log = logging.getLogger(__name__)
 #: Float8 matrix units: Ada (8.9) and Hopper (9.0) onwards.
 FP8_MIN_CAPABILITY = (8, 9)
+#: Floor of a row's largest magnitude when its float8 scale is computed (see the docstring).
+FP8_ACTIVATION_LB = 1e-12
 
 
 def check_tier(tier: str, device: torch.device) -> None:
@@ -62,23 +75,36 @@ def transformers_of(pipe: Any) -> list[Any]:
     return [m for m in (pipe.transformer, getattr(pipe, "transformer_2", None)) if m is not None]
 
 
+def fp8_config() -> Any:
+    """The fp8 tier's torchao config: per-row float8 activations and weights, the activation
+    scale floored at ``FP8_ACTIVATION_LB`` (see the module's docstring)."""
+    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow
+
+    return Float8DynamicActivationFloat8WeightConfig(
+        granularity=PerRow(), activation_value_lb=FP8_ACTIVATION_LB)
+
+
+def fp8_linear(module: torch.nn.Module, fqn: str = "") -> bool:
+    """Whether the fp8 tier quantises ``module``: a bf16 linear layer with no all-zero weight
+    row (a weight scale of 0 would make that row NaN)."""
+    if not isinstance(module, torch.nn.Linear) or module.weight.dtype != torch.bfloat16:
+        return False
+    with torch.no_grad():
+        zero_row = bool((module.weight.abs().amax(dim=1) == 0).any())
+    if zero_row:
+        log.info("fp8: %s has a weight row of zeros; it stays bfloat16", fqn or module)
+    return not zero_row
+
+
 def quantise_fp8(transformer: Any) -> None:
     """torchao float8 dynamic activation + weight, per-row scales, on every bf16 linear layer.
 
     The layers diffusers keeps in float32 (``_keep_in_fp32_modules``: the time and condition
     embedders) stay as they are: per-row float8 takes bf16 weights only, and they are kept
     precise on purpose."""
-    from torchao.quantization import (
-        Float8DynamicActivationFloat8WeightConfig,
-        PerRow,
-        quantize_,
-    )
+    from torchao.quantization import quantize_
 
-    def bf16_linear(module: torch.nn.Module, fqn: str) -> bool:
-        return isinstance(module, torch.nn.Linear) and module.weight.dtype == torch.bfloat16
-
-    quantize_(transformer, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()),
-              filter_fn=bf16_linear)
+    quantize_(transformer, fp8_config(), filter_fn=fp8_linear)
 
 
 def compile_blocks(transformer: Any) -> int:

@@ -11,6 +11,7 @@ the pool process that runs jobs, the spot interruption watcher in the main proce
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Any, NoReturn
 
@@ -35,6 +36,7 @@ from worker.lifecycle import persistence, recovery, warmup
 from worker.lifecycle.consumer import install_brpop_guard
 from worker.lifecycle.launcher import CONFIG_EXIT, check_credentials
 from worker.lifecycle.memory import limit_mib
+from worker.lifecycle.poolwatch import POOL_START_EXIT, PoolWatch, start_timeout
 from worker.lifecycle.spot import SpotWatcher
 from worker.sinks.webhooks import close_process_notifier
 
@@ -50,6 +52,9 @@ def build_worker_app(settings: Settings) -> Celery:
     limit = limit_mib(settings)
     if limit is not None:
         app.conf.worker_max_memory_per_child = limit * 1024
+    # A pool process is up only after its warm-up: Celery's 4 s would kill every replacement
+    # of a lost one before it could start (``worker.lifecycle.poolwatch``).
+    app.conf.worker_proc_alive_timeout = start_timeout(settings)
     install_brpop_guard()
     tasks.register(app)
     return app
@@ -77,9 +82,19 @@ def _init_process(**_: Any) -> None:
     """Runs in the pool child that executes tasks: the first place CUDA may be touched.
 
     The /metrics server and the NVML sampler live here too, in the process that runs jobs
-    (prometheus_client's registry is per process). A broken pricing file fails here, loudly.
+    (prometheus_client's registry is per process). A start that fails ends this process with
+    one critical log: Celery would only log the error and hand jobs to a process without its
+    decoders (the main process's ``PoolWatch`` stops the worker if no start succeeds).
     """
-    settings = get_settings()
+    try:
+        _start_process(get_settings())
+    except Exception:
+        log.critical("pool process %d could not start", os.getpid(), exc_info=True)
+        logging.shutdown()
+        os._exit(POOL_START_EXIT)
+
+
+def _start_process(settings: Settings) -> None:
     decoders = tasks.init_decoders(settings)
     try:
         port = metrics.start_metrics_server(settings.metrics_port)
@@ -97,6 +112,18 @@ def _init_process(**_: Any) -> None:
 
 
 _watcher: SpotWatcher | None = None
+_pool_watch: PoolWatch | None = None
+
+
+@worker_ready.connect
+def _start_pool_watch(sender: Any = None, **_: Any) -> None:
+    """In the main process: stop the worker once its pool processes keep failing to start."""
+    global _pool_watch
+    pool = getattr(getattr(sender, "pool", None), "_pool", None)
+    if pool is None or not hasattr(pool, "_pool"):  # not the prefork pool: nothing to watch
+        return
+    _pool_watch = PoolWatch(pool, get_settings())
+    _pool_watch.start()
 
 
 @worker_ready.connect
@@ -122,6 +149,8 @@ def _start_spot_watcher(sender: Any = None, **_: Any) -> None:
 def _stop_spot_watcher(**_: Any) -> None:
     if _watcher is not None:
         _watcher.stop()
+    if _pool_watch is not None:
+        _pool_watch.stopped.set()
 
 
 @worker_process_init.connect

@@ -71,8 +71,16 @@ def warm_up(decoders: DecoderCache, settings: Settings) -> WarmupState:
     """Load and compile ``FRAMEFLEET_WARMUP_MODEL`` (``worker.generate.warm``), build and warm
     up ``FRAMEFLEET_WARMUP_DECODER`` at every warm-up size, then report ready. Without either
     the worker is ready at once. A size whose graph could not be captured (logged by the graph
-    cache) stays eager: ready, its entry says ``graph: false``.
+    cache) stays eager: ready, its entry says ``graph: false``. Holds the process's capture
+    gate (``worker.gate``): first-chunk graphs build in the background meanwhile.
     """
+    from worker.gate import GATE
+
+    with GATE.work():
+        return _warm_up(decoders, settings)
+
+
+def _warm_up(decoders: DecoderCache, settings: Settings) -> WarmupState:
     from producer.spec import RANDOM_WEIGHTS, DecoderSpec
     from producer.weights import needs_weights
     from worker import metrics

@@ -28,7 +28,7 @@ from worker.pipeline.postprocess import rgb_to_yuv420, yuv420_shape
 from worker.pipeline.ring import Ring
 from worker.pipeline.segments import Segmenter, SegmentSink
 from worker.pipeline.stats import PipelineStats
-from worker.pipeline.writer import FrameTap, Writer
+from worker.pipeline.writer import FrameTap, Writer, check_finite
 
 
 @dataclass
@@ -189,7 +189,9 @@ def _run_sequential(
             t2 = time.perf_counter()
             n = host.shape[1]
             planes = torch.empty(yuv420_shape(n, host.shape[2], host.shape[3]), dtype=torch.uint8)
-            rgb_to_yuv420(host, planes)
+            bad = torch.zeros(1, dtype=torch.int32)
+            rgb_to_yuv420(host, planes, bad)
+            check_finite(int(bad[0]), done, n)
             t3 = time.perf_counter()
             stats.add(decode_s=t1 - t0, d2h_s=t2 - t1, postprocess_s=t3 - t2, chunks=1, frames=n)
             planes_at = t3

@@ -37,6 +37,10 @@ class HostCopy:
         self.host = torch.empty(shape, dtype=torch.uint8, pin_memory=True)
         #: Written by the post-process on the compute stream; read by the copy.
         self.staging = torch.empty(shape, dtype=torch.uint8, device=device)
+        #: The chunk's count of NaN or infinite values, on the GPU and its pinned twin:
+        #: copied behind the planes, read by the writer after ``wait``.
+        self.bad = torch.zeros(1, dtype=torch.int32, device=device)
+        self.bad_host = torch.zeros(1, dtype=torch.int32, pin_memory=True)
         self._stream = stream
         self._start = torch.cuda.Event(enable_timing=True)
         self._decoded = torch.cuda.Event(enable_timing=True)
@@ -60,6 +64,7 @@ class HostCopy:
         self._stream.wait_event(self._processed)
         with torch.cuda.stream(self._stream):
             self.host[:frames].copy_(self.staging[:frames], non_blocking=True)
+            self.bad_host.copy_(self.bad, non_blocking=True)
             self._copied.record()
 
     def wait(self) -> torch.Tensor:

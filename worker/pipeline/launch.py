@@ -79,7 +79,7 @@ class CudaLaunch:
             return None
         n = chunk.shape[1]
         copy.mark_decoded()
-        rgb_to_yuv420(chunk, copy.staging[:n])
+        rgb_to_yuv420(chunk, copy.staging[:n], copy.bad)
         # ``chunk`` is freed when this returns, while the post-process may still read it: the
         # allocator hands its block out again only to work queued later on the same (compute)
         # stream, so the reuse is ordered behind this kernel.
@@ -107,7 +107,7 @@ class CpuLaunch:
             return None
         n = chunk.shape[1]
         t1 = time.perf_counter()
-        rgb_to_yuv420(chunk, slot.host[:n])
+        rgb_to_yuv420(chunk, slot.host[:n], slot.bad)
         self.stats.add(decode_s=t1 - t0, postprocess_s=time.perf_counter() - t1)
         return n
 

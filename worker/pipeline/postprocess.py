@@ -48,11 +48,15 @@ def _mix(rgb: torch.Tensor, coef: tuple[int, int, int], shift: int, offset: int)
     return acc.clamp_(0, 255)
 
 
-def rgb_to_yuv420(chunk: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def rgb_to_yuv420(chunk: torch.Tensor, out: torch.Tensor,
+                  bad: torch.Tensor | None = None) -> torch.Tensor:
     """Write ``chunk`` (3, F, H, W) float in [-1, 1] as yuv420p into ``out`` (F, H*3/2, W) uint8.
 
     Runs on ``chunk``'s device and, on CUDA, on the current stream. ``out`` may be on the same
-    device (GPU staging) or be a host tensor when ``chunk`` is on the CPU.
+    device (GPU staging) or be a host tensor when ``chunk`` is on the CPU. ``bad`` (one int32
+    on ``chunk``'s device) receives how many of the chunk's values are NaN or infinite: the
+    clamp below would hide them (a NaN frame would encode as some colour), so the count goes
+    with the planes and the writer refuses the chunk (queued, never a sync here).
     """
     _, f, h, w = chunk.shape
     if tuple(out.shape) != yuv420_shape(f, h, w) or out.dtype != torch.uint8:
@@ -60,6 +64,8 @@ def rgb_to_yuv420(chunk: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     # A float32 copy of our own, then in place: clamp, +1, ×127.5 (two separate operations,
     # so no fused multiply-add can differ between devices), round half to even.
     x = chunk.to(torch.float32, copy=True)
+    if bad is not None:
+        bad.copy_(torch.isfinite(x).logical_not_().sum(dtype=torch.int32).view(1))
     x.clamp_(-1.0, 1.0).add_(1.0).mul_(127.5).round_()
     rgb = x.to(torch.int32)  # 8-bit RGB, exact integers from here on
     # Every product and sum below stays under 2^31 (chroma: 4 × 255 × 2^16 at most).

@@ -13,7 +13,7 @@ from __future__ import annotations
 import queue
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -29,12 +29,18 @@ class Slot:
     copy: HostCopy | None = None
     first_frame: int = 0
     frames: int = 0
+    #: CPU: the chunk's count of NaN or infinite values (on CUDA the copy carries its own).
+    bad: torch.Tensor = field(default_factory=lambda: torch.zeros(1, dtype=torch.int32))
 
     def wait(self) -> torch.Tensor:
         """Block until this chunk's planes are on the host; return them (frames, H*3/2, W)."""
         if self.copy is not None:
             return self.copy.wait()
         return self.host[: self.frames]
+
+    def nonfinite(self) -> int:
+        """NaN or infinite values the chunk had before its post-process; after ``wait``."""
+        return int((self.copy.bad_host if self.copy is not None else self.bad)[0])
 
 
 class Ring:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import torch
 
+from producer.errors import NonFiniteOutput
 from worker.pipeline.encode import yuv_frame
 from worker.pipeline.ring import Ring, Slot
 from worker.pipeline.segments import Segmenter
@@ -21,6 +22,13 @@ from worker.pipeline.threads import QueueThread
 _END = None
 #: Sees (first_frame, host planes (n, H*3/2, W) uint8) of every chunk before it is encoded.
 FrameTap = Callable[[int, torch.Tensor], None]
+
+
+def check_finite(bad: int, first: int, frames: int) -> None:
+    """Refuse a chunk that had ``bad`` NaN or infinite values, before any of it is encoded."""
+    if bad:
+        raise NonFiniteOutput(f"decode: {bad} NaN or infinite values in frames {first}-"
+                              f"{first + frames - 1}; not encoded")
 
 
 class Writer(QueueThread[Slot]):
@@ -47,6 +55,7 @@ class Writer(QueueThread[Slot]):
     def _write(self, slot: Slot) -> None:
         planes = slot.wait()
         self._planes_at = time.perf_counter()
+        check_finite(slot.nonfinite(), slot.first_frame, slot.frames)
         if slot.copy is not None:
             self.stats.add(**slot.copy.seconds())
         if self.tap is not None:

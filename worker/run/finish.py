@@ -61,7 +61,9 @@ def finish(run: Run, out: JobOutput, latents: Latents, report: PipelineReport,
         width=report.width, height=report.height, fps=spec.video.fps,
         video_seconds=report.frames / spec.video.fps, segments=segments, full_uri=full_uri,
         playlist_uri=publisher.finish(), latents_uri=latents_uri,
-        random_weights=uses_random_weights(spec.decoder), generate=latents.facts,
+        random_weights=uses_random_weights(spec.decoder) or (
+            latents.facts is not None and latents.facts.random_weights),
+        generate=latents.facts,
     )
     # The manifest goes LAST: its presence is the completion marker.
     manifest_uri = out.put_bytes(MANIFEST, manifest.model_dump_json(indent=2).encode())

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from producer.settings import Settings, get_settings
 from producer.spec import CostReport, JobSpec, Progress, SegmentInfo
+from worker.gate import GATE
 
 if TYPE_CHECKING:
     from worker.sinks.hls import LivePlaylist
@@ -59,6 +60,9 @@ class Run:
             hook(progress)
 
     def cancelled(self) -> bool:
+        # Between steps and chunks the run has only queued kernels in flight: the moment a
+        # waiting background graph capture may go (``worker.gate``).
+        GATE.yield_point()
         for guard in self.guards:
             guard()
         return any(check() for check in self.cancel_checks)

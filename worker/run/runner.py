@@ -15,10 +15,12 @@ from pathlib import Path
 
 import torch
 
-from producer.errors import JobCancelled
+from producer.errors import JobCancelled, NonFiniteOutput
 from producer.spec import JobResult, JobSpec, Progress
 from worker.decoders.base import frames_for_latents
 from worker.devices import out_of_memory, worker_info
+from worker.gate import GATE
+from worker.generate.job import tier_name
 from worker.pipeline import PipelineReport, run_pipeline
 from worker.run.decoders import DecoderCache
 from worker.run.finish import finish, reused_output
@@ -35,6 +37,12 @@ def run_job(spec: JobSpec, decoders: DecoderCache, run: Run | None = None) -> Jo
         run = Run(spec)
     elif run.spec is not spec:
         raise ValueError(f"run_job: the run is of job {run.spec.job_id}, not {spec.job_id}")
+    # The run works on the device: background graph captures wait for its yield points.
+    with GATE.work():
+        return _run(spec, decoders, run)
+
+
+def _run(spec: JobSpec, decoders: DecoderCache, run: Run) -> JobResult:
     t0 = time.perf_counter()
     info = worker_info(decoders.device, run.node)
     out = JobOutput(spec.output_prefix, run.settings)
@@ -68,6 +76,10 @@ def _decode(run: Run, latents: Latents, publisher: SegmentPublisher,
         )
     except torch.OutOfMemoryError as e:
         raise out_of_memory(e, f"decoding {spec.job_id} (tiled={run.tiled})") from e
+    except NonFiniteOutput as e:  # name what made the frames: the tier, or the decoder
+        made_by = (tier_name(spec.generate) if spec.generate is not None
+                   else f"decoder {latents.decoder.name}")
+        raise NonFiniteOutput(f"{made_by}: {e}") from e
     if report.cancelled:
         raise JobCancelled(f"job {spec.job_id} cancelled after {report.stats.frames} frames")
     return report

@@ -4,6 +4,8 @@
 "use strict";
 (function () {
   const KEY = "framefleet.key";
+  // What a job made with random weights says, as the CLI does (producer/weights.py).
+  const NOISE = "random weights: noise";
   const $ = (id) => document.getElementById(id);
   const rows = $("jobs").querySelector("tbody");
   // What the player did, for people (the log) and for tests (window.framefleet).
@@ -31,7 +33,9 @@
       const bar = document.createElement("progress");
       bar.max = 100; bar.value = v.progress;
       const p = cell(" " + v.progress + "%"); p.prepend(bar);
-      tr.append(cell(v.id), cell(v.model), cell(v.status + (ff.state ? " (" + ff.state + ")" : "")),
+      const noise = ff.random_weights ? ", " + NOISE : "";
+      tr.append(cell(v.id), cell(v.model),
+                cell(v.status + (ff.state ? " (" + ff.state + ")" : "") + noise),
                 p, cell(ff.cost_usd == null ? "" : "$" + ff.cost_usd.toFixed(6)),
                 cell(new Date(v.created_at * 1000).toLocaleString()));
       tr.addEventListener("click", () => play(v));
@@ -52,10 +56,13 @@
   }
 
   function play(v) {
+    if (typeof Hls === "undefined") { say(state.missing || "no hls.js: cannot play"); return; }
     state.playing = v.id;
     $("player").hidden = false;
     $("playing").textContent = v.id;
-    $("note").textContent = v.status === "completed" ? "" : "live: the job is " + v.status;
+    const ff = v.framefleet || {};
+    $("note").textContent = (v.status === "completed" ? "" : "live: the job is " + v.status) +
+      (ff.random_weights ? (v.status === "completed" ? "" : "; ") + NOISE : "");
     $("log").textContent = "";
     state.events = []; state.frames = 0;
     if (hls) hls.destroy();
@@ -109,6 +116,13 @@
     sessionStorage.removeItem(KEY); state.jobs = []; rows.replaceChildren(); say("key forgotten");
   });
   $("download").addEventListener("click", download);
+  // No hls.js (the gateway could not find it): say what is missing, never a silent player.
+  if (typeof Hls === "undefined") {
+    fetch("/static/hls.min.js").then((r) => r.json()).then((b) => {
+      state.missing = b.error ? b.error.message : "no hls.js";
+    }).catch(() => { state.missing = "no hls.js: this page cannot play videos"; })
+      .finally(() => { $("missing").textContent = state.missing; $("missing").hidden = false; });
+  }
   refresh();
   timer = setInterval(refresh, 2000);
   window.addEventListener("pagehide", () => clearInterval(timer));

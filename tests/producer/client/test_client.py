@@ -90,9 +90,9 @@ def test_cancel_of_an_unknown_id_is_refused_and_flags_nothing(redis_url: str) ->
     with pytest.raises(UnknownJobError, match="never-2: no such job"):
         client.cancel("never-2")
     assert not r.exists("framefleet:cancel:never-2")
-    # A submitted job is flagged; its state when asked comes back
+    # A submitted job is flagged; its state when asked comes back, named as status names it
     client.submit(_pattern("queued-2"))
-    assert client.cancel("queued-2") == "PENDING"
+    assert client.cancel("queued-2") == "QUEUED" == client.state("queued-2").state
     assert r.exists("framefleet:cancel:queued-2")
 
 

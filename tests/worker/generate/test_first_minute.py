@@ -35,6 +35,7 @@ def test_models_tiny_writes_each_layout(tmp_path: Path, layout: str, pipeline: s
     assert "random weights" in done.stdout
     info = read_model(tmp_path / "m")
     assert (info.pipeline, info.image_input) == (pipeline, image_input)
+    assert info.random_weights  # the marker: every job on it says its weights are random
     # the tokenizer was made locally (no download): its vocabulary is the tiny one
     vocab = json.loads((tmp_path / "m" / "tokenizer" / "tokenizer.json").read_text())
     assert len(vocab["model"]["vocab"]) <= 128

@@ -245,3 +245,26 @@ def test_a_missing_tokenizer_is_named(tiny_model: Path, place: tuple[Path, Path,
     processor = without(i2v_model, roots / "no-processor", "image_processor")
     with pytest.raises(InvalidJobError, match=r"has no image_processor \(image_processor/ "):
         model_folder(processor.as_uri(), settings)
+
+
+def test_the_random_weights_marker_is_read_like_any_file_of_the_folder(
+    tiny_model: Path, place: tuple[Path, Path, Settings]
+) -> None:
+    from worker.generate.tiny import RANDOM_MARKER
+
+    roots, outside, settings = place
+    model = Path(shutil.copytree(tiny_model, roots / "m"))
+    assert not read_model(model_folder(model.as_uri(), settings)).random_weights  # none
+    (model / RANDOM_MARKER).write_text('{"random_weights": false}')
+    assert not read_model(model_folder(model.as_uri(), settings)).random_weights
+    (model / RANDOM_MARKER).write_text('{"random_weights": true}')
+    assert read_model(model_folder(model.as_uri(), settings)).random_weights
+    (model / RANDOM_MARKER).write_text("noise")
+    with pytest.raises(InvalidJobError, match=f"{RANDOM_MARKER} is not valid JSON"):
+        read_model(model_folder(model.as_uri(), settings))
+    # A marker that leads outside the roots is refused like any other file of the folder
+    (outside / "marker.json").write_text('{"random_weights": true}')
+    (model / RANDOM_MARKER).unlink()
+    (model / RANDOM_MARKER).symlink_to(outside / "marker.json")
+    with pytest.raises(PathRefusedError):
+        model_folder(model.as_uri(), settings)

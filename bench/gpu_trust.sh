@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The device work of the GPU-trust issue, rerunnable from scratch, one stage per device call
+# (a call may run 10 minutes), in this order: correctness first, then the soak, then the rows.
+#   STAGE=tests  pytest -m gpu (the tier tests with fp8 finite, the capture race provoked on
+#                purpose, every other GPU test), then the 1.3B rows of the denoise benchmark
+#   STAGE=prime  the soak's worker start alone, which compiles every soak size into the compile
+#                cache (cold: minutes a size), so that the soak's start takes seconds
+#   STAGE=race   the capture-race test alone, and the same race with the gates off
+#   STAGE=soak   bench/soak.py: the real worker process, a real Redis, >= 40 mixed jobs over
+#                >= 8 minutes (soak-h200.json / .md)
+#   STAGE=bench  bench/generate.py: the 5B at 20 and 4 steps, tiers exact, cache, fp8,
+#                fp8+cache, against diffusers (denoise-h200-5b.json)
+# Usage, on a CUDA host from the repository root, wheels in .whl/ and Debian's redis-server
+# with its libraries in .redis/ (bench/README.md says how to make both):
+#   OUT=dir STAGE=tests BUDGET=560 bench/gpu_trust.sh
+set -uo pipefail
+T0=$(date +%s)
+BUDGET=${BUDGET:-560}
+left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+OUT=${OUT:?OUT must name the results folder}
+STAGE=${STAGE:?STAGE is tests, race, prime, soak or bench}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl >"$OUT/install-$STAGE.log" 2>&1 || { cat "$OUT/install-$STAGE.log"; exit 1; }
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=8
+# One compile cache for every stage of one machine: later stages load what earlier compiled.
+export FRAMEFLEET_COMPILE_CACHE_DIR=/tmp/ff-compile-cache
+export TORCHINDUCTOR_CACHE_DIR=$FRAMEFLEET_COMPILE_CACHE_DIR/inductor
+export TRITON_CACHE_DIR=$FRAMEFLEET_COMPILE_CACHE_DIR/triton
+{
+  date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c "import torch, diffusers, torchao, av, celery; print('torch', torch.__version__,
+'diffusers', diffusers.__version__, 'torchao', torchao.__version__, 'av', av.__version__,
+'celery', celery.__version__)"
+} 2>&1 | tee "$OUT/env-$STAGE.txt"
+
+case "$STAGE" in
+tests)
+  XDIST=""
+  python3 -c "import xdist" 2>/dev/null && XDIST="-n 4 --dist loadgroup"
+  # shellcheck disable=SC2086
+  timeout $(( $(left) - 240 )) python3 -m pytest -m gpu --confcutdir=tests/gpu \
+    -p no:cacheprovider -v -rA --tb=short $XDIST tests/gpu >"$OUT/gpu-tests.log" 2>&1
+  echo "pytest exit $? at $(( $(date +%s) - T0 )) s" | tee -a "$OUT/gpu-tests.log"
+  grep -E "(PASSED|FAILED|ERROR) " "$OUT/gpu-tests.log" | cut -c1-160
+  # the capture race without the gate, to show the test provokes it (informational)
+  timeout 100 python3 -m tests.gpu.capture_race --reps 20 --no-gate --time-limit-s 80 \
+    >"$OUT/capture-race-no-gate.json" 2>"$OUT/capture-race-no-gate.log"
+  tail -1 "$OUT/capture-race-no-gate.json"
+  timeout $(( $(left) - 5 )) python3 bench/generate.py --models wan2.1-t2v-1.3b --steps 20 \
+    --tiers exact,cache --decode-graphs 1 --budget-s $(( $(left) - 15 )) \
+    --json denoise-h200-1.3b.json --out "$OUT" >"$OUT/generate-1.3b.log" 2>&1
+  echo "generate.py exit $?"; sed -n '/^| model/,$p' "$OUT/generate-1.3b.log"
+  ;;
+race)  # the capture race alone, gated (the test) and not (the probe)
+  timeout $(( $(left) - 110 )) python3 -m pytest -m gpu --confcutdir=tests/gpu -p no:cacheprovider \
+    -v -rA -s --tb=short tests/gpu/test_gpu_capture_race.py >"$OUT/gpu-tests-race.log" 2>&1
+  echo "pytest exit $?"; grep -E "PASSED|FAILED|broken|passed|failed" "$OUT/gpu-tests-race.log" | cut -c1-400
+  timeout $(( $(left) - 5 )) python3 -m tests.gpu.capture_race --reps 20 --no-gate \
+    --time-limit-s $(( $(left) - 30 )) >"$OUT/capture-race-no-gate.json" 2>"$OUT/capture-race-no-gate.log"
+  tail -1 "$OUT/capture-race-no-gate.json"
+  ;;
+prime)  # the soak worker's start alone: every soak size compiled into the compile cache
+  timeout $(( $(left) - 5 )) python3 bench/soak.py --prime --redis-server "$PWD/.redis/redis-server" \
+    --redis-lib "$PWD/.redis/lib" --out "$OUT" >"$OUT/soak-prime.log" 2>&1
+  echo "prime exit $?"; grep -E "compiled at|ready in" "$OUT/soak-worker.log" "$OUT/soak-prime.log"
+  ;;
+soak)
+  LD_LIBRARY_PATH=$PWD/.redis/lib .redis/redis-server --version
+  # new jobs for as long as the call allows after the worker's start (~1 min); the last
+  # ones drain after that (the soak's minutes run from its first submit to its last end)
+  MAX=$(awk "BEGIN {print ($(left) - 80) / 60}")
+  timeout $(( $(left) - 5 )) python3 bench/soak.py --minutes 8 --max-minutes "$MAX" \
+    --jobs 40 --redis-server "$PWD/.redis/redis-server" --redis-lib "$PWD/.redis/lib" \
+    --out "$OUT" >"$OUT/soak.log" 2>&1
+  echo "soak exit $?"; tail -40 "$OUT/soak.log"
+  ;;
+bench)
+  timeout $(( $(left) - 5 )) python3 bench/generate.py --models wan2.2-ti2v-5b --steps 20,4 \
+    --tiers exact,cache,fp8,fp8+cache --decode-graphs 1 --budget-s $(( $(left) - 20 )) \
+    --json denoise-h200-5b.json --out "$OUT" >"$OUT/generate-5b.log" 2>&1
+  echo "generate.py exit $?"; sed -n '/^| model/,$p' "$OUT/generate-5b.log"
+  ;;
+esac
+echo "stage $STAGE done in $(( $(date +%s) - T0 )) s of $BUDGET"
