@@ -275,7 +275,9 @@ class FileFlags:
 
     def take_ends(self, limit: int = 100) -> list[str]:
         taken = []
-        for path in sorted((self.root / "ends").iterdir())[:limit]:
+        for path in sorted((self.root / "ends").iterdir()):
+            if len(taken) >= limit:
+                break
             mine = self.root / "tmp" / uuid.uuid4().hex
             try:
                 path.rename(mine)  # one process wins the rename: each end to one taker

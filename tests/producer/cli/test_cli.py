@@ -210,9 +210,12 @@ _STUCK = """
 import time
 from producer.cli.output import ctrl_c_exits
 with ctrl_c_exits("interrupted: the job goes on"):
-    print("ready", flush=True)
+    ready = False
     while True:
         try:
+            if not ready:
+                ready = True
+                print("ready", flush=True)
             time.sleep(60)
         except KeyboardInterrupt:
             pass  # a library that swallows Ctrl-C: the command never gets to its own exit
