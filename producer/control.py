@@ -274,7 +274,7 @@ class FileFlags:
         os.replace(tmp, self.root / "ends" / f"{time.time_ns()}-{uuid.uuid4().hex[:8]}")
 
     def take_ends(self, limit: int = 100) -> list[str]:
-        taken = []
+        taken: list[str] = []
         for path in sorted((self.root / "ends").iterdir()):
             if len(taken) >= limit:
                 break
