@@ -43,6 +43,16 @@ class Flags(Protocol):
     def preempted(self, node: str) -> bool: ...
     def start_run(self, job_id: str, holder: str) -> tuple[int, str | None]: ...
     def end_run(self, job_id: str, holder: str, final: bool) -> None: ...
+    def end_killed_run(self, job_id: str, node: str, pid: int) -> bool:
+        """The run of ``job_id`` in process ``pid`` of ``node`` was killed (Celery's hard time
+        limit) and the job ended: forget the run; True if it had not reached its end itself."""
+        ...
+    def hand_over_end(self, end: str, ttl_s: int) -> None:
+        """Keep ``end`` (a job end decided outside a pool process, as JSON) for one to take."""
+        ...
+    def take_ends(self, limit: int = 100) -> list[str]:
+        """Take (remove) up to ``limit`` ends handed over, oldest first."""
+        ...
     def mark_started(self, job_id: str, taken: bool = True) -> None:
         """A worker received ``job_id`` (``taken``: and so took a job now, ``last_taken``)."""
         ...
@@ -113,6 +123,18 @@ class RedisFlags:
         """``holder``'s run ended (not lost); ``final``: the job ended, its losses are reset."""
         self.r.eval(keys.END_RUN, 1, keys.runs(job_id), holder, "1" if final else "0")
 
+    def end_killed_run(self, job_id: str, node: str, pid: int) -> bool:
+        return bool(self.r.eval(keys.END_KILLED_RUN, 1, keys.runs(job_id), f"{node} {pid} "))
+
+    def hand_over_end(self, end: str, ttl_s: int) -> None:
+        self.r.pipeline().rpush(keys.ENDS, end).expire(keys.ENDS, ttl_s).execute()
+
+    def take_ends(self, limit: int = 100) -> list[str]:
+        # LRANGE + LTRIM in one transaction: any Redis version, and each end to one taker.
+        items, _ = self.r.pipeline().lrange(keys.ENDS, 0, limit - 1).ltrim(
+            keys.ENDS, limit, -1).execute()
+        return [_text(v) for v in items]
+
     def mark_started(self, job_id: str, taken: bool = True) -> None:
         """A worker received ``job_id``: from now on a PENDING state means its result expired."""
         key = keys.runs(job_id)
@@ -146,7 +168,7 @@ def _text(value: Any) -> str:
 class FileFlags:
     def __init__(self, root: Path) -> None:
         self.root = root
-        for sub in ("spec", "specdoc", "cancel", "preempted", "runs", "tmp"):
+        for sub in ("spec", "specdoc", "cancel", "preempted", "runs", "ends", "tmp"):
             (root / sub).mkdir(parents=True, exist_ok=True)
 
     def claim(self, job_id: str, digest: str, clear_cancel: bool = False,
@@ -236,6 +258,34 @@ class FileFlags:
             record.pop("losses", None)
             record.pop("lost_on", None)
         self._write_runs(path, record)
+
+    def end_killed_run(self, job_id: str, node: str, pid: int) -> bool:
+        path, record = self._runs(job_id)
+        if not str(record.get("running", "")).startswith(f"{node} {pid} "):
+            return False
+        for field in ("running", "losses", "lost_on"):
+            record.pop(field, None)
+        self._write_runs(path, record)
+        return True
+
+    def hand_over_end(self, end: str, ttl_s: int) -> None:
+        tmp = self.root / "tmp" / uuid.uuid4().hex
+        tmp.write_text(end)
+        os.replace(tmp, self.root / "ends" / f"{time.time_ns()}-{uuid.uuid4().hex[:8]}")
+
+    def take_ends(self, limit: int = 100) -> list[str]:
+        taken: list[str] = []
+        for path in sorted((self.root / "ends").iterdir()):
+            if len(taken) >= limit:
+                break
+            mine = self.root / "tmp" / uuid.uuid4().hex
+            try:
+                path.rename(mine)  # one process wins the rename: each end to one taker
+            except FileNotFoundError:
+                continue
+            taken.append(mine.read_text())
+            mine.unlink()
+        return taken
 
     def mark_started(self, job_id: str, taken: bool = True) -> None:
         if taken:

@@ -20,6 +20,8 @@ framefleet's own keys (``framefleet:`` prefix):
 - ``last_taken``: unix time a worker last received a job (``status``/``wait`` hints);
 - ``ledger:runs:{job}``: ``HeldRun``s of the job's runs that sent it back (retry, requeue),
   kept until its end's ledger record carries them;
+- ``ends``: job ends that a worker's main process decided (Celery's hard time limit), handed
+  to a pool process, which counts them and writes their ledger records;
 - ``api:job:{job}``, ``api:jobs:{tenant}``, ``api:inflight:{tenant}``, ``api:streams:{tenant}``,
   ``api:rate:…``: the HTTP gateway's records of the jobs it submitted, each tenant's listing,
   jobs in flight and open event streams, and the rate limiter's windows (per tenant, and per
@@ -43,6 +45,8 @@ HELD_PREFIX = PREFIX + "held:"
 UNDECODABLE = PREFIX + "undecodable_total"
 #: Unix time (text) a worker last received a job of the queue.
 LAST_TAKEN = PREFIX + "last_taken"
+#: A list of job ends decided in a worker's main process, for a pool process to record.
+ENDS = PREFIX + "ends"
 #: Celery's result key of a task id.
 RESULT_PREFIX = "celery-task-meta-"
 #: kombu's Redis transport: delivered, not yet acknowledged messages and their delivery times.
@@ -158,6 +162,18 @@ END_RUN = """
 if redis.call('HGET', KEYS[1], 'running') == ARGV[1] then
   redis.call('HDEL', KEYS[1], 'running')
   if ARGV[2] == '1' then redis.call('HDEL', KEYS[1], 'losses', 'lost_on') end
+end
+return 0
+"""
+
+#: A run killed by Celery's hard time limit ends: forget it if the record still names a holder
+#: of the killed process (ARGV[1]: its prefix ``"node pid "``), and say so (1; else 0: that run
+#: reached its end itself, or never recorded itself). KEYS: runs.
+END_KILLED_RUN = """
+local holder = redis.call('HGET', KEYS[1], 'running')
+if holder and string.sub(holder, 1, string.len(ARGV[1])) == ARGV[1] then
+  redis.call('HDEL', KEYS[1], 'running', 'losses', 'lost_on')
+  return 1
 end
 return 0
 """

@@ -19,6 +19,10 @@ cannot do for a path on another machine.
 under a root that is a folder on this host, or under the embedded mode's folder), a missing
 input, image or LoRA file, or a missing model or weights folder, is refused before anything
 is queued, naming the field, instead of a job that a worker fails a moment later.
+
+A job's time limits follow from its spec alone (``time_limits``): the soft limit is its
+``time_limit_s``, the hard one ``HARD_LIMIT_AFTER_S`` later. The client sends them with the
+message; the worker sets them again from the spec it receives, whatever the message says.
 """
 
 from __future__ import annotations
@@ -35,6 +39,20 @@ from producer.spec import RANDOM_WEIGHTS, JobSpec
 from producer.webhooks import UrlPolicy, check_notify
 from producer.weights import check_job_weights
 from producer.wire import decode_uri
+
+#: Seconds from a job's soft time limit (its ``time_limit_s``) to the hard one.
+HARD_LIMIT_AFTER_S = 60
+
+
+def time_limits(payload: Any, settings: Settings) -> tuple[int, int]:
+    """(hard, soft) time limits of a job message's payload (the spec's JSON): from its
+    ``time_limit_s`` when that is a number the fleet allows, else the fleet's longest
+    (``FRAMEFLEET_MAX_TIME_LIMIT_S``: the message is refused on receipt anyway)."""
+    limit = payload.get("time_limit_s") if isinstance(payload, dict) else None
+    if isinstance(limit, bool) or not isinstance(limit, int) or not (
+            1 <= limit <= settings.max_time_limit_s):
+        limit = settings.max_time_limit_s
+    return limit + HARD_LIMIT_AFTER_S, limit
 
 
 def check_message_size(payload: Any, settings: Settings) -> None:

@@ -5,7 +5,8 @@
   fails naming both, unless that id is a submitted job's: a message that is not the job its
   id names (another spec's key, a job's key with another spec, no job at all) is then dropped
   with a critical log, and nothing is stored under the id: no sender can overwrite another
-  job's result.
+  job's result. Not even STARTED: Celery's ``track_started`` would store it before the
+  check, so the task stores it itself once it holds the job's lease.
 - A duplicate delivery of a job that already succeeded is dropped.
 - A job that another worker runs right now (its lease is held) waits in the queue: a requeue,
   counted apart from the retries of errors (``worker.concerns.retries``).
@@ -14,9 +15,11 @@
   fallback, retries with back-off, metrics) is a concern of ``worker.concerns``.
 - A CUDA error ends this pool process once the job's lease is released: its CUDA context is
   gone, and Celery redelivers the job to a fresh one (``worker.concerns.device``).
-- A job failed for good outside the concerns (requeued too often while another run held its
-  lease; Celery's hard time limit, decided in the worker's main process) still gets its live
-  playlist ended (``worker.concerns.playlist.end_later``).
+- A job failed for good outside the concerns (refused by the fleet's rules on receipt;
+  requeued too often while another run held its lease; Celery's hard time limit, decided in
+  the worker's main process: ``DecodeRequest``) still gets its one count and ledger record
+  (``worker.concerns.outside``) and its live playlist ended
+  (``worker.concerns.playlist.end_later``).
 
 Nothing is registered at import: ``register(app)`` adds the task to an app built by
 ``producer.app.make_app`` (the worker entry point ``worker.lifecycle.main`` does).
@@ -25,22 +28,28 @@ Nothing is registered at import: ``register(app)`` adds the task to an app built
 from __future__ import annotations
 
 import logging
+import os
 import socket
+import threading
 from typing import Any, NoReturn
 
-from celery import Celery, Task
+from celery import Celery, Task, states
 from celery.exceptions import Ignore, TimeLimitExceeded
+from celery.signals import worker_process_init
+from celery.worker import state as worker_state
+from celery.worker.request import Request
 
-from producer.app import TASK_NAME
+from producer.app import ENQUEUED_AT_HEADER, TASK_NAME
 from producer.control import Flags, flags_for
 from producer.cost import cost_for_job
 from producer.errors import FatalJobError, InvalidJobError, JobConflictError
-from producer.rules import check_message_size, check_spec
+from producer.rules import check_message_size, check_spec, time_limits
 from producer.settings import Settings, get_settings
 from producer.spec import JobSpec, parse_spec
 from worker.concerns import CONCERNS, run_concerns
 from worker.concerns.device import RetireProcess, retire
-from worker.concerns.metrics import failed_before_run
+from worker.concerns.metrics import as_stamp, enqueued_at, failed_before_run
+from worker.concerns.outside import failed_outside, hand_over, record_end, take_over
 from worker.concerns.playlist import end_later
 from worker.concerns.retries import requeue_now
 from worker.lifecycle.lease import LEASE_RETRY_S, JobLease, through_failover
@@ -72,33 +81,77 @@ def register(app: Celery) -> Task:
     in this process (a client's, the dashboard's). ``throws``: a fatal job error (bad input,
     a path outside the file roots, the store's configuration) is the job's answer, not a bug:
     Celery logs it as one line with the job's id and the message, without a traceback.
+    ``track_started=False``: Celery would store STARTED under the message's task id before
+    the task could check that the message is the job its id names; the task stores STARTED
+    itself once it holds the job (``_started``).
     """
     task: Task = app.task(bind=True, base=DecodeTask, name=TASK_NAME, acks_late=True,
                           reject_on_worker_lost=True, shared=False, lazy=False,
-                          throws=(FatalJobError,))(decode_video)
+                          track_started=False, throws=(FatalJobError,))(decode_video)
+    # A pool process that starts (one replacing a process the hard time limit killed, say)
+    # records the job ends its main process handed over: from a thread, since a pool process
+    # that takes too long to start (a ledger write) is killed by Celery before it is up.
+    worker_process_init.connect(lambda **_: threading.Thread(
+        target=take_over_ends, args=(app,), name="job-ends", daemon=True).start(), weak=False)
     return task
 
 
-class DecodeTask(Task):
-    """The task's class: ends the live playlist of a job that Celery's hard time limit killed.
+class DecodeRequest(Request):  # type: ignore[misc]
+    """The job's request in the worker's main process.
 
-    The hard limit is decided in the worker's main process (the pool process that ran the job
-    is killed, no concern runs): Celery calls ``on_failure`` there. Every other end goes
-    through the concerns."""
+    Its time limits come from the spec (``producer.rules.time_limits``), never from the
+    message: a message aimed at another job with a limit of a millisecond would have Celery
+    store that job's FAILURE and kill the pool process. And it ends what Celery's hard time
+    limit ends there (the pool process that ran the job is killed, no concern of its run ends
+    it): the live playlist, the count and the ledger record (``worker.concerns.outside``)."""
 
-    def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any,
-                   einfo: Any) -> None:
-        if not isinstance(exc, TimeLimitExceeded):
+    def __init__(self, message: Any, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.time_limits = time_limits(self.args[0] if self.args else None, get_settings())
+
+    def on_timeout(self, soft: bool, timeout: float) -> None:
+        super().on_timeout(soft, timeout)
+        if soft or worker_state.should_terminate:  # Celery stored nothing: a cold shutdown
             return
         try:
-            settings = get_settings()
-            spec = _parse(args[0], settings)
-            if spec.key == task_id:  # the job the killed run ran (checked on receipt)
-                # The lease names the killed run's node; this one waits for it to expire.
-                end_later(spec, settings, getattr(self.app.backend, "client", None),
-                          f"hard-limit@{socket.gethostname()}")
+            _killed(self, timeout)
         except Exception:  # the job's FAILURE is stored already: log, go on
-            log.exception("job %s: hard time limit: the live playlist cannot be ended", task_id)
+            log.exception("job %s: hard time limit: its end was not recorded", self.id)
+
+
+class DecodeTask(Task):
+    """The task's class: its requests are ``DecodeRequest``s."""
+
+    Request = DecodeRequest
+
+
+def _killed(request: DecodeRequest, timeout: float) -> None:
+    settings = get_settings()
+    app = request.task.app
+    client = getattr(app.backend, "client", None)
+    spec = _decode(request.args[0], settings)
+    if spec.key != request.id:  # not the job it names: dropped on receipt, nothing to end
+        return
+    # The lease names the killed run's node; this one waits for it to expire.
+    end_later(spec, settings, client, f"hard-limit@{socket.gethostname()}")
+    flags = flags_for(app, settings)
+    if request.worker_pid is None or not flags.end_killed_run(
+            spec.key, str(request.hostname), int(request.worker_pid)):
+        return  # its run ended itself (and was counted), or never started
+    kwargs = request.kwargs or {}
+    hand_over(failed_outside(
+        spec, TimeLimitExceeded(f"hard time limit ({timeout:g} s) exceeded"),
+        str(request.hostname), started_at=request.time_start,
+        enqueued_at=as_stamp(request.request_dict.get(ENQUEUED_AT_HEADER)),
+        error_retries=int(kwargs.get("error_retries", 0)),
+        requeues=int(kwargs.get("requeues", 0))), flags, settings)
+
+
+def take_over_ends(app: Celery) -> int:
+    """Record the job ends a main process handed over (``worker.concerns.outside``): a pool
+    process does at its start (from a thread), and the task before each job."""
+    settings = get_settings()
+    return take_over(flags_for(app, settings), settings, getattr(app.backend, "client", None))
 
 
 def decode_video(self: Task, payload: Any, tiled: bool = False, error_retries: int = 0,
@@ -107,12 +160,14 @@ def decode_video(self: Task, payload: Any, tiled: bool = False, error_retries: i
     send after the first (``worker.concerns.retries``)."""
     settings = get_settings()
     flags = flags_for(self.app, settings)
+    take_over_ends(self.app)
     spec = _received(self, payload, settings, flags)
     lease = JobLease(getattr(self.app.backend, "client", None), spec.key,
                      str(self.request.hostname))
     if not lease.acquire():
-        _wait_for_lease(self, spec, int(requeues), settings)
+        _wait_for_lease(self, spec, int(error_retries), int(requeues), settings)
     try:
+        _started(self)
         run = Run(spec=spec, settings=settings, node=str(self.request.hostname), tiled=tiled,
                   cost=cost_for_job, error_retries=int(error_retries), requeues=int(requeues))
         return run_concerns(run, self, CONCERNS, lambda: run_job(spec, decoders(), run))
@@ -123,16 +178,29 @@ def decode_video(self: Task, payload: Any, tiled: bool = False, error_retries: i
         lease.release()
 
 
-def _wait_for_lease(task: Task, spec: JobSpec, requeues: int, settings: Settings) -> NoReturn:
+def _started(task: Task) -> None:
+    """STARTED with Celery's own payload (``pid``, ``hostname``), stored only now: the message
+    is the job its id names, claimed with this spec, and this run holds the job's lease (a
+    duplicate delivery waiting for it overwrites nothing of the run that holds it)."""
+    task.update_state(state=states.STARTED,
+                      meta={"pid": os.getpid(), "hostname": str(task.request.hostname)})
+
+
+def _wait_for_lease(task: Task, spec: JobSpec, error_retries: int, requeues: int,
+                    settings: Settings) -> NoReturn:
     """Another worker runs this job right now: look again later instead of running twice.
-    Requeued too often, the job fails for good, and its live playlist is ended once the run
-    that holds the lease lets it go."""
+    Requeued too often, the job fails for good: counted and recorded, and its live playlist
+    is ended once the run that holds the lease lets it go."""
+    client = getattr(task.app.backend, "client", None)
     try:
         requeue_now(task, spec.key, requeues, settings, countdown=LEASE_RETRY_S,
                     why="its lease is held by another run")
-    except FatalJobError:
-        end_later(spec, settings, getattr(task.app.backend, "client", None),
-                  str(task.request.hostname))
+    except FatalJobError as e:
+        node = str(task.request.hostname)
+        end_later(spec, settings, client, node)
+        record_end(failed_outside(spec, e, node, enqueued_at=enqueued_at(task.request),
+                                  error_retries=error_retries, requeues=requeues),
+                   settings, client)
         raise
 
 
@@ -144,8 +212,8 @@ def _received(task: Task, payload: Any, settings: Settings, flags: Flags) -> Job
     dropped instead, with a critical log: its sender must not overwrite that job's result."""
     task_id = str(task.request.id)
     try:
-        spec = _parse(payload, settings)
-    except InvalidJobError as e:  # it never runs, and still ends: count it
+        spec = _decode(payload, settings)
+    except InvalidJobError as e:  # no job: it never runs, and still ends: count it
         failed_before_run(e, None, settings)
         if flags.registered(task_id) is not None:
             _foreign(task_id, f"a message that is not a job ({e}) names the job {task_id}")
@@ -157,6 +225,17 @@ def _received(task: Task, payload: Any, settings: Settings, flags: Flags) -> Job
         if flags.registered(task_id) is not None:
             _foreign(task_id, f"its spec is job {spec.key}, not {task_id}")
         raise error
+    try:
+        check_spec(spec, settings)  # the client's rules, again: the wire is not trusted
+    except FatalJobError as e:
+        if flags.registered(task_id) not in (None, spec.digest()):
+            failed_before_run(e, spec, settings)
+            _foreign(task_id, f"its spec breaks the rules ({e}) and is not the job {task_id}")
+        # The job itself, refused: one end like any other, counted and recorded.
+        record_end(failed_outside(spec, e, str(task.request.hostname),
+                                  enqueued_at=enqueued_at(task.request)),
+                   settings, getattr(task.app.backend, "client", None))
+        raise
     try:
         through_failover(lambda: _claim(task.app, flags, spec), f"job {spec.key}: claim")
     except JobConflictError as e:
@@ -170,12 +249,10 @@ def _foreign(task_id: str, why: str) -> NoReturn:
     raise Ignore()
 
 
-def _parse(payload: Any, settings: Settings) -> JobSpec:
+def _decode(payload: Any, settings: Settings) -> JobSpec:
     # The size first: a huge message is refused before pydantic spends time on it.
     check_message_size(payload, settings)
-    spec = parse_spec(payload)
-    check_spec(spec, settings)  # the client's rules, again: the wire is not trusted
-    return spec
+    return parse_spec(payload)
 
 
 def _claim(app: Celery, flags: Flags, spec: JobSpec) -> None:

@@ -13,8 +13,9 @@ from producer.cli.output import (
     EXIT_TIMEOUT,
     console,
     count,
+    ctrl_c_exits,
     errors,
-    fail,
+    exit_now,
     note,
 )
 from producer.spec import JobResult, job_key
@@ -94,13 +95,14 @@ def _say(line: str) -> None:
 
 def _wait(handle: Any, timeout: float, progress: bool) -> JobResult:
     """``handle.wait`` with its notes on stderr (above the bar when there is one); Ctrl-C
-    says the job goes on (exit 130)."""
-    try:
-        with _errors():
-            result: JobResult = handle.wait(timeout=timeout or None, progress=progress,
-                                            say=None if progress else _say)
-            return result
-    except KeyboardInterrupt:
-        fail(f"interrupted: job {handle.key} goes on without you (framefleet wait "
-             f"{handle.key} follows it again; framefleet cancel {handle.key} stops it)",
-             EXIT_INTERRUPTED)
+    says the job goes on and exits 130 at once, wherever it landed (``ctrl_c_exits``)."""
+    gone = (f"interrupted: job {handle.key} goes on without you (framefleet wait "
+            f"{handle.key} follows it again; framefleet cancel {handle.key} stops it)")
+    with ctrl_c_exits(gone):
+        try:
+            with _errors():
+                result: JobResult = handle.wait(timeout=timeout or None, progress=progress,
+                                                say=None if progress else _say)
+                return result
+        except KeyboardInterrupt:  # the bar is closed: unwinding got here
+            exit_now(gone, EXIT_INTERRUPTED)

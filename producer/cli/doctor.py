@@ -22,6 +22,7 @@ from typing import Any, Literal
 import redis
 
 from producer.broker import Persistence, check_broker_url, same_server
+from producer.rules import HARD_LIMIT_AFTER_S
 from producer.settings import Settings
 
 Status = Literal["OK", "WARN", "FAIL"]
@@ -42,7 +43,7 @@ class Check:
 
 def check_visibility(s: Settings) -> Check:
     """A running job must not be delivered again: the timeout exceeds the hard time limit."""
-    hard = s.max_time_limit_s + 60  # the client sends time_limit = time_limit_s + 60
+    hard = s.max_time_limit_s + HARD_LIMIT_AFTER_S
     if s.visibility_timeout > hard:
         return Check("visibility timeout", "OK",
                      f"{s.visibility_timeout} s > hard time limit {hard} s")

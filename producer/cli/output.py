@@ -3,6 +3,11 @@ statuses it ends with."""
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
+import threading
+import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,6 +33,8 @@ EXIT_CANCELLED = 4  # the job ended REVOKED (cancelled)
 EXIT_UNAVAILABLE = 69  # the broker or result backend does not answer (sysexits' EX_UNAVAILABLE)
 EXIT_TIMEOUT = 124  # `wait` ran out of time, the job goes on (as timeout(1)'s)
 EXIT_INTERRUPTED = 130  # Ctrl-C on `wait`: the job goes on (128 + SIGINT)
+#: How long after Ctrl-C a command inside ``ctrl_c_exits`` may take to get there itself.
+CTRL_C_GRACE_S = 3.0
 
 
 def count(n: int, noun: str) -> str:
@@ -79,3 +86,45 @@ def _warn(caught: list[warnings.WarningMessage]) -> None:
         if issubclass(w.category, LocalPathWarning):
             note(str(w.message))
     caught.clear()
+
+
+def exit_now(message: str, code: int) -> NoReturn:
+    """``error: MESSAGE`` straight to stderr's file descriptor, then end the process at once.
+
+    For an interrupt: it may have landed anywhere (inside a rich print, whose buffer then
+    holds the line for good; inside Redis or kombu code, whose objects' finalizers run at a
+    normal exit), so neither rich nor the interpreter's shutdown is trusted with the end."""
+    os.write(2, ("error: " + " ".join(message.split()) + "\n").encode())
+    os._exit(code)
+
+
+@contextmanager
+def ctrl_c_exits(message: str) -> Iterator[None]:
+    """Inside: Ctrl-C ends the process with ``error: MESSAGE`` and ``EXIT_INTERRUPTED``.
+
+    The command catches ``KeyboardInterrupt`` and calls ``exit_now`` itself; should it not
+    get there within ``CTRL_C_GRACE_S`` (a call that does not see the interrupt, such as a
+    name lookup, or a library that swallows it), a watchdog thread woken by the signal
+    (``signal.set_wakeup_fd``) ends the process instead. Main thread only."""
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    previous = signal.set_wakeup_fd(write)
+
+    def watch() -> None:
+        try:
+            while (byte := os.read(read, 1)) and byte[0] != signal.SIGINT:
+                continue  # another signal (a terminal resize, a child): keep watching
+            if byte:
+                time.sleep(CTRL_C_GRACE_S)
+                if sys.stdout.isatty():
+                    os.write(1, b"\x1b[?25h\n")  # a bar's hidden cursor
+                exit_now(message, EXIT_INTERRUPTED)
+        finally:
+            os.close(read)
+
+    threading.Thread(target=watch, name="ctrl-c", daemon=True).start()
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(previous)
+        os.close(write)  # the watchdog reads the end of its pipe and stops

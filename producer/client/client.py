@@ -20,7 +20,13 @@ from producer.client.handle import JobHandle, _io, _unknown
 from producer.client.jobstate import FINISHED, JobState
 from producer.control import flags_for
 from producer.errors import InvalidJobError
-from producer.rules import LocalPathWarning, check_local_files, check_local_paths, check_spec
+from producer.rules import (
+    HARD_LIMIT_AFTER_S,
+    LocalPathWarning,
+    check_local_files,
+    check_local_paths,
+    check_spec,
+)
 from producer.settings import Settings, get_settings
 from producer.spec import JobSpec, job_key, split_key
 
@@ -103,7 +109,7 @@ class Client:
                 task_id=key,
                 priority=redis_priority(spec.priority),
                 soft_time_limit=spec.time_limit_s,
-                time_limit=spec.time_limit_s + 60,
+                time_limit=spec.time_limit_s + HARD_LIMIT_AFTER_S,
                 # Events and logs name the job, not its whole spec (and not its URIs).
                 argsrepr=f"[<JobSpec {key}>]",
                 kwargsrepr="{}",

@@ -22,14 +22,17 @@ from producer.client.bar import Bar
 from producer.client.connection import broker_errors
 from producer.client.hints import Idle, idle_hint
 from producer.client.jobstate import JobState, from_meta
+from producer.client.queued import broker_holds
 from producer.control import Flags, flags_for
 from producer.errors import BrokerUnavailable, JobCancelled, JobFailed, UnknownJobError
 from producer.settings import Settings, get_settings
 from producer.spec import JobResult, Progress, split_key
 
 log = logging.getLogger(__name__)
-#: How long ``JobHandle.wait`` lets an id stay unknown before it says so.
+#: How long ``JobHandle.wait`` lets an id stay unknown before it looks for its message.
 UNKNOWN_GRACE_S = 5.0
+#: How often ``wait`` looks for the message of a job still unknown after the grace.
+LOOK_S = 1.0
 #: How often ``wait`` looks again at why a queued job waits (a ping takes up to a second).
 HINT_PERIOD_S = 15.0
 _Bar = Bar  # the name tests and older callers import
@@ -89,6 +92,12 @@ class JobHandle:
         status, info = self._meta()
         return from_meta(self.key, status, info, status == "PENDING" and self.registered())
 
+    def in_broker(self) -> bool:
+        """Whether the broker holds this job's message, queued or held by a worker that has
+        not started it yet (``producer.client.queued``)."""
+        with _io(self.app):
+            return broker_holds(self.app, self.key)
+
     def idle(self) -> Idle | None:
         """Why this job waits, if it is queued while no worker took a job for a while
         (``producer.client.hints``); None when nothing is amiss."""
@@ -128,8 +137,10 @@ class JobHandle:
         the state (queued, started, retrying and why, the stage and the worker).
 
         Raises ``UnknownJobError`` when the id is still unknown (never submitted) after
-        ``unknown_grace_s``: a job sent around the client, straight to the queue, is known only
-        once a worker starts it. JobFailed / JobCancelled as ``result()``; TimeoutError after
+        ``unknown_grace_s`` and its message is not in the broker either, twice in a row: a job
+        sent around the client, straight to the queue, is known to the registry only once a
+        worker starts it, and waits in the queue (or in a worker still starting) until then.
+        JobFailed / JobCancelled as ``result()``; TimeoutError after
         ``timeout`` s (None: no limit). A broker or backend that stops answering once it has
         answered is waited for up to ``outage_s`` (default ``FRAMEFLEET_WAIT_OUTAGE_S``) before
         ``BrokerUnavailable`` is raised; one that never answered raises it at once. ``say``
@@ -144,7 +155,7 @@ class JobHandle:
             while True:
                 js = watch.state()
                 if js is not None and js.state == "UNKNOWN" and not watch.seen and (
-                        time.monotonic() - start >= unknown_grace_s):
+                        time.monotonic() - start >= unknown_grace_s) and watch.nowhere():
                     raise _unknown(self.key)
                 if js is not None and js.finished:
                     result = watch.result()
@@ -183,6 +194,8 @@ class _Watch:
         self.said_lost = False
         self.next_hint = 0.0
         self.hint: tuple[str, ...] | None = None
+        self.next_look = 0.0
+        self.misses = 0  # looks in a row that found the unknown job's message nowhere
 
     def _call(self, read: Callable[[], Any]) -> Any:
         """``read()``, or None while the broker or backend is unreachable (within budget)."""
@@ -227,6 +240,19 @@ class _Watch:
     def result(self) -> JobResult | None:
         result: JobResult | None = self._call(self.handle.result)
         return result
+
+    def nowhere(self) -> bool:
+        """An unknown job's message is in the broker neither now nor at the last look (a
+        message is moved from the queue to a worker's hold: one look can fall between)."""
+        now = time.monotonic()
+        if now < self.next_look:
+            return False
+        self.next_look = now + LOOK_S
+        held = self._call(self.handle.in_broker)
+        if held is None:  # unreachable: the outage budget decides
+            return False
+        self.misses = 0 if held else self.misses + 1
+        return self.misses >= 2
 
     def _lost(self) -> None:
         """A job seen running reads queued or unknown again: Redis lost its records (a

@@ -72,7 +72,7 @@ class GenerationSettings(BaseModel):
     max_model_files: int = Field(
         default=10_000, ge=16, le=1_000_000,
         description="files and folders a generate model folder may hold (walked and checked "
-        "before any is opened)",
+        "before any is opened; dot-folders such as .git/ are skipped)",
     )
     max_model_config_bytes: int = Field(
         default=4 * 1024**2, ge=4096, le=256 * 1024**2,

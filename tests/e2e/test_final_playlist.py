@@ -6,8 +6,8 @@ then reads ``index.m3u8`` from the store: the segments it listed stay listed, ``
 is there once, and there is no ``manifest.json``. (The poison cap is in ``test_poison.py``.)
 
 - the soft time limit (the job's ``time_limit_s``): ``SoftTimeLimitExceeded`` in the run;
-- the hard time limit (a message with a hard limit and no soft one): Celery kills the pool
-  process, and the worker's main process ends the playlist;
+- the hard time limit: Celery kills the pool process, and the worker's main process ends the
+  playlist (in ``test_every_end.py``, with the end's ledger record and count);
 - retries exhausted (``FRAMEFLEET_RETRY_MAX=0``): SeaweedFS goes down mid-job, so the end
   cannot be written at once either; it is, once SeaweedFS is back;
 - the requeue cap (``FRAMEFLEET_MAX_REQUEUES=2``): the pool process is killed mid-job while
@@ -28,11 +28,10 @@ import pytest
 import redis
 from botocore.exceptions import BotoCoreError, ClientError
 
-from producer.app import TASK_NAME
 from producer.client import Client
 from producer.errors import JobFailed
 from producer.spec import JobSpec, VideoSpec
-from tests.e2e.chaos_helpers import CHAOS_ENV, Jobs, new_pool_child, pool_child, wait_for
+from tests.e2e.chaos_helpers import CHAOS_ENV, Jobs, pool_child, wait_for
 from tests.e2e.helpers import pattern_spec
 from tests.services import S3Server
 
@@ -105,28 +104,6 @@ def test_the_soft_time_limit_ends_the_playlist(
         handle.result()
     text = wait_for(partial(ended, jobs, "soft-limit"), 10, "ENDLIST")
     assert_ended_early(jobs, "soft-limit", text)
-
-
-@pytest.mark.timeout(180)
-def test_the_hard_time_limit_ends_the_playlist(
-    client: Client, worker_factory: Any, s3: S3Server, s3_bucket: str
-) -> None:
-    # Given a message with a hard time limit of 3 s and no soft one (another producer's): the
-    # pool process running it is killed, no code of the job runs at its end
-    (worker,) = worker_factory(1, env=CHAOS_ENV)
-    jobs = Jobs(client, s3, s3_bucket)
-    spec = slow_spec(jobs, "hard-limit", time_limit_s=30)
-    pid = pool_child(worker).pid
-    client.app.send_task(TASK_NAME, args=[spec.model_dump(mode="json")], task_id=spec.key,
-                         time_limit=3)
-    meta = final(jobs, "hard-limit", 60)
-    # Then it failed for its time limit, its pool process was replaced, and the worker's main
-    # process ended its playlist
-    assert meta["status"] == "FAILURE" and "TimeLimitExceeded" in str(meta["result"]), meta
-    wait_for(lambda: "Hard time limit (3s) exceeded" in worker.log_text(), 10, "its log line")
-    text = wait_for(partial(ended, jobs, "hard-limit"), 30, "ENDLIST")
-    assert_ended_early(jobs, "hard-limit", text)
-    new_pool_child(worker, pid)
 
 
 @pytest.mark.timeout(240)

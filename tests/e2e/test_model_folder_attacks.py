@@ -21,7 +21,7 @@ from producer.client import Client
 from producer.errors import JobFailed
 from producer.spec import JobSpec, OutputSpec, VideoSpec
 from tests.worker.generate.attacks import ATTACKS, attacked
-from tests.worker.generate.tiny import save_tiny_model, tiny_generate
+from tests.worker.generate.tiny import as_git_clone, save_tiny_model, tiny_generate, without
 
 pytestmark = pytest.mark.e2e
 TIME_LIMIT_S = 300
@@ -87,3 +87,31 @@ def test_absurd_configs_and_pickles_are_refused(
     names = ["100000 transformer layers", "100000 text encoder layers", "rope_max_seq_len 1e7",
              "torch.save transformer", "pickled text encoder", "zip named .safetensors"]
     _run_attacks(names, redis_url, worker_factory, s3_bucket, place)
+
+
+def test_a_cloned_model_runs_and_a_missing_tokenizer_is_named(
+    redis_url: str, worker_factory: Any, s3: Any, s3_bucket: str,
+    place: tuple[Path, Path, Path],
+) -> None:
+    roots, _, model = place
+    redis.Redis.from_url(redis_url).flushdb()
+    worker_factory(1, env={"FRAMEFLEET_DEVICE": "cpu", "OMP_NUM_THREADS": "1",
+                           "FRAMEFLEET_FILE_ROOTS": str(roots),
+                           "FRAMEFLEET_MAX_MODEL_FILES": "100"})
+    client = Client(broker_url=redis_url, backend_url=redis_url)
+    # Given a git clone of the model: its .git/ holds 200 objects (the limit is 100 entries)
+    # and a 300 MiB second copy of a weight (over the 256 MiB limit of non-weight files)
+    clone = as_git_clone(model, roots / f"clone-{uuid.uuid4().hex[:6]}")
+    # Then a job on it runs
+    result = client.submit(_spec(clone, s3_bucket)).wait(timeout=120)
+    assert result.manifest.frames == 9
+    # Given a folder without its tokenizer/
+    bare = without(model, roots / f"bare-{uuid.uuid4().hex[:6]}", "tokenizer")
+    t0 = time.monotonic()
+    with pytest.raises(JobFailed) as e:
+        client.submit(_spec(bare, s3_bucket)).wait(timeout=60)
+    # Then the job fails at once, naming the folder that is missing
+    assert e.value.kind == "InvalidJobError"
+    assert e.value.message == (f"generate.model: {bare.as_uri()} has no tokenizer (tokenizer/ "
+                               "missing; model_index.json names it)")
+    assert time.monotonic() - t0 < FAST_S

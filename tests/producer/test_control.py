@@ -158,3 +158,39 @@ def test_reset_forgets_the_run_record(flags: Flags) -> None:
     flags.reset_runs(job)
     assert not flags.take_started(job)
     assert flags.start_run(job, "gpu0@a 2 t") == (0, None)
+
+
+def test_a_run_killed_by_the_hard_limit_is_ended_once_and_only_if_it_had_not_ended(
+    flags: Flags,
+) -> None:
+    job = _id()
+    flags.start_run(job, "gpu0@a 12 t1")
+    # Another process of the node, or another node: not the killed run
+    assert not flags.end_killed_run(job, "gpu0@a", 1)
+    assert not flags.end_killed_run(job, "gpu0@b", 12)
+    # The killed process's run: ended, and once only
+    assert flags.end_killed_run(job, "gpu0@a", 12)
+    assert not flags.end_killed_run(job, "gpu0@a", 12)
+    assert flags.start_run(job, "gpu0@a 13 t2") == (0, None)  # no worker loss left behind
+    # A run that reached its end itself is not ended again
+    flags.end_run(job, "gpu0@a 13 t2", final=True)
+    assert not flags.end_killed_run(job, "gpu0@a", 13)
+
+
+def test_ends_handed_over_are_taken_once_oldest_first(flags: Flags) -> None:
+    while flags.take_ends():  # the session's Redis may hold others' ends
+        pass
+    for n in range(5):
+        flags.hand_over_end(f"end-{n}", 60)
+    taken: list[str] = []
+    threads = [threading.Thread(target=lambda: taken.extend(flags.take_ends(limit=2)))
+               for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(taken) == [f"end-{n}" for n in range(5)]
+    assert flags.take_ends() == []
+    flags.hand_over_end("a", 60)
+    flags.hand_over_end("b", 60)
+    assert flags.take_ends() == ["a", "b"]

@@ -8,7 +8,15 @@ import re
 import pytest
 
 from producer.errors import InvalidJobError, PathRefusedError, SettingsError
-from producer.rules import check_local_paths, check_spec, check_uris, local_paths, spec_uris
+from producer.rules import (
+    HARD_LIMIT_AFTER_S,
+    check_local_paths,
+    check_spec,
+    check_uris,
+    local_paths,
+    spec_uris,
+    time_limits,
+)
 from producer.settings import Settings
 from producer.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec
 
@@ -139,3 +147,12 @@ def test_the_generate_uris_are_named_by_their_field() -> None:
         update={"image": "s3://b/in/%252e%252e/a.png"})})
     with pytest.raises(InvalidJobError, match=r"^generate\.image: "):
         check_uris(bad)
+
+
+def test_time_limits_follow_the_spec_never_the_message() -> None:
+    settings = Settings(max_time_limit_s=600)
+    assert time_limits({"time_limit_s": 30}, settings) == (30 + HARD_LIMIT_AFTER_S, 30)
+    # anything but a limit the fleet allows gets the fleet's longest (refused on receipt)
+    for payload in ({"time_limit_s": 0}, {"time_limit_s": 601}, {"time_limit_s": True},
+                    {"time_limit_s": 1.5}, {"time_limit_s": "30"}, {}, None, [1]):
+        assert time_limits(payload, settings) == (600 + HARD_LIMIT_AFTER_S, 600), payload

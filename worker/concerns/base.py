@@ -104,6 +104,12 @@ def run_concerns(
         for concern in active:
             concern.before_run()
         outcome: Outcome = Succeeded(result=work())
+    except (SystemExit, KeyboardInterrupt):
+        # The process is going away (billiard turns the SIGTERM of Celery's hard time limit
+        # or of a shutdown into SystemExit): no end of the job. Its run record stays, and the
+        # end is decided elsewhere (the hard limit's in the main process; a lost worker's
+        # message comes back).
+        raise
     except BaseException as e:  # noqa: BLE001 - every end goes through the concerns
         outcome = _decide(active, e)
     for concern in active:

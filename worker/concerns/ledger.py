@@ -10,8 +10,10 @@ folder gets ``ledger.json``, naming the record.
 
 Written once, after the end is decided: a ledger that cannot be written (store down, a
 ``file://`` ledger outside the roots) is logged as an error and changes nothing about the
-job. A job refused before it runs (its spec does not parse, its job_id belongs to another
-spec) never reaches the concerns and has no record.
+job. The ends decided outside the concerns (the requeue cap of lease waits, Celery's hard time
+limit) get their record through ``worker.concerns.outside``, with the same functions. A message
+refused before it runs (its spec does not parse or breaks the fleet's rules, its job_id belongs
+to another spec) is no job's run and has no record.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from celery import Task
 
 from producer import keys
 from producer.results import HeldRun, LedgerRecord, StateTime
+from producer.settings import Settings
 from worker import labels
 from worker.concerns.base import Concern, Outcome
 from worker.concerns.metrics import _device, _prices, enqueued_at
@@ -34,6 +37,38 @@ from worker.sinks.ledger import link_record, write_record
 
 log = logging.getLogger(__name__)
 END_STATE = {"success": "SUCCESS", "failure": "FAILURE", "cancelled": "REVOKED"}
+
+
+def write_ledger(record: LedgerRecord, output_prefix: str, settings: Settings) -> None:
+    """Write ``record`` and name it in the job's folder (``output_prefix``); a record that
+    cannot be written is logged as an error with its content, and changes nothing."""
+    try:
+        uri = write_record(record, settings)
+    except Exception as e:  # noqa: BLE001 - the job's end is decided; say it loudly
+        log.error("job %s: ledger record not written: %s; the record was: %s",
+                  record.key, e, record.model_dump_json())
+        return
+    try:
+        link_record(record, uri, output_prefix, settings)
+    except Exception as e:  # noqa: BLE001 - an output folder it may not write (refused)
+        log.warning("job %s: ledger record %s not linked from its folder: %s",
+                    record.key, uri, e)
+
+
+def earlier_runs(client: Any, key: str) -> list[HeldRun]:
+    """The runs of job ``key`` that sent it back (retry, requeue), taken from Redis (the
+    result backend's ``client``; None in the embedded mode: none)."""
+    if not isinstance(client, redis.Redis):
+        return []
+    try:
+        pipe = client.pipeline()
+        pipe.lrange(keys.ledger_runs(key), 0, -1)
+        pipe.delete(keys.ledger_runs(key))
+        raw, _ = pipe.execute()
+    except redis.RedisError as e:
+        log.warning("job %s: earlier runs not read for the ledger: %s", key, e)
+        return []
+    return [HeldRun.model_validate_json(item) for item in raw]
 
 
 class JobLedger(Concern):
@@ -53,18 +88,8 @@ class JobLedger(Concern):
             if held is not None:
                 self._keep(held)
             return
-        record = self._record(outcome, held)
-        try:
-            uri = write_record(record, self.run.settings)
-        except Exception as e:  # noqa: BLE001 - the job's end is decided; say it loudly
-            log.error("job %s: ledger record not written: %s; the record was: %s",
-                      record.key, e, record.model_dump_json())
-            return
-        try:
-            link_record(record, uri, self.run.spec.output_prefix, self.run.settings)
-        except Exception as e:  # noqa: BLE001 - an output folder it may not write (refused)
-            log.warning("job %s: ledger record %s not linked from its folder: %s",
-                        record.key, uri, e)
+        write_ledger(self._record(outcome, held), self.run.spec.output_prefix,
+                     self.run.settings)
 
     def _held(self, outcome: Outcome) -> HeldRun:
         status: str = outcome.status
@@ -96,15 +121,7 @@ class JobLedger(Concern):
 
     def _earlier(self) -> list[HeldRun]:
         """The runs that sent the job back before this one (and forget them)."""
-        client, key = self._client(), keys.ledger_runs(self.run.spec.key)
-        if client is None:
-            return []
-        try:
-            raw, _ = client.pipeline().lrange(key, 0, -1).delete(key).execute()
-        except redis.RedisError as e:
-            log.warning("job %s: earlier runs not read for the ledger: %s", self.run.spec.key, e)
-            return []
-        return [HeldRun.model_validate_json(item) for item in raw]
+        return earlier_runs(self._client(), self.run.spec.key)
 
     def _record(self, outcome: Outcome, held: HeldRun | None) -> LedgerRecord:
         spec, result = self.run.spec, outcome.result

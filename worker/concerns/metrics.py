@@ -31,7 +31,7 @@ from producer.app import ENQUEUED_AT_HEADER
 from producer.cost import configured_prices
 from producer.errors import FramefleetError
 from producer.settings import Settings
-from producer.spec import HeldRun, JobSpec
+from producer.spec import HeldRun, JobSpec, job_key
 from worker import labels, metrics
 from worker.concerns.base import Concern, Outcome
 from worker.concerns.retries import Requeue
@@ -46,6 +46,11 @@ def enqueued_at(request: Any) -> float | None:
     value = getattr(request, ENQUEUED_AT_HEADER, None)
     if value is None:
         value = (getattr(request, "headers", None) or {}).get(ENQUEUED_AT_HEADER)
+    return as_stamp(value)
+
+
+def as_stamp(value: Any) -> float | None:
+    """An enqueue stamp as sent (a header's value), or None when it is not a number."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value)
@@ -95,21 +100,25 @@ class JobMetrics(Concern):
 
     def _record(self, status: str, reason: str, held: float) -> None:
         """Leave a HeldRun in Redis (the result backend's client), kept as long as results."""
-        client = getattr(self.task.app.backend, "client", None)
-        if not isinstance(client, redis.Redis):  # embedded mode: no fleet report to feed
-            return
         spec = self.run.spec
-        record = HeldRun(
+        keep_held(getattr(self.task.app.backend, "client", None), HeldRun(
             job_id=spec.job_id, tenant=spec.tenant, status=status,  # type: ignore[arg-type]
             reason="" if status == "cancelled" else reason, node=self.node,
             device=_device(self.run.settings), started_at=self.started_at,
             finished_at=self.started_at + held, gpu_seconds=held, prices=_prices(),
-        )
-        key = keys.held(spec.key, secrets.token_hex(6))
-        try:
-            client.set(key, record.model_dump_json(), ex=self.run.settings.result_expires_s)
-        except redis.RedisError as e:
-            log.warning("job %s: held time not recorded: %s", spec.key, e)
+        ), self.run.settings)
+
+
+def keep_held(client: Any, record: HeldRun, settings: Settings) -> None:
+    """Leave ``record`` in Redis (the result backend's ``client``) for ``framefleet cost
+    report``, kept as long as results; nothing in the embedded mode (no fleet report)."""
+    if not isinstance(client, redis.Redis):
+        return
+    key = keys.held(job_key(record.tenant, record.job_id), secrets.token_hex(6))
+    try:
+        client.set(key, record.model_dump_json(), ex=settings.result_expires_s)
+    except redis.RedisError as e:
+        log.warning("job %s: held time not recorded: %s", key, e)
 
 
 def _redelivered(request: Any) -> bool:

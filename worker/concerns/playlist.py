@@ -30,7 +30,7 @@ from producer.spec import JobSpec
 from worker.concerns.base import Concern, Outcome
 from worker.lifecycle.lease import REDIS_DOWN, JobLease
 from worker.sinks.hls import LivePlaylist, end_stored
-from worker.sinks.storage import JobOutput
+from worker.sinks.storage import JobOutput, load_s3
 
 log = logging.getLogger(__name__)
 #: What a later attempt waits out: the store or Redis not answering.
@@ -62,7 +62,11 @@ def end_playlist(spec: JobSpec, settings: Settings,
 def end_later(spec: JobSpec, settings: Settings, redis_client: Any, node: str,
               within_s: float = END_WITHIN_S) -> threading.Thread:
     """End the job's stored playlist from a thread once the job's lease is free (taken for
-    the write) and the store answers; gives up after ``within_s``. Returns the thread."""
+    the write) and the store answers; gives up after ``within_s``. Returns the thread.
+
+    boto3 is imported first, here: from the worker's main process (the hard time limit) the
+    thread would import it while Celery forks the pool process that replaces the killed one."""
+    load_s3()
     thread = threading.Thread(target=_end_when_free, name=f"end-playlist-{spec.job_id}",
                               args=(spec, settings, redis_client, node, within_s), daemon=True)
     thread.start()

@@ -12,7 +12,10 @@
   indexes) are read without blocking and counted against ``FRAMEFLEET_MAX_MODEL_CONFIG_BYTES``;
 - each model component has safetensors weights (one file or a sharded index whose shards are
   plain names inside its folder), and its config is within the limits of
-  ``worker.generate.limits``.
+  ``worker.generate.limits``; every other component ``model_index.json`` names has its folder
+  (the tokenizer's with ``tokenizer.json`` or ``spiece.model``), so a missing one is named.
+
+Folders whose name starts with a dot (a clone's ``.git/``) are skipped by the walk.
 
 Every refusal is an ``InvalidJobError`` naming ``generate.model`` and the file. The folder a job
 was checked with is remembered (:func:`approve`); ``ModelCache`` checks it again with the same
@@ -49,6 +52,11 @@ CONFIG_NAMES = ("config.json", "scheduler_config.json", "preprocessor_config.jso
 WEIGHTS = {"diffusers": "diffusion_pytorch_model.safetensors",
            "transformers": "model.safetensors"}
 COMPONENT_RE = re.compile(r"[A-Za-z0-9_]+")
+#: Components that are no model (read by their library, not built from a config), and the
+#: files their folder needs (any one): without them transformers fails with a generic
+#: "Couldn't instantiate the backend tokenizer".
+NEEDS = {"tokenizer": ("tokenizer.json", "spiece.model"),
+         "image_processor": ("preprocessor_config.json",)}
 
 Roots = tuple[Path, ...] | None
 _approved: dict[str, tuple[Roots, Settings, str]] = {}
@@ -110,6 +118,19 @@ def _weights(name: str, library: str, files: dict[str, Entry], configs: dict[str
                                   f"not a .safetensors file of {name}/: {shard!r}")
 
 
+def _no_model(name: str, files: dict[str, Entry], base: str) -> None:
+    """A component that is no model (the tokenizer, say): its folder is there, with what its
+    library reads."""
+    inside = {rel.split("/", 1)[1] for rel in files if rel.startswith(f"{name}/")}
+    if not inside:
+        raise InvalidJobError(f"{FIELD}: {base} has no {name} ({name}/ missing; "
+                              "model_index.json names it)")
+    needed = NEEDS.get(name, ())
+    if needed and not inside.intersection(needed):
+        raise InvalidJobError(f"{FIELD}: {base.rstrip('/')}/{name} has no "
+                              f"{' or '.join(needed)}")
+
+
 def _components(files: dict[str, Entry], configs: dict[str, Any], settings: Settings,
                 base: str) -> None:
     index = configs["model_index.json"]
@@ -122,6 +143,7 @@ def _components(files: dict[str, Entry], configs: dict[str, Any], settings: Sett
                                   f"component {name!r} that is not a plain folder name")
         kind = KINDS.get(name)
         if kind is None:
+            _no_model(name, files, base)
             continue
         config_name = "scheduler_config.json" if kind == "scheduler" else "config.json"
         rel = f"{name}/{config_name}"

@@ -8,6 +8,11 @@ symlink) gets the one refusal of ``worker.inputs.paths`` whether or not its targ
 anything but a folder or a regular file (FIFO, device, socket, a dangling link) is refused,
 naming the file. Folder symlinks inside the roots are followed (each real folder once).
 
+Folders whose name starts with a dot (``.git``, ``.cache``, ``.huggingface``) are skipped,
+neither counted nor read: a ``git clone`` of a model keeps a second copy of every LFS weight
+under ``.git/``, and no loader opens them (a file a loader reads is one the walk listed: a
+component, weight shard or tokenizer file inside a dot-folder is missing to the checks).
+
 :func:`read_entry` and :func:`read_head` open a listed file the way ``read_local`` does (no
 last symlink followed, never blocking, the opened file checked again) and count the bytes
 they read: what was listed is what is read.
@@ -44,6 +49,15 @@ def _under(path: Path, roots: tuple[Path, ...]) -> bool:
     return any(path == root or path.is_relative_to(root) for root in roots)
 
 
+def _is_folder(path: Path) -> bool:
+    """A folder itself, not a link to one (a link is resolved and confined first: whether its
+    target exists outside the roots must not change the verdict)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
 def walk(folder: Path, roots: tuple[Path, ...] | None, *, field: str, base: str,
          max_entries: int) -> list[Entry]:
     """The regular files under ``folder`` (its own path resolved), checked as above.
@@ -62,6 +76,9 @@ def walk(folder: Path, roots: tuple[Path, ...] | None, *, field: str, base: str,
         except OSError as e:
             raise os_error(e, field, f"{base.rstrip('/')}/{prefix}") from None
         for name in names:
+            dot = name.startswith(".")
+            if dot and _is_folder(where / name):
+                continue  # a clone's .git/, a download's .cache/: never read by a loader
             count += 1
             rel = prefix + name
             shown = f"{base.rstrip('/')}/{rel}"
@@ -76,6 +93,8 @@ def walk(folder: Path, roots: tuple[Path, ...] | None, *, field: str, base: str,
             except OSError as e:
                 raise os_error(e, field, shown) from None
             if stat.S_ISDIR(info.st_mode):
+                if dot:  # a link to a dot-folder: skipped too, once confined like any link
+                    continue
                 if depth >= MAX_DEPTH:
                     raise InvalidJobError(f"{field}: {shown} is nested more than {MAX_DEPTH} "
                                           "folders deep")

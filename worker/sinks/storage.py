@@ -125,6 +125,25 @@ _clients: dict[tuple[str | None, str], Any] = {}
 _clients_lock = threading.Lock()
 
 
+def _forget_clients() -> None:
+    """In a forked child (a Celery pool process): no client of the parent (its connections
+    are the parent's sockets), and a lock no thread of the parent can hold."""
+    global _clients_lock
+    _clients.clear()
+    _clients_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_clients)
+
+
+def load_s3() -> None:
+    """Import boto3 now, in the caller's thread. A thread of the worker's main process that
+    imported it lazily while Celery forks a pool process would leave the child a half
+    imported ``boto3`` for good ("partially initialized module")."""
+    import boto3  # noqa: F401
+    import botocore.config  # noqa: F401
+
+
 def s3_client(settings: Settings) -> Any:
     """One boto3 client per endpoint and process (clients are thread-safe, sessions are not)."""
     import boto3

@@ -204,3 +204,37 @@ def test_a_bad_count_is_one_line_before_anything_starts(args: list[str], message
     assert out.returncode == 1
     assert _one_error_line(out.stderr).startswith(message), out.stderr
     assert out.stdout == ""  # no demo started, no worker launched
+
+
+_STUCK = """
+import time
+from producer.cli.output import ctrl_c_exits
+with ctrl_c_exits("interrupted: the job goes on"):
+    ready = False
+    while True:
+        try:
+            if not ready:
+                ready = True
+                print("ready", flush=True)
+            time.sleep(60)
+        except KeyboardInterrupt:
+            pass  # a library that swallows Ctrl-C: the command never gets to its own exit
+"""
+
+
+def test_ctrl_c_ends_a_command_whose_main_thread_never_sees_it() -> None:
+    from producer.cli.output import CTRL_C_GRACE_S, EXIT_INTERRUPTED
+
+    proc = subprocess.Popen([sys.executable, "-c", _STUCK], cwd=REPO_ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        t0 = time.monotonic()
+        proc.send_signal(2)  # SIGINT
+        _, err = proc.communicate(timeout=CTRL_C_GRACE_S + 20)
+    finally:
+        proc.kill()
+    assert proc.returncode == EXIT_INTERRUPTED
+    assert err == "error: interrupted: the job goes on\n"
+    assert CTRL_C_GRACE_S <= time.monotonic() - t0 < CTRL_C_GRACE_S + 20

@@ -104,6 +104,42 @@ def test_wait_on_an_unknown_id_stops_after_its_grace(redis_url: str) -> None:
     assert 0.3 <= time.monotonic() - t0 < 3
 
 
+def test_a_raw_message_queued_or_held_by_a_worker_is_not_unknown(redis_url: str) -> None:
+    from kombu import Consumer, Queue
+
+    from producer.app import QUEUE, TASK_NAME
+
+    redis.Redis.from_url(redis_url).flushdb()
+    client = Client(broker_url=redis_url, backend_url=redis_url)
+    # Given a job sent around the client (the registry knows nothing of it), then 600 more:
+    # the newest are looked at first, a page at a time
+    client.app.send_task(TASK_NAME, args=[{}], task_id="raw-1", priority=9)
+    for i in range(600):
+        client.app.send_task(TASK_NAME, args=[{}], task_id=f"other-{i}", priority=9)
+    handle = client.get("raw-1")
+    assert handle.state().state == "UNKNOWN" and handle.in_broker()
+    # Then wait keeps waiting past its grace: the message is queued
+    with pytest.raises(TimeoutError, match="raw-1 still UNKNOWN"):
+        handle.wait(timeout=3, unknown_grace_s=0.3)
+    # and so while a worker holds it, taken but not started (a pool process still warming up)
+    taken: list[Any] = []
+    with client.app.connection_for_read() as conn:
+        consumer = Consumer(conn.default_channel, queues=[Queue(QUEUE)], prefetch_count=1,
+                            callbacks=[lambda body, message: taken.append(message)])
+        with consumer:
+            conn.drain_events(timeout=5)  # the oldest message: raw-1
+            assert [m.headers["id"] for m in taken] == ["raw-1"]
+            assert redis.Redis.from_url(redis_url).hlen("unacked") == 1
+            with pytest.raises(TimeoutError, match="raw-1 still UNKNOWN"):
+                handle.wait(timeout=3, unknown_grace_s=0.3)
+            # Once it is dropped (acknowledged, nothing stored: no job), it is unknown
+            taken[-1].ack()
+    t0 = time.monotonic()
+    with pytest.raises(UnknownJobError, match="raw-1: no such job"):
+        handle.wait(timeout=30, unknown_grace_s=0.3)
+    assert time.monotonic() - t0 < 3
+
+
 def test_a_resubmitted_job_withdraws_a_cancel_no_worker_acted_on(redis_url: str) -> None:
     r = redis.Redis.from_url(redis_url)
     r.flushdb()

@@ -16,6 +16,7 @@ from producer.errors import InvalidJobError, PathRefusedError
 from producer.settings import Settings
 from producer.spec import DecoderSpec
 from tests.worker.generate.attacks import ATTACKS, attacked
+from tests.worker.generate.tiny import as_git_clone, without
 from worker.generate.cache import ModelCache
 from worker.generate.folder import model_folder, read_model
 from worker.generate.limits import check_config
@@ -198,6 +199,52 @@ def test_a_folder_of_configs_only_passes_once_its_pipeline_is_adopted(
     # … until the pipeline is resident: then the configs are still checked, no weights read
     ModelCache(torch.device("cpu"), 2**40).adopt(folder, pipe)
     assert model_folder(folder.as_uri(), settings) == folder.resolve()
+
+
+def test_a_git_clone_passes_its_dot_folders_unread(
+    tiny_model: Path, place: tuple[Path, Path, Settings]
+) -> None:
+    roots, outside, _ = place
+    # Given a clone whose .git holds more entries than the limit, and a second copy of a
+    # weight over the byte limit of non-weight files, plus a download cache
+    clone = as_git_clone(tiny_model, roots / "clone", objects=200, lfs_bytes=8 * 1024**2)
+    (clone / ".cache" / "huggingface").mkdir(parents=True)
+    (clone / ".cache" / "huggingface" / "x.lock").write_bytes(b"")
+    settings = Settings(file_roots=str(roots), max_model_files=50,
+                        max_model_file_bytes=4 * 1024**2)
+    # Then it passes, as the same folder without them does
+    assert model_folder(clone.as_uri(), settings) == clone.resolve()
+    assert read_model(clone).pipeline == "WanPipeline"
+    # while the same files outside a dot-folder are counted and checked
+    shutil.move(clone / ".git", clone / "git")
+    with pytest.raises(InvalidJobError, match="more than 50 files and folders"):
+        model_folder(clone.as_uri(), settings)
+    shutil.rmtree(clone / "git")
+    # and a link named like a dot-folder is confined like any link before it is skipped
+    (clone / ".git").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(PathRefusedError, match=r"clone/\.git"):
+        model_folder(clone.as_uri(), settings)
+    (clone / ".git").unlink()
+    (clone / ".git").symlink_to(roots, target_is_directory=True)
+    assert model_folder(clone.as_uri(), settings) == clone.resolve()
+
+
+def test_a_missing_tokenizer_is_named(tiny_model: Path, place: tuple[Path, Path, Settings],
+                                      i2v_model: Path) -> None:
+    roots, _, settings = place
+    bare = without(tiny_model, roots / "no-tokenizer", "tokenizer")
+    with pytest.raises(InvalidJobError) as e:
+        model_folder(bare.as_uri(), settings)
+    assert str(e.value) == (f"generate.model: {bare.as_uri()} has no tokenizer (tokenizer/ "
+                            "missing; model_index.json names it)")
+    empty = Path(shutil.copytree(tiny_model, roots / "empty-tokenizer"))
+    (empty / "tokenizer" / "tokenizer.json").unlink()
+    with pytest.raises(InvalidJobError, match=r"empty-tokenizer/tokenizer has no tokenizer.json "
+                                              r"or spiece.model"):
+        model_folder(empty.as_uri(), settings)
+    processor = without(i2v_model, roots / "no-processor", "image_processor")
+    with pytest.raises(InvalidJobError, match=r"has no image_processor \(image_processor/ "):
+        model_folder(processor.as_uri(), settings)
 
 
 def test_the_random_weights_marker_is_read_like_any_file_of_the_folder(

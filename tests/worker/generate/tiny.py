@@ -30,6 +30,34 @@ def without_transformer(model: Path, folder: Path) -> Path:
     return folder
 
 
+def as_git_clone(model: Path, folder: Path, objects: int = 200,
+                 lfs_bytes: int = 300 * 1024**2) -> Path:
+    """A copy of ``model`` as ``git clone`` leaves it: ``.gitattributes`` on top, and a
+    ``.git/`` with ``objects`` loose objects and a second copy of the transformer's weights as
+    an LFS object (named by its hash, no extension), padded sparse to ``lfs_bytes``."""
+    shutil.copytree(model, folder)
+    (folder / ".gitattributes").write_text("*.safetensors filter=lfs diff=lfs merge=lfs -text\n")
+    git = folder / ".git"
+    for i in range(objects):
+        loose = git / "objects" / f"{i % 256:02x}" / f"{i:038x}"
+        loose.parent.mkdir(parents=True, exist_ok=True)
+        loose.write_bytes(b"x\x9c" + bytes(64))  # zlib-headed, as git writes them
+    lfs = git / "lfs" / "objects" / "ab" / "cd" / ("abcd" + "0" * 60)
+    lfs.parent.mkdir(parents=True)
+    shutil.copy(model / "transformer" / "diffusion_pytorch_model.safetensors", lfs)
+    with lfs.open("r+b") as f:
+        f.truncate(lfs_bytes)
+    (git / "HEAD").write_text("ref: refs/heads/main\n")
+    return folder
+
+
+def without(model: Path, folder: Path, component: str) -> Path:
+    """A copy of ``model`` whose ``component`` folder is gone."""
+    shutil.copytree(model, folder)
+    shutil.rmtree(folder / component)
+    return folder
+
+
 def tiny_generate(model: Path, **kw: Any) -> GenerateSpec:
     fields: dict[str, Any] = {
         "model": model.as_uri(), "prompt": "a red fox in the snow", "height": 32, "width": 48,

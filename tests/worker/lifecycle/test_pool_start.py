@@ -149,6 +149,7 @@ def test_a_pool_process_that_never_starts_stops_the_worker_once(
         assert code == POOL_START_EXIT, text[-3000:]
         assert text.count("could not start 3 times in a row") == 1, text[-3000:]
         assert text.count("ended before it was up") == 3, text[-3000:]
-        assert "ForkPoolWorker-4" not in text, text[-3000:]
+        # (Celery may start one more pool process while it shuts down; it is not waited for)
+        assert "ForkPoolWorker-5" not in text, text[-3000:]
     finally:
         w.stop()

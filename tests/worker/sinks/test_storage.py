@@ -314,3 +314,23 @@ def test_s3_client_is_one_per_endpoint_and_region(s3_store: StoreFactory, s3: S3
     assert other is not first and other.meta.region_name == "eu-west-1"
     # botocore counts the first try too: 3 retries are 4 attempts in all.
     assert first.meta.config.retries == {"mode": "standard", "total_max_attempts": 4}
+
+
+def test_a_forked_child_makes_its_own_s3_client(s3: S3Server) -> None:
+    """A Celery pool process is forked from the worker's main process: it must not use the
+    parent's client (its connections are the parent's sockets), nor a lock the parent held."""
+    settings = Settings(s3_endpoint_url=s3.endpoint_url, s3_region=s3.region)
+    parent = storage.s3_client(settings)
+    read, write = os.pipe()
+    with storage._clients_lock:  # held by a thread of the parent at the fork
+        pid = os.fork()
+    if pid == 0:  # the child: a fresh lock and a client of its own
+        try:
+            ok = storage.s3_client(settings) is not parent and not storage._clients_lock.locked()
+            os.write(write, b"1" if ok else b"0")
+        finally:
+            os._exit(0)
+    os.close(write)
+    assert os.read(read, 1) == b"1"
+    os.waitpid(pid, 0)
+    assert storage.s3_client(settings) is parent
