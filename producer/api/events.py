@@ -4,8 +4,8 @@ Events, each with a rising ``id``:
 
 - ``state``: the native job object, whenever the state or the progress changed;
 - ``preview``: ``{step, steps_total, url, latest_url, width, height, frames, fps}`` for the
-  newest preview of a generate job (while it denoises, before its first segment), each step
-  once, in step order (a preview replaced between two reads is not sent);
+  newest preview of a generate job, each step once, in step order (a preview replaced between
+  two reads is not sent), until the first segment: previews stand in for the video until then;
 - ``segment``: ``{index, url}`` for each segment that joined the live playlist (counted by
   the worker's progress; the manifest's segments on success), in order, each once;
 - ``end``: the final job object (SUCCESS, FAILURE or REVOKED); then the stream closes.
@@ -72,7 +72,9 @@ async def job_events(gw: Gateway, rec: Record, slot: Slot) -> AsyncIterator[Serv
             yield event("state", obj)
         if js.progress is not None:
             shown = js.progress.preview
-            if shown is not None and shown.step > sent_preview:
+            # previews stand in for the video until its first segment: none after it
+            if (shown is not None and shown.step > sent_preview and not sent_segments
+                    and not js.progress.segments_done):
                 sent_preview = shown.step
                 yield event("preview", preview_data(rec, shown))
             for e in segments(js.progress.segments_done):
