@@ -66,7 +66,7 @@
     if (!r.ok || state.playing !== id || state.live) return;
     const job = await r.json();
     const p = job.progress && job.progress.preview;
-    if (job.status !== "in_progress") stopPreview();
+    if (job.status === "completed" || job.status === "failed") stopPreview();
     if (!p || (state.preview && state.preview.step >= p.step)) return;
     const step = String(p.step).padStart(4, "0");
     const f = await fetch(jobUrl(id) + "/files/previews/step-" + step + ".mp4",
