@@ -144,7 +144,9 @@ class Previews:
         t0 = time.perf_counter()
         events = None
         if cuda:
-            events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            # the writer sleeps in the driver on the second (blocking) event, never spins
+            events = (torch.cuda.Event(enable_timing=True),
+                      torch.cuda.Event(enable_timing=True, blocking=True))
             events[0].record()
         rgb = torch.einsum("oc,cthw->thwo", self._weight, x0[0].float()) + self._bias
         clip = ((rgb + 1.0) * 127.5).round_().clamp_(0, 255).to(torch.uint8)
