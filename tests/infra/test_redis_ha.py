@@ -22,15 +22,14 @@ import redis
 
 from producer.broker import redis_client
 from producer.settings import Settings
+from tests.infra.redis_ha import SCRIPT, script_default
 from tests.require import require_binary
 from tests.services import REDIS_INSTALL, _Process, free_ports
 from tests.waiting import wait_for
 
-REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "infra" / "k8s" / "overlays" / "sentinel" / "redis-ha.sh"
 NODES = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
 PASSWORD = "test-ha-password"
-MASTER = "framefleet"
+MASTER = script_default("HA_MASTER_NAME")
 
 
 class HaProcess(_Process):
