@@ -10,6 +10,8 @@ import pytest
 import redis
 from botocore import UNSIGNED
 from botocore.exceptions import ClientError, EndpointConnectionError
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from tests.require import require_binary
 from tests.services import (
@@ -58,7 +60,9 @@ def test_switching_endpoint_moves_to_the_promoted_replica(tmp_path: Path) -> Non
                               down_after_s=0.5, switch_after_s=0.5)
     group.start()
     try:
-        client = redis.Redis.from_url(group.url(), socket_timeout=2, socket_connect_timeout=1)
+        # One try per command: redis-py's default retries would wait for the switch
+        client = redis.Redis.from_url(group.url(), socket_timeout=2, socket_connect_timeout=1,
+                                      retry=Retry(NoBackoff(), 0))
         client.set("job", "kept")
         client.wait(1, 2000)  # on the replica too
         assert client.info("server")["tcp_port"] == group.primary.port

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from tests.services.base import ServiceError
 from tests.services.sentinel import PrimaryServer, ReplicaServer, wait_replica_synced
@@ -127,8 +129,9 @@ class SwitchingEndpoint:
         self._watcher.start()
 
     def _answers(self) -> bool:
+        # One try: redis-py's default retries a refused connection for seconds.
         client = redis.Redis(host="127.0.0.1", port=self.primary.port, socket_timeout=0.5,
-                             socket_connect_timeout=0.5)
+                             socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
         try:
             return bool(client.ping())
         except redis.RedisError:
