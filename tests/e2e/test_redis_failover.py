@@ -41,6 +41,7 @@ from tests.e2e.chaos_helpers import (
     assert_exactly_once,
     count,
     mid_job,
+    received,
     received_at,
     wait_for,
 )
@@ -151,9 +152,9 @@ def false_requeues(workers: list[WorkerProcess]) -> int:
     return sum(w.log_text().count(" requeued by ") for w in workers)
 
 
-def lost_jobs(jobs: Jobs, timeout: float) -> list[str]:
+def lost_jobs(jobs: Jobs, workers: list[WorkerProcess], timeout: float) -> list[str]:
     """The jobs that did not reach SUCCESS within ``timeout`` s (a lost message, claim or
-    result)."""
+    result), each printed with its state and how often a worker received it."""
     deadline = time.monotonic() + timeout
     pending = set(jobs.specs)
     metas: dict[str, dict[str, Any]] = {}
@@ -162,7 +163,8 @@ def lost_jobs(jobs: Jobs, timeout: float) -> list[str]:
         pending = {j for j, m in metas.items() if m.get("status") != "SUCCESS"}
         time.sleep(0.2)
     for job_id in sorted(pending):
-        print(f"failover: {job_id} not done: {metas.get(job_id, {}).get('status')}")
+        print(f"failover: {job_id} not done: {metas.get(job_id, {}).get('status')}, received "
+              f"{received(workers, job_id)} times")
     return sorted(pending)
 
 
@@ -185,7 +187,7 @@ def test_primary_killed_mid_job(
     # Then the fleet consumes again on the promoted replica, on its own
     again = consuming_again(jobs, workers, small, killed)
     # and the running job finishes exactly once, as `framefleet wait` sees
-    lost = lost_jobs(jobs, ALL_DONE_S)
+    lost = lost_jobs(jobs, workers, ALL_DONE_S)
     done = time.time() - killed
     results = jobs.wait_all(timeout=30)
     assert waiter.outcome() == "SUCCESS"
@@ -218,7 +220,7 @@ def test_primary_killed_with_jobs_queued(
     killed, promoted = kill_primary(group)
     # Then the fleet consumes again, and every queued job runs, exactly once
     again = consuming_again(jobs, workers, uri, killed)
-    lost = lost_jobs(jobs, ALL_DONE_S)
+    lost = lost_jobs(jobs, workers, ALL_DONE_S)
     done = time.time() - killed
     results = jobs.wait_all(timeout=30)
     assert waiter.outcome() == "SUCCESS"
