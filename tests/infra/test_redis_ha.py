@@ -125,7 +125,7 @@ def test_a_group_started_by_the_script_fails_over_and_takes_its_nodes_back(
                         sentinel_password=PASSWORD)
     client = redis_client(group.url(), settings, socket_timeout=2, socket_connect_timeout=1)
     client.set("job", "kept")
-    client.wait(2, 5000)
+    wait_for(lambda: client.wait(2, 1000) == 2, 30, "the key on both replicas", interval=0.2)
     # When the primary is SIGKILLed
     group.redis[first].kill(signal.SIGKILL)
     promoted = wait_for(lambda: next((v["ip"] for v in map(group.view, NODES)
