@@ -267,9 +267,10 @@ class RecoveryThread(threading.Thread):
         now = self.clock()
         if self._last is not None and now - self._last > self.late_s:
             self._hold(now)
-            log.warning("host-loss sweep held off for %.0f s: this round came %.1f s after the "
-                        "last one (process stopped or starved)", self.sweeper.grace_s,
-                        now - self._last)
+            if not self._failing:  # a failing round is slow by itself (Redis away)
+                log.warning("host-loss sweep held off for %.0f s: this round came %.1f s after "
+                            "the last one (process stopped or starved)", self.sweeper.grace_s,
+                            now - self._last)
         self._last = now
         try:
             self.sweeper.touch(self.held())
