@@ -185,10 +185,14 @@ LEASE_RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
-#: KEYS: lease. ARGV: token, PX. Compare-and-expire.
+#: KEYS: lease. ARGV: token, PX. Compare-and-expire; a lapsed lease (nobody holds it) is taken
+#: again. Returns 1 renewed, 2 taken again, 0 held by another run.
 LEASE_RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return 0
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+if holder then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 2
 """
 #: KEYS: lease. ARGV: dead holder as read, new token, PX. Compare-and-set.
 LEASE_TAKEOVER = """

@@ -10,9 +10,17 @@ import pytest
 import redis
 from botocore import UNSIGNED
 from botocore.exceptions import ClientError, EndpointConnectionError
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from tests.require import require_binary
-from tests.services import REDIS_INSTALL, RedisServer, S3Server, WorkerFactory
+from tests.services import (
+    REDIS_INSTALL,
+    RedisServer,
+    S3Server,
+    SwitchingEndpoint,
+    WorkerFactory,
+)
 
 
 def test_redis_answers_ping(redis_url: str) -> None:
@@ -44,6 +52,33 @@ def test_redis_appendonly_survives_a_crash(tmp_path: Path) -> None:
     finally:
         server.stop()
     assert not server.running
+
+
+def test_switching_endpoint_moves_to_the_promoted_replica(tmp_path: Path) -> None:
+    # Given a primary and its replica behind one address, a key written through it
+    group = SwitchingEndpoint(require_binary("redis-server", REDIS_INSTALL), tmp_path,
+                              down_after_s=0.5, switch_after_s=0.5)
+    group.start()
+    try:
+        # One try per command: redis-py's default retries would wait for the switch
+        client = redis.Redis.from_url(group.url(), socket_timeout=2, socket_connect_timeout=1,
+                                      retry=Retry(NoBackoff(), 0))
+        client.set("job", "kept")
+        client.wait(1, 2000)  # on the replica too
+        assert client.info("server")["tcp_port"] == group.primary.port
+        # When the primary is SIGKILLed
+        group.primary.kill(signal.SIGKILL)
+        # Then the address refuses until the switch, and then leads to the promoted replica
+        with pytest.raises(redis.ConnectionError):
+            client.ping()
+        assert group.wait_promoted(15) < 15
+        assert client.info("server")["tcp_port"] == group.replica.port  # same URL, reconnected
+        assert client.info("replication")["role"] == "master"
+        client.set("after", "written")
+        assert client.get("job") == b"kept"
+        client.close()
+    finally:
+        group.stop()
 
 
 def test_s3_object_round_trip(s3: S3Server, s3_bucket: str) -> None:

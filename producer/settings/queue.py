@@ -48,13 +48,15 @@ class QueueSettings(BaseModel):
     retry_backoff_s: float = Field(default=2.0, gt=0, le=600, description="first retry delay")
     retry_backoff_max_s: float = Field(default=120.0, gt=0, le=3600, description="retry cap")
     recovery_period_s: float = Field(
-        default=10.0, ge=0, le=300,
-        description="host-loss sweep: seconds between two sweeps of unacked jobs; 0: off",
+        default=2.0, ge=0, le=300,
+        description="host-loss sweep: seconds between two rounds, in which each worker touches "
+        "the jobs it holds and looks for orphans; 0: off",
     )
     recovery_grace_s: float = Field(
-        default=45.0, ge=1, le=3600,
+        default=10.0, ge=1, le=3600,
         description="host-loss sweep: an unacked job nobody touched this long, its lease "
-        "expired, is requeued",
+        "expired, is requeued (default: one job lease, so a lost host's job runs again within "
+        "about grace + period)",
     )
     max_worker_losses: int = Field(
         default=3, ge=1, le=100,

@@ -14,6 +14,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+import psutil
+
 from tests.services import REPO_ROOT, _Process
 
 # The worker's entry point with gethostname() answering the first argument (the launcher names
@@ -35,6 +37,12 @@ class Host(_Process):
         env = {**self.env, "PYTHONUNBUFFERED": "1"}
         self._spawn([sys.executable, "-c", _SHIM, self.host, "--cpu", "1"], env,
                     REPO_ROOT)
+
+    def main_process(self) -> psutil.Process:
+        """The Celery worker's main process (the launcher's one child; the pool is its child):
+        it touches the messages the host holds."""
+        (main,) = psutil.Process(self.pid).children()
+        return main
 
     def wait_ready(self, timeout: float = 90.0) -> float:
         pattern = rf"(?m)\b{re.escape(self.nodename)} ready\.$"

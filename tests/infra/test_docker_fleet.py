@@ -50,7 +50,8 @@ WORKERS = {"worker-cpu0": "cpu0@worker-cpu0", "worker-cpu1": "cpu0@worker-cpu1"}
 OUTPUT = "s3://framefleet/videos"
 #: A pattern job of about half a minute on one CPU worker: long enough to be killed mid-way.
 LONG = (16, 60, 90, 160)
-#: The sweep's defaults (period 10 s, grace 45 s) bring a lost job back in about 50 s.
+#: The sweep's defaults (a round every 2 s, grace 10 s) bring a lost job back in about 12 s
+#: (bench/results/host-loss-cpu.md); the limit leaves room for a machine building images.
 REDELIVERY_LIMIT_S = 120
 
 

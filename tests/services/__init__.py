@@ -1,5 +1,6 @@
 """Throwaway real servers for tests: redis-server (alone, or a primary with a replica and
-Sentinels), SeaweedFS (S3) and Celery workers.
+Sentinels, or behind one address that moves to the promoted replica), SeaweedFS (S3) and Celery
+workers.
 
 Every server listens on loopback only, on ports picked at run time, with its files in a folder
 the caller owns (a pytest temp folder). Each one runs in its own session (process group) so a
@@ -21,6 +22,7 @@ from tests.services.base import (
     free_ports,
 )
 from tests.services.celery_worker import WorkerFactory, WorkerProcess
+from tests.services.endpoint import SwitchingEndpoint, TcpProxy
 from tests.services.redis_server import REDIS_INSTALL, RedisServer
 from tests.services.s3_server import WEED_INSTALL, S3Server
 from tests.services.sentinel import MASTER_NAME, SentinelGroup
@@ -35,6 +37,8 @@ __all__ = [
     "S3Server",
     "SentinelGroup",
     "ServiceError",
+    "SwitchingEndpoint",
+    "TcpProxy",
     "WorkerFactory",
     "WorkerProcess",
     "_Process",

@@ -85,6 +85,23 @@ class SentinelServer(_Process):
         return self._wait_until(lambda: self.primary() is not None, timeout, "primary address")
 
 
+def wait_replica_synced(port: int, timeout: float) -> None:
+    """Wait until the replica on ``port`` has its link to the primary up (first sync done)."""
+    client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            try:
+                if client.info("replication").get("master_link_status") == "up":
+                    return
+            except redis.RedisError:
+                pass
+            time.sleep(0.05)
+    finally:
+        client.close()
+    raise ServiceError(f"replica on port {port} did not sync in {timeout} s")
+
+
 class SentinelGroup:
     """A primary, one replica and ``sentinels`` Sentinels; ``url`` is the fleet's URL."""
 
@@ -109,19 +126,11 @@ class SentinelGroup:
 
     def wait_synced(self, timeout: float) -> None:
         """Wait until the replica's link to the primary is up (its first sync done)."""
-        client = redis.Redis(host="127.0.0.1", port=self.replica.port, socket_timeout=1)
-        deadline = time.monotonic() + timeout
-        try:
-            while time.monotonic() < deadline:
-                try:
-                    if client.info("replication").get("master_link_status") == "up":
-                        return
-                except redis.RedisError:
-                    pass
-                time.sleep(0.05)
-        finally:
-            client.close()
-        raise ServiceError(f"replica on port {self.replica.port} did not sync in {timeout} s")
+        wait_replica_synced(self.replica.port, timeout)
+
+    def env(self) -> dict[str, str]:
+        """What a worker needs besides the URLs: the name the Sentinels know the primary by."""
+        return {"FRAMEFLEET_SENTINEL_MASTER": MASTER_NAME}
 
     def primary_port(self) -> int | None:
         """The port every Sentinel that answers names as the primary (None: they disagree)."""

@@ -28,6 +28,11 @@ from worker.lifecycle.lease import REDIS_DOWN
 from worker.run.run import Run
 
 log = logging.getLogger(__name__)
+#: How the send of a retry rides out a broker that is away (a Redis failover): about
+#: ``worker.lifecycle.lease.FAILOVER_S``, as a run's claim and lease do. Celery's default
+#: gives up after about a second, and a retry it cannot send is rejected: the job was lost.
+SEND_THROUGH_FAILOVER = {"max_retries": 17, "interval_start": 0.2, "interval_step": 0.5,
+                         "interval_max": 2.0}
 
 
 def backoff(retries: int, settings: Settings) -> float:
@@ -46,7 +51,7 @@ def retry_later(
     """
     merged = {**(task.request.kwargs or {}), **(kwargs or {})}
     raise task.retry(exc=error, countdown=countdown, kwargs=merged,
-                     max_retries=task.request.retries + 1)
+                     max_retries=task.request.retries + 1, retry_policy=SEND_THROUGH_FAILOVER)
 
 
 def requeue_refused(job_id: str, requeues: int, settings: Settings,

@@ -6,6 +6,12 @@ twice at once. The lease is ``SET NX PX`` with a short lifetime, renewed by a sm
 while the job runs, released with compare-and-delete. Its value names the holder
 (``node pid token``): a dead pool process of the same worker (SIGKILL, OOM killer) no longer
 holds it, so its requeued job goes on at once. The embedded mode (no Redis) needs none.
+
+The renewal is the run's heartbeat, and the host-loss sweep (``worker.lifecycle.recovery``)
+reads it: a host that dies stops renewing, and its lease lapses within ``LEASE_TTL_S``. A lease
+that lapsed while its run still lives (a Redis failover longer than the lease, a host stopped
+or starved that long) is taken again by the next renewal if nobody else took it meanwhile; if
+another run holds it, this run was taken for lost, and the renewal says so in the log.
 """
 
 from __future__ import annotations
@@ -74,6 +80,11 @@ class JobLease:
         self.node = node
         self.token = f"{node} {os.getpid()} {uuid.uuid4().hex}"
         self._stop = threading.Event()
+        # Held by a renewal while it runs: once release() has it, no renewal can take the
+        # lease again after it was deleted.
+        self._renewing = threading.Lock()
+        #: The last renewal found the lease held by another run.
+        self.lost = False
 
     def acquire(self) -> bool:
         if self.r is None:
@@ -101,15 +112,37 @@ class JobLease:
     def _renew(self) -> None:
         # A thread of its own: loading a large input or a slow first chunk reports nothing.
         while not self._stop.wait(LEASE_TTL_S / 4):
-            try:
-                self.r.eval(keys.LEASE_RENEW, 1, self.key, self.token, LEASE_TTL_S * 1000)
-            except REDIS_DOWN as e:
-                log.warning("lease %s not renewed: %s", self.key, e)
+            with self._renewing:
+                if self._stop.is_set():
+                    return
+                try:
+                    renewed = self.r.eval(keys.LEASE_RENEW, 1, self.key, self.token,
+                                          LEASE_TTL_S * 1000)
+                except REDIS_DOWN as e:
+                    log.warning("lease %s not renewed: %s", self.key, e)
+                    continue
+            if renewed == 2:
+                log.warning("lease %s had lapsed (Redis away or this host stalled longer than "
+                            "%d s); taken again", self.key, LEASE_TTL_S)
+            elif not renewed and not self.lost:
+                log.error("lease %s is held by another run: this host was taken for lost and "
+                          "the job delivered again", self.key)
+            self.lost = not renewed
 
     def release(self) -> None:
         self._stop.set()
         if self.r is None:
             return
+        # A renewal under way ends first, so it cannot take the lease again once deleted;
+        # one stuck on a Redis that does not answer is not waited for longer than a lease.
+        got = self._renewing.acquire(timeout=LEASE_TTL_S)
+        try:
+            self._delete()
+        finally:
+            if got:
+                self._renewing.release()
+
+    def _delete(self) -> None:
         try:
             self.r.eval(keys.LEASE_RELEASE, 1, self.key, self.token)
         except REDIS_DOWN as e:  # it expires by itself

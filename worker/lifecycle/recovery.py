@@ -1,4 +1,4 @@
-"""Host-loss recovery: a job whose host vanished runs again within a minute, exactly once.
+"""Host-loss recovery: a job whose host vanished runs again within seconds, exactly once.
 
 kombu's Redis transport keeps every delivered, not yet acknowledged message in the hash
 ``unacked`` (delivery tag → message) and its delivery time in the sorted set ``unacked_index``;
@@ -20,6 +20,14 @@ Two small duties, run by a thread of every worker's main process, fix that:
   worker's STARTED and PROGRESS overwrite.
   A message whose job is already final (its worker died between the result and the ack) is
   acknowledged instead: kombu would deliver it again hours later.
+
+With the defaults (a round every 2 s, a grace of 10 s: one job lease) a lost host's job is
+requeued about one lease after its last sign of life, plus at most one round. A live host is
+never taken for lost on a single signal: its main process touches the message, its pool
+process renews the lease, and both must have stopped. A sweeper does not sweep for one grace
+after a round of its own that failed (Redis away: every worker's touches failed alike, and
+they need a round to touch again) or came late (this process was stopped or starved, and the
+others on its host may have been too).
 
 kombu's own restore (after the visibility timeout) runs ``HGET``, then ``HDEL`` and a push in
 ``MULTI``, under ``WATCH unacked``: whichever of the two changes the entry first wins, the
@@ -230,22 +238,58 @@ def held_tags() -> list[str]:
 
 
 class RecoveryThread(threading.Thread):
-    """Touch, then sweep, every ``period_s``; errors are logged and the next round goes on."""
+    """Touch, then sweep, every ``period_s``; errors are logged and the next round goes on.
+
+    After a round that failed, or one that started more than half a grace after the one before
+    (this process stopped or starved), it touches but does not sweep for one grace: the other
+    workers get the time to touch their messages again before anyone judges them.
+    """
 
     def __init__(self, sweeper: Sweeper, period_s: float,
-                 held: Callable[[], list[str]] = held_tags) -> None:
+                 held: Callable[[], list[str]] = held_tags,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(name="framefleet-recovery", daemon=True)
         self.sweeper, self.period_s, self.held = sweeper, period_s, held
+        self.clock = clock
+        self.late_s = sweeper.grace_s / 2
         self.stop_event = threading.Event()
+        self._last: float | None = None
+        self._hold_until = 0.0
+        self._failing = False
 
     def run(self) -> None:
         while not self.stop_event.is_set():
-            try:
-                self.sweeper.touch(self.held())
-                self.sweeper.sweep()
-            except Exception as e:  # noqa: BLE001 - a sweeper must never take a worker down
-                log.warning("host-loss sweep failed (next in %.0f s): %s", self.period_s, e)
+            self.round()
             self.stop_event.wait(self.period_s)
+
+    def round(self) -> None:
+        """One touch and, unless held off, one sweep."""
+        now = self.clock()
+        if self._last is not None and now - self._last > self.late_s:
+            self._hold(now)
+            if not self._failing:  # a failing round is slow by itself (Redis away)
+                log.warning("host-loss sweep held off for %.0f s: this round came %.1f s after "
+                            "the last one (process stopped or starved)", self.sweeper.grace_s,
+                            now - self._last)
+        self._last = now
+        try:
+            self.sweeper.touch(self.held())
+            if now >= self._hold_until:
+                self.sweeper.sweep()
+        except Exception as e:  # noqa: BLE001 - a sweeper must never take a worker down
+            self._hold(self.clock())
+            if not self._failing:  # once per outage, not every round
+                log.warning("host-loss sweep failed: %s; again every %.0f s, no sweep until "
+                            "%.0f s after a round succeeds", e, self.period_s,
+                            self.sweeper.grace_s)
+            self._failing = True
+            return
+        if self._failing:
+            log.info("host-loss sweep: Redis answers again")
+            self._failing = False
+
+    def _hold(self, now: float) -> None:
+        self._hold_until = now + self.sweeper.grace_s
 
     def stop(self) -> None:
         self.stop_event.set()

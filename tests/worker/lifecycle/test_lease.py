@@ -18,6 +18,7 @@ import redis
 from producer.settings import Settings
 from tests.require import require_binary
 from tests.services import REDIS_INSTALL, RedisServer, free_port
+from tests.waiting import wait_for
 from worker.lifecycle.lease import (
     FAILOVER_S,
     LEASE_RETRY_S,
@@ -113,6 +114,41 @@ def test_the_lease_is_renewed_while_the_job_runs(r: redis.Redis) -> None:
         assert r.pttl(key) > LEASE_TTL_S * 1000 / 2
     finally:
         lease.release()
+
+
+def test_a_lapsed_lease_is_taken_again_unless_another_run_holds_it(r: redis.Redis) -> None:
+    job = _job()
+    key = f"framefleet:lease:{job}"
+    lease = JobLease(r, job, "gpu0@a")
+    assert lease.acquire()
+    other = b"gpu0@b 1 other-run"
+    try:
+        # Given a lease that lapsed while its run goes on (Redis away, the host stalled)
+        r.delete(key)
+        # Then the next renewal takes it again, for a full lifetime
+        wait_for(lambda: r.get(key) == lease.token.encode(), LEASE_TTL_S / 4 + 3,
+                 "the lease taken again")
+        assert r.pttl(key) > LEASE_TTL_S * 1000 / 2 and not lease.lost
+        # When another run took it meanwhile (the host was taken for lost)
+        r.set(key, other, px=60_000)
+        # Then the renewal leaves it to that run and says so
+        wait_for(lambda: lease.lost, LEASE_TTL_S / 4 + 3, "the lease found lost")
+        assert r.get(key) == other
+    finally:
+        lease.release()
+    assert r.get(key) == other  # and the release does not delete it either
+
+
+def test_no_renewal_takes_the_lease_again_after_its_release(r: redis.Redis) -> None:
+    job = _job()
+    key = f"framefleet:lease:{job}"
+    for _ in range(2):
+        lease = JobLease(r, job, "gpu0@a")
+        assert lease.acquire()
+        time.sleep(LEASE_TTL_S / 4 - 0.02)  # released about when the renewal is due
+        lease.release()
+        time.sleep(0.5)
+        assert r.get(key) is None
 
 
 def test_embedded_mode_always_grants() -> None:

@@ -10,6 +10,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,7 +24,9 @@ from producer.errors import SettingsError
 from producer.keys import queue_lists as queue_names
 from producer.settings import Settings
 from tests.e2e.helpers import pattern_spec
-from worker.lifecycle.recovery import REQUEUED, Sweeper, sweeper_for
+from tests.require import require_binary
+from tests.services import REDIS_INSTALL, RedisServer
+from worker.lifecycle.recovery import REQUEUED, RecoveryThread, Sweeper, sweeper_for
 
 SETTINGS = Settings(max_time_limit_s=60, visibility_timeout_s=61, recovery_period_s=1,
                     recovery_grace_s=5)
@@ -216,3 +219,63 @@ def test_grace_must_cover_missed_touches() -> None:
     with pytest.raises(SettingsError, match="RECOVERY_GRACE_S"):
         Settings(recovery_period_s=10, recovery_grace_s=20)
     assert Settings(recovery_period_s=0, recovery_grace_s=1).recovery_period_s == 0  # off
+
+
+def test_defaults_notice_a_lost_host_within_one_lease() -> None:
+    from worker.lifecycle.lease import LEASE_TTL_S
+
+    s = Settings()
+    # Requeued one lease after the host's last sign of life, at the next round: within 15 s
+    assert s.recovery_grace_s <= LEASE_TTL_S
+    assert max(s.recovery_grace_s, LEASE_TTL_S) + s.recovery_period_s <= 15
+
+
+def test_no_sweep_for_one_grace_after_a_late_or_failed_round(tmp_path: Path) -> None:
+    """A round that comes late (this process stopped or starved: its neighbours may have been
+    too) or fails (Redis away: every worker's touches failed) is followed by one grace of
+    touching only, so that live workers can touch their messages before anyone judges them."""
+    server = RedisServer(require_binary("redis-server", REDIS_INSTALL), tmp_path, appendonly=True)
+    server.start()
+    app = make_app(server.url, server.url, SETTINGS)
+    r = redis.Redis.from_url(server.url)
+    try:
+        for job_id in ("late", "outage", "mine"):
+            submit(app, job_id)
+        late, outage, mine = deliver_and_vanish(app, 3)
+        clock = [1000.0]
+        thread = RecoveryThread(sweeper(app, "w@a"), SETTINGS.recovery_period_s,
+                                held=lambda: [mine], clock=lambda: clock[0])
+        grace, period = SETTINGS.recovery_grace_s, SETTINGS.recovery_period_s
+
+        def rounds(n: float) -> list[str]:
+            """``n`` rounds, one period apart; the jobs on the queue then."""
+            for _ in range(int(n)):
+                clock[0] += period
+                thread.round()
+            return [m["headers"]["id"] for m in queued(r)]
+
+        thread.round()
+        # Given an orphan, and a round that comes a whole grace late
+        age(r, [late], 100)
+        clock[0] += grace
+        thread.round()
+        # Then the orphan stays for one grace, while this worker's own message is touched
+        assert queued(r) == [] and r.hexists("unacked", late)
+        age(r, [mine], 100)
+        assert rounds(grace / period - 1) == []
+        assert r.zscore("unacked_index", mine) == pytest.approx(time.time(), abs=2)
+        # and is requeued by the first round after it
+        assert rounds(1) == ["late"]
+        # Given Redis away for a round (the round logs and goes on)
+        server.stop()
+        thread.round()
+        server.start()
+        age(r, [outage], 100)
+        # Then the orphan waits one grace from the failed round
+        assert rounds(grace / period - 1) == ["late"]
+        assert rounds(1) == ["late", "outage"]
+        assert r.hexists("unacked", mine)  # held and touched all along
+    finally:
+        r.close()
+        app.close()
+        server.stop()
