@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +52,7 @@ def test_no_weights_and_a_missing_folder_fail_at_once_naming_the_field(
     uri = put_latents(s3, s3_bucket, "in/w.npy", latent_frames=2, fmt="npy")
     # A producer that bypasses the client still cannot get noise without asking for it
     raw = _wan("no-weights", uri, s3_bucket).model_dump(mode="json")
-    task_id = str(uuid.uuid4())
+    task_id = "no-weights"  # its key, as a raw sender must use (any other id fails first)
     client.app.send_task(TASK_NAME, args=[raw], task_id=task_id)
     err = _failure(JobHandle(client.app, task_id))
     assert err.kind == "InvalidJobError" and err.message.startswith("decoder.weights: ")
