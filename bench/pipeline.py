@@ -47,7 +47,7 @@ from producer.settings import Settings
 from producer.spec import PipelineSpec, VideoSpec
 from worker.decoders.wan import DTYPES, WanDecoder, build_vae
 from worker.pipeline import ClosedSegment, run_pipeline
-from worker.sinks.storage import JobOutput
+from worker.stores.storage import JobOutput
 
 Mode = Callable[[WanDecoder, torch.Tensor, Path], dict[str, Any]]
 SEGMENT_FRAMES = 48

@@ -19,7 +19,7 @@ from urllib.parse import unquote, urlparse
 from producer.spec import Manifest, segment_name
 from worker.decoders.pattern import read_frame_index
 from worker.pipeline.encode import read_frames_rgb
-from worker.sinks.storage import read_uri
+from worker.stores.storage import read_uri
 
 
 def main() -> int:

@@ -12,7 +12,7 @@ Local paths (``file://``) are the workers' paths. ``check_local_paths`` runs at 
 where ``FRAMEFLEET_FILE_ROOTS`` is set on the producer (or the producer is the embedded mode,
 whose folder it knows), a path outside the roots is refused before anything is queued; where
 it is not set, the producer cannot know, so the client warns that the workers decide. The
-worker checks again with symlinks resolved (``worker/inputs/paths.py``), which a producer
+worker checks again with symlinks resolved (``worker/stores/paths.py``), which a producer
 cannot do for a path on another machine.
 
 ``check_local_files`` also runs at submit only: where the producer can see a path (it lies

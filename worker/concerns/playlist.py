@@ -30,7 +30,7 @@ from producer.spec import JobSpec
 from worker.concerns.base import Concern, Outcome
 from worker.lifecycle.lease import REDIS_DOWN, JobLease
 from worker.sinks.hls import LivePlaylist, end_stored
-from worker.sinks.storage import JobOutput, load_s3
+from worker.stores.storage import JobOutput, load_s3
 
 log = logging.getLogger(__name__)
 #: What a later attempt waits out: the store or Redis not answering.

@@ -33,7 +33,7 @@ from producer.errors import InvalidJobError
 from producer.settings import Settings
 from producer.spec import GenerateSpec, LoraSpec
 from worker.inputs.tensorfile import HEAD, check_head
-from worker.sinks.storage import read_uri
+from worker.stores.storage import read_uri
 
 log = logging.getLogger(__name__)
 EXPERTS = {"both": ("transformer", "transformer_2"), "high_noise": ("transformer",),

@@ -19,9 +19,9 @@ from producer.settings import Settings, get_settings
 from producer.spec import GenerateSpec
 from worker.generate.loader import approve, read_config
 from worker.generate.tiny import RANDOM_MARKER
-from worker.inputs.paths import file_roots, local_folder
 from worker.inputs.tree import Entry
-from worker.sinks.storage import locate
+from worker.stores.paths import file_roots, local_folder
+from worker.stores.storage import locate
 
 #: Pipelines a generate job runs: text to video (and, for Wan2.2 TI2V, image to video), and
 #: image to video (Wan2.1 I2V 14B with its CLIP image encoder, Wan2.2 I2V A14B).
@@ -32,7 +32,7 @@ def model_folder(uri: str, settings: Settings | None = None) -> Path:
     """``file://`` URI (or plain absolute path, for settings) → a checked diffusers folder.
 
     With ``settings`` (a job's folder) the path must lie under ``FRAMEFLEET_FILE_ROOTS``
-    (``worker.inputs.paths``: one refusal whether or not it exists); without (the operator's
+    (``worker.stores.paths``: one refusal whether or not it exists); without (the operator's
     ``FRAMEFLEET_WARMUP_MODEL``) it is taken as configured. Either way everything it holds is
     checked (``worker.generate.loader``: regular files, bounded configs, safetensors weights,
     config limits; with settings, every file and folder symlink under the roots) before any

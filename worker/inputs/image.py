@@ -1,7 +1,7 @@
 """An image a job conditions on (``generate.image``, ``generate.last_image``): read, decoded
 safely, converted and sized.
 
-- **Read** with the same bounded reader as latents (``worker.sinks.storage.read_uri``: a
+- **Read** with the same bounded reader as latents (``worker.stores.storage.read_uri``: a
   ``file://`` path inside the worker's roots, symlinks resolved, a regular file; or ``s3://``),
   at most ``FRAMEFLEET_MAX_IMAGE_BYTES``.
 - **Decoded** with Pillow, restricted to PNG, JPEG and WebP (decided by the content's magic
@@ -28,7 +28,7 @@ from typing import Any
 
 from producer.errors import InvalidJobError
 from producer.settings import Settings
-from worker.sinks.storage import read_uri
+from worker.stores.storage import read_uri
 
 #: (magic test, Pillow format): what a job's image may be, by content.
 KINDS = (

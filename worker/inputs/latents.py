@@ -2,7 +2,7 @@
 
 Every check names the file and what is wrong with it; all of them are fatal (no retry).
 A ``file://`` input must lie under FRAMEFLEET_FILE_ROOTS, be a regular file and hold at most
-``max_input_bytes`` (counted while reading: ``worker/inputs/paths.py``).
+``max_input_bytes`` (counted while reading: ``worker/stores/paths.py``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from producer.errors import InvalidJobError
 from producer.settings import Settings
 from producer.spec import InputSpec
 from worker.decoders.base import SPATIAL_RATIO, frames_for_latents
-from worker.sinks.storage import read_uri
+from worker.stores.storage import read_uri
 
 FLOAT_DTYPES = {torch.float16, torch.bfloat16, torch.float32, torch.float64}
 

@@ -4,7 +4,7 @@ Model folders are opened by libraries (diffusers, transformers, tokenizers) that
 symlinks, block on a FIFO and read a device to its end. :func:`walk` lists the whole tree
 first, with a bound on the number of entries and on the depth, and resolves each entry
 (``realpath``): with roots given, an entry that resolves outside them (a file or a folder
-symlink) gets the one refusal of ``worker.inputs.paths`` whether or not its target exists;
+symlink) gets the one refusal of ``worker.stores.paths`` whether or not its target exists;
 anything but a folder or a regular file (FIFO, device, socket, a dangling link) is refused,
 naming the file. Folder symlinks inside the roots are followed (each real folder once).
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from producer.errors import InvalidJobError
-from worker.inputs.paths import os_error, read_bounded, refused
+from worker.stores.paths import os_error, read_bounded, refused
 
 #: Folders below the top one a walk descends into (diffusers' layout uses one or two).
 MAX_DEPTH = 8

@@ -17,10 +17,10 @@ from producer.errors import InvalidJobError
 from producer.settings import Settings
 from producer.spec import RANDOM_WEIGHTS, DecoderSpec
 from producer.weights import check_weights
-from worker.inputs.paths import file_roots, local_folder
 from worker.inputs.tensorfile import HEAD, check_head
 from worker.inputs.tree import read_entry, walk
-from worker.sinks.storage import locate
+from worker.stores.paths import file_roots, local_folder
+from worker.stores.storage import locate
 
 CONFIG = "config.json"
 #: One file, or the index of a sharded checkpoint (diffusers' names).

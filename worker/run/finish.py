@@ -19,7 +19,7 @@ from worker.run.previews import PreviewPublisher
 from worker.run.publish import SegmentPublisher
 from worker.run.run import Run
 from worker.run.source import Latents
-from worker.sinks.storage import JobOutput
+from worker.stores.storage import JobOutput
 
 #: The completion marker: written after everything else of the job's output.
 MANIFEST = "manifest.json"

@@ -28,7 +28,7 @@ from producer.spec import PREVIEW_LATEST, PreviewInfo, preview_name
 from worker.generate.preview import Previews, Shot
 from worker.pipeline.clip import encode_clip
 from worker.run.run import Run
-from worker.sinks.storage import JobOutput
+from worker.stores.storage import JobOutput
 
 log = logging.getLogger(__name__)
 #: A preview's size: the latent grid times this (Wan2.1 at 832x480: 416x240).

@@ -19,7 +19,7 @@ from worker.pipeline import ClosedSegment
 from worker.pipeline.encode import concat_segments
 from worker.run.run import Run
 from worker.sinks.hls import LivePlaylist
-from worker.sinks.storage import JobOutput
+from worker.stores.storage import JobOutput
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from worker.run.previews import PreviewPublisher
 from worker.run.publish import SegmentPublisher
 from worker.run.run import Run
 from worker.run.source import Latents, latents_for
-from worker.sinks.storage import JobOutput
+from worker.stores.storage import JobOutput
 
 
 def run_job(spec: JobSpec, decoders: DecoderCache, run: Run | None = None) -> JobResult:

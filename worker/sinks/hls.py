@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from producer.errors import InputNotFoundError, InvalidJobError, StorageConfigError
 from producer.spec import SegmentInfo, VideoSpec, segment_name
 from worker.pipeline.encode import frame_rate
-from worker.sinks.storage import JobOutput
+from worker.stores.storage import JobOutput
 
 PLAYLIST = "index.m3u8"
 CONTENT_TYPE = "application/vnd.apple.mpegurl"

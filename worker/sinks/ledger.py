@@ -14,7 +14,7 @@ from producer.errors import InputNotFoundError
 from producer.ledger import LEDGER_LINK, record_name
 from producer.results import LedgerRecord
 from producer.settings import Settings
-from worker.sinks.storage import JobOutput, open_uri
+from worker.stores.storage import JobOutput, open_uri
 
 #: How much of an existing link file is read back (it lists one line per end of the job).
 MAX_LINK_BYTES = 1024**2

@@ -31,7 +31,7 @@ from worker.pipeline import ClosedSegment, run_pipeline
 from worker.pipeline.encode import init_size, read_frames_rgb
 from worker.run import DecoderCache, run_job
 from worker.sinks.hls import PLAYLIST, LivePlaylist, target_duration
-from worker.sinks.storage import JobOutput
+from worker.stores.storage import JobOutput
 
 pytestmark = pytest.mark.usefixtures("file_roots")
 

@@ -23,9 +23,9 @@ from producer.errors import (
 from producer.settings import Settings
 from producer.spec import DecoderSpec, InputSpec
 from worker.inputs.latents import load_latents
-from worker.inputs.paths import file_roots, local_folder, os_error, read_bounded, read_local
 from worker.inputs.weights import resolve_weights
-from worker.sinks.storage import FileStore, JobOutput
+from worker.stores.paths import file_roots, local_folder, os_error, read_bounded, read_local
+from worker.stores.storage import FileStore, JobOutput
 
 MiB = 1024**2
 

@@ -17,8 +17,8 @@ from producer.spec import DecoderSpec, InputSpec
 from tests.services import S3Server
 from worker.inputs.latents import load_latents
 from worker.inputs.weights import resolve_weights
-from worker.sinks import storage
-from worker.sinks.storage import FileStore, JobOutput, S3Store, open_uri, read_uri
+from worker.stores import storage
+from worker.stores.storage import FileStore, JobOutput, S3Store, open_uri, read_uri
 
 ATTACKS = ("%2e%2e/escaped", "%2E%2E/escaped", "x%2F..%2Fescaped", "..%5Cescaped",
            "%252e%252e/escaped", "x%00/escaped", ".%2e/escaped")

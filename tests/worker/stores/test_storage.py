@@ -30,9 +30,9 @@ from producer.errors import (
 )
 from producer.settings import Settings
 from tests.services import S3Server, free_port
-from worker.sinks import storage
 from worker.sinks.hls import CACHE_CONTROL, CONTENT_TYPE
-from worker.sinks.storage import FileStore, JobOutput, S3Store, map_s3_error, open_uri, read_uri
+from worker.stores import storage
+from worker.stores.storage import FileStore, JobOutput, S3Store, map_s3_error, open_uri, read_uri
 
 # file:// paths are confined to FRAMEFLEET_FILE_ROOTS: the test's own folder is one.
 pytestmark = pytest.mark.usefixtures("file_roots")

@@ -5,7 +5,7 @@ which accepts plain file names only. Errors map onto the error tree: missing obj
 ``InputNotFoundError``; throttling, 5xx and connection loss → retryable ``StorageError``;
 configuration errors (no credentials, wrong keys, access denied, no such bucket) → fatal
 ``StorageConfigError`` at once: a retry would meet the same configuration. ``file://`` paths are
-confined to FRAMEFLEET_FILE_ROOTS and read with a byte bound (``worker/inputs/paths.py``).
+confined to FRAMEFLEET_FILE_ROOTS and read with a byte bound (``worker/stores/paths.py``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from producer.errors import (
 )
 from producer.settings import Settings, get_settings
 from producer.wire import Location, decode_uri
-from worker.inputs.paths import confine, os_error, read_local, writable_target
+from worker.stores.paths import confine, os_error, read_local, writable_target
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 #: The folders of a job's output (beside its top-level files): ``previews/step-0005.mp4``.
@@ -74,7 +74,7 @@ class Store(Protocol):
 class FileStore:
     """A folder. Writes go to a temporary file renamed into place: readers never see halves.
 
-    Every path is confined to FRAMEFLEET_FILE_ROOTS (``worker/inputs/paths.py``): a key that
+    Every path is confined to FRAMEFLEET_FILE_ROOTS (``worker/stores/paths.py``): a key that
     resolves outside them is refused before any folder is made or any byte read.
     """
 
