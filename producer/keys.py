@@ -178,7 +178,7 @@ end
 return 0
 """
 
-# --- Lua: the lease (worker.lifecycle.lease) ------------------------------------------------
+# --- Lua: the lease (worker.concerns.lease) ------------------------------------------------
 
 #: KEYS: lease. ARGV: token. Compare-and-delete.
 LEASE_RELEASE = """

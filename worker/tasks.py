@@ -48,11 +48,11 @@ from producer.settings import Settings, get_settings
 from producer.spec import JobSpec, parse_spec
 from worker.concerns import CONCERNS, run_concerns
 from worker.concerns.device import RetireProcess, retire
+from worker.concerns.lease import LEASE_RETRY_S, JobLease, through_failover
 from worker.concerns.metrics import as_stamp, enqueued_at, failed_before_run
 from worker.concerns.outside import failed_outside, hand_over, record_end, take_over
 from worker.concerns.playlist import end_later
 from worker.concerns.retries import requeue_now
-from worker.lifecycle.lease import LEASE_RETRY_S, JobLease, through_failover
 from worker.run import DecoderCache, Run, default_decoders, run_job
 
 log = logging.getLogger(__name__)

@@ -26,7 +26,7 @@ from producer.rules import HARD_LIMIT_AFTER_S
 from producer.settings import Settings
 
 Status = Literal["OK", "WARN", "FAIL"]
-#: worker/lifecycle/lease.py: a job's lease lives this long unless its run renews it.
+#: worker/concerns/lease.py: a job's lease lives this long unless its run renews it.
 LEASE_TTL_S = 10
 #: A host's job must run again within this long (the README's promise).
 RECOVERY_TARGET_S = 15

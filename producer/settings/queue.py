@@ -85,5 +85,5 @@ class QueueSettings(BaseModel):
 
     @property
     def requeue_limit(self) -> int:
-        # 5 s: worker.lifecycle.lease.LEASE_RETRY_S, the wait between two looks at a held lease.
+        # 5 s: worker.concerns.lease.LEASE_RETRY_S, the wait between two looks at a held lease.
         return self.max_requeues or self.max_time_limit_s // 5 + 100

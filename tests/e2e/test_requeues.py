@@ -32,7 +32,7 @@ from tests.e2e.chaos_helpers import (
     wait_for,
 )
 from tests.services import S3Server
-from worker.lifecycle.lease import LEASE_RETRY_S
+from worker.concerns.lease import LEASE_RETRY_S
 
 pytestmark = [pytest.mark.chaos, pytest.mark.e2e]
 

@@ -32,8 +32,8 @@ from producer.app import QUEUE
 from producer.control import flags_for
 from producer.errors import JobCancelled
 from worker.concerns.base import Concern, Outcome, Status, Throttle
+from worker.concerns.lease import REDIS_DOWN
 from worker.concerns.retries import requeue
-from worker.lifecycle.lease import REDIS_DOWN
 from worker.run.run import Run
 
 log = logging.getLogger(__name__)

@@ -28,7 +28,7 @@ from celery import Task
 
 from producer.errors import FatalJobError
 from worker.concerns.base import Concern, Outcome
-from worker.lifecycle.lease import REDIS_DOWN
+from worker.concerns.lease import REDIS_DOWN
 from worker.run.run import Run
 
 log = logging.getLogger(__name__)

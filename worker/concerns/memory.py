@@ -1,11 +1,11 @@
 """The memory guard around a run: its checks between denoise steps and decoded chunks, and
-the clean-up after a job it stopped (``worker.lifecycle.memory`` has the why)."""
+the clean-up after a job it stopped (``worker.memory`` has the why)."""
 
 from __future__ import annotations
 
 from producer.spec import Progress
 from worker.concerns.base import Concern, Outcome
-from worker.lifecycle.memory import check_memory, limit_mib, recover
+from worker.memory import check_memory, limit_mib, recover
 
 
 class MemoryGuard(Concern):

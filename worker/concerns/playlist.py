@@ -28,7 +28,7 @@ from producer.errors import FatalJobError, RetryableError
 from producer.settings import Settings
 from producer.spec import JobSpec
 from worker.concerns.base import Concern, Outcome
-from worker.lifecycle.lease import REDIS_DOWN, JobLease
+from worker.concerns.lease import REDIS_DOWN, JobLease
 from worker.sinks.hls import LivePlaylist, end_stored
 from worker.stores.storage import JobOutput, load_s3
 

@@ -12,7 +12,7 @@ from celery import Task
 
 from producer.spec import Progress
 from worker.concerns.base import Concern, Throttle
-from worker.lifecycle.lease import REDIS_DOWN
+from worker.concerns.lease import REDIS_DOWN
 from worker.run.run import Run
 
 log = logging.getLogger(__name__)

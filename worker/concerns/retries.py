@@ -24,12 +24,12 @@ from celery import Task
 from producer.errors import FatalJobError, RetryableError
 from producer.settings import Settings
 from worker.concerns.base import Concern, Failed, Outcome, Status
-from worker.lifecycle.lease import REDIS_DOWN
+from worker.concerns.lease import REDIS_DOWN
 from worker.run.run import Run
 
 log = logging.getLogger(__name__)
 #: How the send of a retry rides out a broker that is away (a Redis failover): about
-#: ``worker.lifecycle.lease.FAILOVER_S``, as a run's claim and lease do. Celery's default
+#: ``worker.concerns.lease.FAILOVER_S``, as a run's claim and lease do. Celery's default
 #: gives up after about a second, and a retry it cannot send is rejected: the job was lost.
 SEND_THROUGH_FAILOVER = {"max_retries": 17, "interval_start": 0.2, "interval_step": 0.5,
                          "interval_max": 2.0}

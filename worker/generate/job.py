@@ -33,7 +33,7 @@ from worker.generate.preview import Previews
 from worker.generate.stepcache import check_cache, step_cache
 from worker.generate.text import encode_prompt
 from worker.generate.tiers import check_tier, size_stance, transformers_of
-from worker.lifecycle.memory import check_memory
+from worker.memory import check_memory
 
 
 @dataclass

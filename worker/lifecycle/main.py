@@ -35,9 +35,9 @@ from worker.concerns.cancel import preempt_node
 from worker.lifecycle import persistence, recovery, warmup
 from worker.lifecycle.consumer import install_brpop_guard
 from worker.lifecycle.launcher import CONFIG_EXIT, check_credentials
-from worker.lifecycle.memory import limit_mib
 from worker.lifecycle.poolwatch import POOL_START_EXIT, PoolWatch, start_timeout
 from worker.lifecycle.spot import SpotWatcher
+from worker.memory import limit_mib
 from worker.sinks.webhooks import close_process_notifier
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from worker.decoders.base import ChunkDecoder
 from worker.devices import resolve_device
 from worker.generate import ModelCache
 from worker.inputs.weights import resolve_weights
-from worker.lifecycle.memory import track
+from worker.memory import track
 
 
 class DecoderCache:

@@ -21,7 +21,8 @@ from producer.settings import Settings
 from tests.require import require_binary
 from tests.services import REDIS_INSTALL, REPO_ROOT, RedisServer
 from worker import metrics
-from worker.lifecycle import lease, persistence
+from worker.concerns import lease
+from worker.lifecycle import persistence
 
 
 class _Redis(RedisServer):

@@ -16,7 +16,7 @@ from celery import Celery
 from producer.settings import Settings
 from producer.spec import JobResult, VideoSpec
 from tests.worker.concerns.scripted import Scripted, job_spec
-from worker.lifecycle.memory import MIB, rss_bytes
+from worker.memory import MIB, rss_bytes
 from worker.run import DecoderCache, Run, run_job
 
 BALLAST_MIB = 512

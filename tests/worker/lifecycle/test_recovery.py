@@ -222,7 +222,7 @@ def test_grace_must_cover_missed_touches() -> None:
 
 
 def test_defaults_notice_a_lost_host_within_one_lease() -> None:
-    from worker.lifecycle.lease import LEASE_TTL_S
+    from worker.concerns.lease import LEASE_TTL_S
 
     s = Settings()
     # Requeued one lease after the host's last sign of life, at the next round: within 15 s

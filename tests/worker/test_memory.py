@@ -7,7 +7,7 @@ import pytest
 
 from producer.errors import FatalJobError
 from producer.settings import Settings
-from worker.lifecycle.memory import (
+from worker.memory import (
     HOST_SHARE,
     MIB,
     check_memory,

@@ -19,7 +19,7 @@ from producer.settings import Settings
 from tests.require import require_binary
 from tests.services import REDIS_INSTALL, RedisServer, free_port
 from tests.waiting import wait_for
-from worker.lifecycle.lease import (
+from worker.concerns.lease import (
     FAILOVER_S,
     LEASE_RETRY_S,
     LEASE_TTL_S,
@@ -162,7 +162,7 @@ def test_release_with_redis_away_logs_and_returns(caplog: pytest.LogCaptureFixtu
     away = redis.Redis(host="127.0.0.1", port=free_port(), socket_connect_timeout=1)
     lease = JobLease(away, _job(), "gpu0@a")
     # When the job ends, release logs and the task goes on (the lease expires by itself)
-    with caplog.at_level(logging.WARNING, logger="worker.lifecycle.lease"):
+    with caplog.at_level(logging.WARNING, logger="worker.concerns.lease"):
         lease.release()
     assert "not released" in caplog.text
 
