@@ -47,7 +47,7 @@ chaos: install-test
 	FRAMEFLEET_CHAOS_FULL=1 $(PY) -m pytest -m chaos $(PYTEST_ARGS)
 
 bench: install-test
-	$(PY) bench/pipeline.py --device cpu
+	$(PY) bench/decode/pipeline.py --device cpu
 
 clean:
 	rm -rf $(VENV) demo-out .framefleet .pytest_cache .mypy_cache .ruff_cache

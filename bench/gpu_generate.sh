@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # One device call for the generate tiers (issues 23 and 24): correctness first, then timings,
 # inside BUDGET seconds (default 540), skipping the least important rows when time runs out.
-#   1. bench/generate.py: Wan2.2-TI2V-5B 1280x704x121 at 20 and 4 steps, tiers exact, cache,
+#   1. bench/generate/generate.py: Wan2.2-TI2V-5B 1280x704x121 at 20 and 4 steps, tiers exact, cache,
 #      fp8, against diffusers' WanPipeline + export (denoise-h200.json); then an image-to-video
 #      job on the 5B against WanImageToVideoPipeline (latents identical), a LoRA switch on the
 #      5B, and Wan2.1-1.3B 832x480x81 rows; peak GPU memory per row
-#   2. bench/warm_generate.py: a worker start with the compile cache the run above left
+#   2. bench/startup/warm_generate.py: a worker start with the compile cache the run above left
 #   3. pytest -m gpu on the tier and image-to-video tests, with what time is left
 # Usage (on a CUDA host, from the repo root, wheels in .whl/): OUT=dir BUDGET=540 \
 #   bench/gpu_generate.sh
@@ -40,7 +40,7 @@ export FRAMEFLEET_COMPILE_CACHE_DIR=/tmp/ff-compile-cache
 
 # 1. the tiers, image-to-video, LoRA switch, 1.3B (generate.py skips what does not fit)
 RESERVE=$(( $(left) > 300 ? 110 : 20 ))  # room for the warm start and a few GPU tests
-timeout $(( $(left) - 10 )) $PY bench/generate.py "${SIZE[@]}" --steps 20,4 \
+timeout $(( $(left) - 10 )) $PY bench/generate/generate.py "${SIZE[@]}" --steps 20,4 \
   --tiers exact,cache,fp8 --image-steps 4 --decode-graphs 1 \
   --budget-s $(( $(left) - RESERVE )) --json denoise-h200.json --out "$OUT" \
   >"$OUT/generate.log" 2>&1
@@ -50,7 +50,7 @@ echo "generate.py exit $? at $(( $(date +%s) - T0 )) s" | tee -a "$OUT/generate.
 if [ "$(left)" -gt 90 ]; then
   TIERS=exact,fp8
   grep -q '"tier": "fp8"' "$OUT/denoise-h200.json" 2>/dev/null || TIERS=exact
-  timeout $(( $(left) - 15 )) $PY bench/warm_generate.py "${WARM[@]}" --tiers $TIERS --out "$OUT/warm-start-generate-h200.json" \
+  timeout $(( $(left) - 15 )) $PY bench/startup/warm_generate.py "${WARM[@]}" --tiers $TIERS --out "$OUT/warm-start-generate-h200.json" \
     >"$OUT/warm-start.log" 2>&1
   echo "warm_generate.py exit $? at $(( $(date +%s) - T0 )) s" | tee -a "$OUT/warm-start.log"
 else

@@ -32,7 +32,7 @@ cat "$OUT/env.txt"
 mkdir -p /tmp/pre
 i=0
 for job in ${JOBS//,/ }; do
-  TORCHINDUCTOR_COMPILE_THREADS=4 timeout 240 python3 bench/pipeline.py --precompile \
+  TORCHINDUCTOR_COMPILE_THREADS=4 timeout 240 python3 bench/decode/pipeline.py --precompile \
     --jobs "$job" --out "/tmp/pre/$i.json" > "/tmp/pre/$i.log" 2>&1 &
   i=$((i + 1))
 done
@@ -53,7 +53,7 @@ cut -c1-600 "$OUT/alloc-probe.log"
 
 echo "== benchmark at ${SECONDS}s"
 { for f in /tmp/pre/*.log; do echo "-- $f"; tail -2 "$f"; done; } > "$OUT/bench.log"
-timeout "$(left 95)" python3 bench/pipeline.py --device cuda --reps 3 --jobs "$JOBS" \
+timeout "$(left 95)" python3 bench/decode/pipeline.py --device cuda --reps 3 --jobs "$JOBS" \
   --modes decode_only,async,async_tail4 --weights-study --out "$OUT/pipeline.json" \
   >> "$OUT/bench.log" 2>&1
 echo "bench rc=$?"
@@ -61,10 +61,10 @@ echo "bench rc=$?"
 echo "== warm start at ${SECONDS}s"
 W="--decoder wan2.2-vae --sizes 44x80 --cache $FF_CACHE"
 # shellcheck disable=SC2086
-timeout "$(left 32)" python3 bench/warm_start.py $W --runs 3 --wait-first --lean /tmp/lean \
+timeout "$(left 32)" python3 bench/startup/warm_start.py $W --runs 3 --wait-first --lean /tmp/lean \
   --out "$OUT/warm-start-lean.json" > "$OUT/warm.log" 2>&1
 # shellcheck disable=SC2086
-timeout "$(left 3)" python3 bench/warm_start.py $W --runs 1 --out "$OUT/warm-start-host.json" \
+timeout "$(left 3)" python3 bench/startup/warm_start.py $W --runs 1 --out "$OUT/warm-start-host.json" \
   >> "$OUT/warm.log" 2>&1
 echo "== done at ${SECONDS}s"
 grep -E "^\||passed|failed|error" "$OUT/bench.log" | tail -20

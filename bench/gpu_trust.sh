@@ -6,9 +6,9 @@
 #   STAGE=prime  the soak's worker start alone, which compiles every soak size into the compile
 #                cache (cold: minutes a size), so that the soak's start takes seconds
 #   STAGE=race   the capture-race test alone, and the same race with the gates off
-#   STAGE=soak   bench/soak.py: the real worker process, a real Redis, >= 40 mixed jobs over
+#   STAGE=soak   bench/soak/soak.py: the real worker process, a real Redis, >= 40 mixed jobs over
 #                >= 8 minutes (soak-h200.json / .md)
-#   STAGE=bench  bench/generate.py: the 5B at 20 and 4 steps, tiers exact, cache, fp8,
+#   STAGE=bench  bench/generate/generate.py: the 5B at 20 and 4 steps, tiers exact, cache, fp8,
 #                fp8+cache, against diffusers (denoise-h200-5b.json)
 # Usage, on a CUDA host from the repository root, wheels in .whl/ and Debian's redis-server
 # with its libraries in .redis/ (bench/README.md says how to make both):
@@ -46,7 +46,7 @@ tests)
   timeout 100 python3 -m tests.gpu.capture_race --reps 20 --no-gate --time-limit-s 80 \
     >"$OUT/capture-race-no-gate.json" 2>"$OUT/capture-race-no-gate.log"
   tail -1 "$OUT/capture-race-no-gate.json"
-  timeout $(( $(left) - 5 )) python3 bench/generate.py --models wan2.1-t2v-1.3b --steps 20 \
+  timeout $(( $(left) - 5 )) python3 bench/generate/generate.py --models wan2.1-t2v-1.3b --steps 20 \
     --tiers exact,cache --decode-graphs 1 --budget-s $(( $(left) - 15 )) \
     --json denoise-h200-1.3b.json --out "$OUT" >"$OUT/generate-1.3b.log" 2>&1
   echo "generate.py exit $?"; sed -n '/^| model/,$p' "$OUT/generate-1.3b.log"
@@ -60,7 +60,7 @@ race)  # the capture race alone, gated (the test) and not (the probe)
   tail -1 "$OUT/capture-race-no-gate.json"
   ;;
 prime)  # the soak worker's start alone: every soak size compiled into the compile cache
-  timeout $(( $(left) - 5 )) python3 bench/soak.py --prime --redis-server "$PWD/.redis/redis-server" \
+  timeout $(( $(left) - 5 )) python3 bench/soak/soak.py --prime --redis-server "$PWD/.redis/redis-server" \
     --redis-lib "$PWD/.redis/lib" --out "$OUT" >"$OUT/soak-prime.log" 2>&1
   echo "prime exit $?"; grep -E "compiled at|ready in" "$OUT/soak-worker.log" "$OUT/soak-prime.log"
   ;;
@@ -69,13 +69,13 @@ soak)
   # new jobs for as long as the call allows after the worker's start (~1 min); the last
   # ones drain after that (the soak's minutes run from its first submit to its last end)
   MAX=$(awk "BEGIN {print ($(left) - 80) / 60}")
-  timeout $(( $(left) - 5 )) python3 bench/soak.py --minutes 8 --max-minutes "$MAX" \
+  timeout $(( $(left) - 5 )) python3 bench/soak/soak.py --minutes 8 --max-minutes "$MAX" \
     --jobs 40 --redis-server "$PWD/.redis/redis-server" --redis-lib "$PWD/.redis/lib" \
     --out "$OUT" >"$OUT/soak.log" 2>&1
   echo "soak exit $?"; tail -40 "$OUT/soak.log"
   ;;
 bench)
-  timeout $(( $(left) - 5 )) python3 bench/generate.py --models wan2.2-ti2v-5b --steps 20,4 \
+  timeout $(( $(left) - 5 )) python3 bench/generate/generate.py --models wan2.2-ti2v-5b --steps 20,4 \
     --tiers exact,cache,fp8,fp8+cache --decode-graphs 1 --budget-s $(( $(left) - 20 )) \
     --json denoise-h200-5b.json --out "$OUT" >"$OUT/generate-5b.log" 2>&1
   echo "generate.py exit $?"; sed -n '/^| model/,$p' "$OUT/generate-5b.log"

@@ -1,7 +1,7 @@
-"""bench/generate.py --tiny runs on the CPU (the 1.3B and TI2V-5B layouts in miniature), the
-same code paths as on the GPU: the exact tier's latents equal diffusers', the cached tier is
-measured against it, fp8 is skipped with the reason, JSON and table written; ``--previews``
-measures each row again with previews and writes a preview frame as a PNG."""
+"""bench/generate/generate.py --tiny runs on the CPU (the 1.3B and TI2V-5B layouts in
+miniature), the same code paths as on the GPU: the exact tier's latents equal diffusers', the
+cached tier is measured against it, fp8 is skipped with the reason, JSON and table written;
+``--previews`` measures each row again with previews and writes a preview frame as a PNG."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_bench_generate_tiny(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "generate.py"), "--tiny", "--tiers",
+        [sys.executable, str(ROOT / "bench" / "generate" / "generate.py"), "--tiny", "--tiers",
          "exact,fp8,cache", "--out", str(tmp_path)],
         env=env, capture_output=True, text=True, timeout=600, check=False,
     )
@@ -48,8 +48,8 @@ def test_bench_generate_tiny_with_previews(tmp_path: Path) -> None:
 
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "generate.py"), "--tiny", "--tiers", "exact",
-         "--previews", "2", "--json", "pv.json", "--out", str(tmp_path)],
+        [sys.executable, str(ROOT / "bench" / "generate" / "generate.py"), "--tiny", "--tiers",
+         "exact", "--previews", "2", "--json", "pv.json", "--out", str(tmp_path)],
         env=env, capture_output=True, text=True, timeout=600, check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr

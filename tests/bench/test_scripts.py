@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-GPU_ONLY = ["decode.py", "decode_fast.py", "generate.py", "warm_start.py"]
+GPU_ONLY = ["decode/decode.py", "decode/decode_fast.py", "generate/generate.py",
+            "startup/warm_start.py"]
 
 
 def _bench(script: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -47,7 +48,7 @@ def test_gpu_benchmarks_answer_help(script: str) -> None:
 def test_pipeline_runs_on_the_cpu(tmp_path: Path) -> None:
     out = tmp_path / "pipeline.json"
     # diffusers' export needs OpenCV or imageio, which the test extra does not install
-    done = _bench("pipeline.py", "--device", "cpu", "--jobs", "tiny:64x64x9", "--reps", "1",
+    done = _bench("decode/pipeline.py", "--device", "cpu", "--jobs", "tiny:64x64x9", "--reps", "1",
                   "--modes", "decode_only,async,sequential", "--out", str(out))
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads(out.read_text())
@@ -55,7 +56,7 @@ def test_pipeline_runs_on_the_cpu(tmp_path: Path) -> None:
 
 def test_ttfp_runs_on_the_cpu(tmp_path: Path) -> None:
     out = tmp_path / "ttfp.json"
-    done = _bench("ttfp.py", "--device", "cpu", "--decoder", "pattern", "--sizes", "64x64",
+    done = _bench("decode/ttfp.py", "--device", "cpu", "--decoder", "pattern", "--sizes", "64x64",
                   "--frames", "17", "--reps", "1", "--out", str(out))
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads(out.read_text())
@@ -63,7 +64,7 @@ def test_ttfp_runs_on_the_cpu(tmp_path: Path) -> None:
 
 def test_fleet_runs_on_cpu_workers(tmp_path: Path) -> None:
     out = tmp_path / "fleet.json"
-    done = _bench("fleet.py", "--cpu", "1", "--jobs", "2", "--decoder", "pattern", "--size",
+    done = _bench("fleet/fleet.py", "--cpu", "1", "--jobs", "2", "--decoder", "pattern", "--size",
                   "64x64", "--frames", "9", "--out", str(out))
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads(out.read_text())
@@ -71,7 +72,7 @@ def test_fleet_runs_on_cpu_workers(tmp_path: Path) -> None:
 
 def test_queue_bench_runs_at_a_smoke_size(tmp_path: Path) -> None:
     out = tmp_path / "queue.json"
-    done = _bench("queue_bench.py", "--latency-jobs", "3", "--warmup-jobs", "1",
+    done = _bench("fleet/queue_bench.py", "--latency-jobs", "3", "--warmup-jobs", "1",
                   "--long-idle-jobs", "0", "--submit-jobs", "40", "--rounds", "1",
                   "--profile-jobs", "20", "--variant-jobs", "20", "--out", str(out))
     assert done.returncode == 0, done.stdout + done.stderr

@@ -1,5 +1,5 @@
-"""bench/soak.py --tiny runs on the CPU, the GPU soak's code paths at tiny size: a real Redis,
-the real worker process (``bench.soak_worker``), one round of the mix (prompt jobs at every
+"""bench/soak/soak.py --tiny runs on the CPU, the GPU soak's code paths at tiny size: a real Redis,
+the real worker process (``bench.soak.soak_worker``), one round of the mix (prompt jobs at every
 tier this device runs, image-to-video, two LoRAs, decode-only jobs behind a denoise, a cancel,
 a hostile folder, a job over the memory limit), every output checked, the report written."""
 
@@ -23,7 +23,7 @@ def test_bench_soak_tiny(tmp_path: Path) -> None:
     redis_server = require_binary("redis-server", "redis-server")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "soak.py"), "--tiny", "--minutes", "0",
+        [sys.executable, str(ROOT / "bench" / "soak" / "soak.py"), "--tiny", "--minutes", "0",
          "--max-minutes", "6", "--jobs", "14", "--redis-server", redis_server,
          "--json", "soak.json", "--out", str(tmp_path)],
         env=env, capture_output=True, text=True, timeout=840, check=False)

@@ -1,4 +1,4 @@
-"""The API's loopback load check (bench/api_load.py) runs and answers every request: 50
+"""The API's loopback load check (bench/api/api_load.py) runs and answers every request: 50
 concurrent submits and 200 concurrent reads over two gateway replicas, zero errors."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.e2e
 def test_two_replicas_answer_every_request(tmp_path: Path) -> None:
     require_binary("redis-server", REDIS_INSTALL)
     require_binary("weed", WEED_INSTALL)
-    done = subprocess.run([sys.executable, "bench/api_load.py", "--out", str(tmp_path)],
+    done = subprocess.run([sys.executable, "bench/api/api_load.py", "--out", str(tmp_path)],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
                           check=False)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -201,8 +201,8 @@ def test_graph_jobs_allocate_nothing_per_chunk(fast: WanDecoder, tmp_path: Path)
 
 @FIXTURE
 def test_step_batch_of_two_equals_two_single_clips() -> None:
-    # Batching (several clips per chunk) is measured in bench/decode.py; here: it computes the
-    # same function (fp32, no TF32: bf16 would differ by its rounding, cuDNN picks other
+    # Batching (several clips per chunk) is measured in bench/decode/decode.py; here: it computes
+    # the same function (fp32, no TF32: bf16 would differ by its rounding, cuDNN picks other
     # algorithms for another batch size).
     step = WanStep(build_vae("wan2.1", seed=0).to(CUDA))
     z = torch.randn(2, 16, 3, H, W, device=CUDA)

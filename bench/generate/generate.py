@@ -20,16 +20,16 @@ final latents and PSNR of the decoded MP4 frames against the exact tier at the s
 random weights these measure the arithmetic's error, not a model's visual quality).
 
 ``--image`` adds an image-to-video job per model that can take one (TI2V) against diffusers'
-WanImageToVideoPipeline; ``--lora`` the cost of a LoRA switch (bench/gen_extra.py);
+WanImageToVideoPipeline; ``--lora`` the cost of a LoRA switch (gen_extra.py);
 ``--previews N`` runs each framefleet row again with a preview every N steps: the overhead in %
-of the denoise, the time to the first preview, one preview frame as a PNG (bench/gen_previews.py).
+of the denoise, the time to the first preview, one preview frame as a PNG (gen_previews.py).
 ``--budget-s`` stops the run in time: an item whose estimate does not fit is skipped and
 listed with the reason, and what ran is saved after every row.
 
-  python bench/generate.py --models wan2.2-ti2v-5b --steps 20,4 \
+  python bench/generate/generate.py --models wan2.2-ti2v-5b --steps 20,4 \
       --tiers exact,fp8,cache,fp8+cache --json denoise-h200.json --out DIR
-  python bench/generate.py --tiny --out DIR       # CPU, the same code paths (CI runs it)
-  python bench/generate.py --models wan2.2-ti2v-5b --steps 20 --tiers exact,cache \
+  python bench/generate/generate.py --tiny --out DIR       # CPU, the same code paths (CI runs it)
+  python bench/generate/generate.py --models wan2.2-ti2v-5b --steps 20 --tiers exact,cache \
       --previews 2 --json previews-h200.json --out DIR
 """
 
@@ -41,7 +41,6 @@ import datetime as dt
 import gc
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -50,13 +49,14 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench import gen_extra, gen_previews
-from bench.gen_runs import baseline, forward_error, framefleet, frames_psnr, rel_l2, sync
+from bench.generate import gen_extra, gen_previews
+from bench.generate.gen_runs import baseline, forward_error, framefleet, frames_psnr, rel_l2, sync
+from bench.generate.gen_specs import RECOMMENDED_CACHE, gen_spec, job
+from bench.report import device_report, write_json
 from producer.errors import InvalidJobError, NonFiniteOutput
 from producer.settings import Settings
-from producer.spec import GenerateSpec, JobSpec, OutputSpec, VideoSpec
 from worker.generate.cache import ModelCache
 from worker.generate.folder import read_model
 from worker.generate.presets import PRESETS, build_pipeline, save_configs
@@ -64,12 +64,6 @@ from worker.generate.tiers import check_tier
 from worker.lifecycle.warmup import use_compile_cache
 from worker.run import DecoderCache
 
-PROMPT = "a red fox runs through deep snow at dawn, cinematic, detailed fur"
-NEGATIVE = "blurry, low quality, static"
-#: The step cache the ``cache`` tier runs, and the default the README recommends: TaylorSeer
-#: (lite) refreshes every 4th step after 2 full ones; its skips do not depend on the weights.
-RECOMMENDED_CACHE: dict[str, Any] = {"kind": "taylorseer", "cache_interval": 4,
-                                     "disable_cache_before_step": 2, "max_order": 1}
 #: Rough seconds on an H200 (5B at 1280x704x121, CFG on), to plan within the budget.
 EST = {"build": 40, "fp8_prepare": 180, "base_fixed": 14, "base_step": 2.3,
        "ff_fixed": 8, "ff_step": 2.0}
@@ -89,21 +83,6 @@ class Budget:
                                     f"{self.deadline - time.monotonic():.0f} s left"})
         print(f"SKIP {what}: over budget", flush=True)
         return False
-
-
-def gen_spec(folder: Path, size: tuple[int, int, int], steps: int, tier: str,
-             **extra: Any) -> GenerateSpec:
-    h, w, f = size
-    cache = RECOMMENDED_CACHE if tier.endswith("cache") else None
-    return GenerateSpec(model=folder.as_uri(), prompt=PROMPT, negative_prompt=NEGATIVE, height=h,
-                        width=w, num_frames=f, num_inference_steps=steps, guidance_scale=5.0,
-                        seed=42, save_latents=True,
-                        tier="fp8" if tier.startswith("fp8") else "exact", cache=cache, **extra)
-
-
-def job(work: Path, name: str, gen: GenerateSpec, tag: str) -> JobSpec:
-    return JobSpec(job_id=f"bench-{name}-{tag}", generate=gen,
-                   output=OutputSpec(uri=(work / "out").as_uri()), video=VideoSpec())
 
 
 class Model:
@@ -350,9 +329,7 @@ def main() -> int:
     doc: dict[str, Any] = {
         "command": " ".join(["python", *sys.argv]),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else
-        platform.processor() or "cpu",
-        "torch": torch.__version__, "diffusers": diffusers.__version__, "dtype": str(dtype),
+        **device_report(device), "diffusers": diffusers.__version__, "dtype": str(dtype),
         "weights": "random (seeded): quality figures measure arithmetic error only",
         "recommended_cache": RECOMMENDED_CACHE, "rows": [], "checks": [], "extras": [],
         "skipped": [], "nonfinite": [], "failed": False,
@@ -362,7 +339,7 @@ def main() -> int:
     def save(row: dict[str, Any] | None, key: str = "rows") -> None:
         if row is not None:
             doc[key].append(row)
-        (out / args.json).write_text(json.dumps(doc, indent=2, default=str))
+        write_json(out / args.json, doc)
 
     with tempfile.TemporaryDirectory(prefix="ff-gen-bench-") as tmp:
         for name in args.models.split(","):

@@ -4,14 +4,13 @@ Uses the embedded broker (``filesystem://`` + sqlite) so it needs no Redis, whic
 runnable on a bare GPU host; the delivery path (task, runner, pipeline, storage, result) is
 the production one. Reports per-job wall, which worker and GPU ran it, and fleet throughput.
 
-  python bench/fleet.py --gpus all --jobs 8 --size 832x480 --frames 81 --out fleet.json
-  python bench/fleet.py --cpu 2 --jobs 4 --decoder pattern --size 256x256 --frames 41
+  python bench/fleet/fleet.py --gpus all --jobs 8 --size 832x480 --frames 81 --out fleet.json
+  python bench/fleet/fleet.py --cpu 2 --jobs 4 --decoder pattern --size 256x256 --frames 41
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import subprocess
@@ -23,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 
@@ -45,6 +44,7 @@ def main() -> None:
     # settings explicitly.
     env = {"FRAMEFLEET_BROKER_URL": "filesystem://", "FRAMEFLEET_DATA_DIR": str(work / "data"),
            "FRAMEFLEET_METRICS_PORT": "0", "PYTHONUNBUFFERED": "1"}
+    from bench.report import write_json
     from producer.client import Client
     from producer.settings import Settings
     from producer.spec import JobSpec
@@ -102,8 +102,7 @@ def main() -> None:
                      "gpu_busy_ratio": r.timings.gpu_busy_ratio,
                      "cost_usd": r.cost.total_usd if r.cost else None} for r in results],
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2))
+    write_json(args.out, report)
     print(f"workers {workers}; {args.jobs} jobs in {wall:.2f} s ({args.jobs / wall:.2f} jobs/s)")
     for j in report["per_job"]:
         busy = j["gpu_busy_ratio"]

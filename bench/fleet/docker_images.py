@@ -1,6 +1,6 @@
 """Build time and size of the two images, and what their bytes are.
 
-    python bench/docker_images.py --out bench/results/docker-images-cpu
+    python bench/fleet/docker_images.py --out bench/results/docker-images-cpu
 
 For each image: a build without cache (every layer made, packages downloaded), then the
 rebuild after a change of code only (what a developer's push costs), its size, its layers
@@ -16,17 +16,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONTEXT = ("pyproject.toml", "README.md", ".dockerignore", "producer", "worker", "wheels",
            "docker")
 IMAGES: dict[str, dict[str, Any]] = {
@@ -91,10 +90,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="results path without extension (.json)")
     args = ap.parse_args()
+    sys.path.insert(0, str(REPO))  # run as a script: the repository root holds bench.report
+    from bench.report import machine, write_json
+
     results: dict[str, Any] = {
-        "command": "python bench/docker_images.py --out " + args.out,
+        "command": "python bench/fleet/docker_images.py --out " + args.out,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+        "machine": {**machine(),
                     "docker": docker("version", "--format", "{{.Server.Version}}").strip()},
         "images": {},
     }
@@ -111,7 +113,7 @@ def main() -> None:
             results["images"][name] = measure(name, image, context)
     for image in IMAGES.values():
         docker("image", "rm", image["tag"])
-    Path(args.out + ".json").write_text(json.dumps(results, indent=2) + "\n")
+    write_json(args.out + ".json", results)
 
 
 if __name__ == "__main__":

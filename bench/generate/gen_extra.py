@@ -1,4 +1,4 @@
-"""The extra rows of ``bench/generate.py``: an image-to-video job and a LoRA switch.
+"""The extra rows of ``bench/generate/generate.py``: an image-to-video job and a LoRA switch.
 
 - ``image``: one image-to-video job on a TI2V model at its size, against diffusers'
   ``WanImageToVideoPipeline`` + export in the same run. framefleet's denoise runs eager here
@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.gen_runs import baseline, framefleet, rel_l2, sync
+from bench.generate.gen_runs import baseline, framefleet, rel_l2, sync
+from bench.generate.gen_specs import gen_spec, job
 
 LORA_RANK = 32
 LORA_TARGETS = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0", "attn2.to_q",
@@ -49,7 +50,6 @@ def _image(m: Any) -> Path:
 
 def image_rows(args: argparse.Namespace, m: Any, doc: dict[str, Any], budget: Any,
                save: Any) -> None:
-    from bench.generate import gen_spec, job
     from worker.inputs.image import load_image
 
     steps = args.image_steps
@@ -116,7 +116,6 @@ def make_lora(m: Any, path: Path, seed: int) -> Path:
 
 
 def lora_rows(m: Any, doc: dict[str, Any], budget: Any, save: Any) -> None:
-    from bench.generate import gen_spec, job
 
     if not budget.fits(f"{m.name} LoRA switch", 60):
         return

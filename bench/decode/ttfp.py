@@ -4,18 +4,16 @@ Runs jobs through the runner (the code a worker's task calls) on a warmed decode
 records, per job, when the first segment joined the live playlist (the moment the playlist
 that lists it was uploaded: ``Run.segment_hooks``), with and without a short first
 segment (``video.first_segment_frames``). The queue's part (``Client.submit`` to the task
-starting on an idle worker) is measured by bench/queue_bench.py on a real Redis; add it.
+starting on an idle worker) is measured by bench/fleet/queue_bench.py on a real Redis; add it.
 
-  python bench/ttfp.py --device cuda --sizes 832x480,1280x720 --frames 81 --reps 3 \
+  python bench/decode/ttfp.py --device cuda --sizes 832x480,1280x720 --frames 81 --reps 3 \
       --first 0,1,5 --out bench/results/ttfp-h200.json
-  python bench/ttfp.py --device cpu --preset tiny --sizes 256x160 --frames 33 --reps 2
+  python bench/decode/ttfp.py --device cpu --preset tiny --sizes 256x160 --frames 33 --reps 2
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import sys
 import tempfile
@@ -27,8 +25,9 @@ from typing import Any
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from bench.report import device_report, write_json
 from producer.settings import Settings
 from producer.spec import (
     DecoderSpec,
@@ -102,9 +101,7 @@ def main() -> None:
     report: dict[str, Any] = {
         "command": "python " + " ".join(sys.argv),
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "device": (torch.cuda.get_device_name(device) if device.type == "cuda"
-                   else platform.processor() or "cpu"),
-        "torch": torch.__version__,
+        **device_report(device),
         "decoder": f"{args.decoder} ({args.preset})",
         "graphs": cache.graphs,
         "store": "file:// (local disk)",
@@ -137,7 +134,7 @@ def main() -> None:
                 rows.append((size, first or args.segment_frames, jobs[0]["first_segment_frames"],
                              run["ttfp_s_median"], min(ttfp), max(ttfp), run["wall_s_median"]))
                 if args.out:  # after every configuration: a cut-off run still leaves data
-                    args.out.write_text(json.dumps(report, indent=2))
+                    write_json(args.out, report)
     print("| size | first segment (frames) | ttfp median ms | min | max | job wall median s |")
     print("|---|---|---|---|---|---|")
     for size, first, got, med, lo, hi, wall in rows:

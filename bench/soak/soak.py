@@ -1,8 +1,8 @@
 """GPU soak: the real worker process on one GPU, a real Redis, the real client, mixed traffic.
 
-Starts a throwaway ``redis-server`` and one worker process (``celery -A bench.soak_worker
+Starts a throwaway ``redis-server`` and one worker process (``celery -A bench.soak.soak_worker
 worker``, the real worker with random-weight models resident from its start: see that module),
-then submits the mix of ``bench/soak_plan.py`` through ``producer.client.Client`` until it has
+then submits the mix of ``bench/soak/soak_plan.py`` through ``producer.client.Client`` until it has
 run at least ``--minutes`` and ``--jobs`` jobs, and checks every end:
 
 - each job ends as planned (SUCCESS, REVOKED for the cancel, FAILURE of the planned class);
@@ -20,14 +20,13 @@ Writes ``soak-<device>.json`` and ``.md`` under ``--out`` and prints a short tab
 runs the same on the CPU with the tiny presets (fp8 rows skipped: no float8 units), for CI and
 for checking the script before device time is spent.
 
-  python bench/soak.py --minutes 8 --jobs 40 --out bench/results          # on a CUDA host
-  python bench/soak.py --tiny --minutes 1 --jobs 12 --out /tmp/soak        # CPU
+  python bench/soak/soak.py --minutes 8 --jobs 40 --out bench/results          # on a CUDA host
+  python bench/soak/soak.py --tiny --minutes 1 --jobs 12 --out /tmp/soak        # CPU
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -38,10 +37,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench import soak_check, soak_inputs
-from bench.soak_plan import Item, round_items
+from bench.report import write_json
+from bench.soak import soak_check, soak_inputs
+from bench.soak.soak_plan import Item, round_items
 from producer.client import Client
 from producer.errors import JobCancelled, JobFailed
 
@@ -66,10 +66,10 @@ def start_redis(binary: str, lib: str | None, folder: Path, port: int) -> subpro
 
 
 def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m", "celery", "-A", "bench.soak_worker", "worker", "-Q", "video",
+    argv = [sys.executable, "-m", "celery", "-A", "bench.soak.soak_worker", "worker", "-Q", "video",
             "-c", "1", "--prefetch-multiplier", "1", "-n", "soak@%h", "-E", "-l", "INFO",
             "--without-gossip", "--without-mingle"]
-    return subprocess.Popen(argv, env={**os.environ, **env}, cwd=Path(__file__).parents[1],
+    return subprocess.Popen(argv, env={**os.environ, **env}, cwd=Path(__file__).parents[2],
                             stdout=log.open("wb"), stderr=subprocess.STDOUT,
                             start_new_session=True)
 
@@ -151,7 +151,7 @@ class Soak:
         record["gpu_memory"] = soak_check.scrape_memory(self.metrics_url)
         record["t_s"] = round(self.elapsed(), 1)
         partial = Path(self.args.out) / "soak-partial.json"  # what a killed run leaves
-        partial.write_text(json.dumps([*self.records, record], default=str))
+        write_json(partial, [*self.records, record])
         print(f"[{self.elapsed():6.1f} s] {item.spec.key}: {record['end']}"
               f"{'' if record['as_planned'] else ' (NOT AS PLANNED)'}", flush=True)
         return record

@@ -1,11 +1,10 @@
-"""The soak's checks and report (``bench/soak.py``): every output verified, the run judged."""
+"""The soak's checks and report (``bench/soak/soak.py``): every output verified, the run judged."""
 
 from __future__ import annotations
 
 import datetime as dt
 import itertools
 import json
-import platform
 import re
 import subprocess
 import sys
@@ -17,7 +16,8 @@ from typing import Any
 
 import torch
 
-from bench.soak_plan import Item
+from bench.report import device_name, write_json
+from bench.soak.soak_plan import Item
 from producer.spec import JobResult
 
 #: GPU memory may vary this much across the run's steady part (allocator rounding, caches).
@@ -181,7 +181,7 @@ def _deaths(records: list[dict[str, Any]], log: Path) -> dict[str, Any]:
 def report(records: list[dict[str, Any]], args: Any, ready_s: float,
            worker: subprocess.Popen[bytes], elapsed: float, log: Path) -> dict[str, Any]:
     cuda = torch.cuda.is_available() and not args.tiny
-    device = torch.cuda.get_device_name() if cuda else (platform.processor() or "cpu")
+    device = device_name("cuda" if cuda else "cpu")
     bad_success = [r["job"] for r in records if r["end"] == "success"
                    and (r.get("latents_finite") is False or not r.get("output_ok", True))]
     groups = _groups(records)
@@ -223,7 +223,7 @@ def table(doc: dict[str, Any]) -> str:
 
 
 def write(doc: dict[str, Any], path: Path) -> None:
-    path.write_text(json.dumps(doc, indent=2, default=str))
+    write_json(path, doc)
     summary = {k: doc[k] for k in ("device", "minutes", "jobs", "worker_ready_s",
                                    "worker_alive_at_end", "not_as_planned",
                                    "nonfinite_or_bad_output_reported_as_success", "memory",

@@ -1,4 +1,4 @@
-"""Timestamps for ``bench/queue_bench.py``, loaded into a real worker with ``-I bench.queue_probe``.
+"""Timestamps for ``queue_bench.py``, loaded into a real worker with ``-I bench.fleet.queue_probe``.
 
 Production code is untouched: this module only connects Celery signal handlers that push
 ``[event, task_id, seconds]`` JSON records onto a Redis list the benchmark reads.

@@ -1,4 +1,4 @@
-"""The soak's inputs and its worker's environment (``bench/soak.py``): model folders, an image,
+"""The soak's inputs and its worker's environment (``bench/soak/soak.py``): model folders, an image,
 two LoRAs, a hostile model folder, decode-only latents, and latents larger than the worker's
 memory limit (a sparse file: it costs no disk, only the worker's memory when read)."""
 
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.soak_plan import Setup
+from bench.soak.soak_plan import Setup
 
 #: The worker's memory limit (FRAMEFLEET_MAX_RSS_MIB), on a GPU host and on the CPU.
 LIMIT_MIB = {"gpu": 16 * 1024, "tiny": 1536}

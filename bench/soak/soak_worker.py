@@ -1,7 +1,7 @@
-"""The worker app of the GPU soak (``bench/soak.py``): the real worker, with random-weight
+"""The worker app of the GPU soak (``bench/soak/soak.py``): the real worker, with random-weight
 models resident from its start.
 
-Celery loads it with ``-A bench.soak_worker``. Everything is the real worker
+Celery loads it with ``-A bench.soak.soak_worker``. Everything is the real worker
 (``worker.lifecycle.main``: the task, its concerns, the pool process's start, /metrics) except
 one step of the pool process's warm-up: before it, the models named by ``FRAMEFLEET_SOAK_MODELS``
 are built with seeded random weights directly on the device, their configs written to their

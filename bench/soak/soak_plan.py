@@ -1,4 +1,4 @@
-"""The soak's traffic (``bench/soak.py``): which jobs, in which order, and what each must end in.
+"""The soak's traffic (``soak.py``): which jobs, in which order, and what each must end in.
 
 One round is a mix a GPU fleet sees: prompt jobs on the two model sizes at three sizes each
 and every tier (exact, fp8, the recommended step cache, fp8 + cache), image-to-video, two LoRAs
@@ -18,7 +18,7 @@ from typing import Any
 from producer.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec, VideoSpec
 
 PROMPT = "a red fox runs through deep snow at dawn, cinematic, detailed fur"
-#: The step cache of the cache tiers (bench/generate.py's RECOMMENDED_CACHE).
+#: The step cache of the cache tiers (bench/generate/gen_specs.py's RECOMMENDED_CACHE).
 CACHE: dict[str, Any] = {"kind": "taylorseer", "cache_interval": 4,
                          "disable_cache_before_step": 2, "max_order": 1}
 

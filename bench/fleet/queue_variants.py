@@ -1,4 +1,4 @@
-"""Submit paths the queue benchmark (``bench/queue_bench.py``) times against ``Client.submit``.
+"""Submit paths the queue benchmark (``queue_bench.py``) times against ``Client.submit``.
 
 Each variant patches one fresh Client in the benchmark process only: production files are
 unchanged, and every variant but ``raw_send_task`` and ``submit_many`` still runs the real

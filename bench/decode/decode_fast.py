@@ -10,11 +10,11 @@ memory, frames against diffusers' bf16 frames (relative L2, max |Δ| of uint8 fr
 the first --ref-latents latent frames, against an fp32 eager reference (TF32 off) next to
 diffusers' own bf16 error. Optionally: the same decoder on 4× the frames (peak memory must
 stay flat; diffusers' with --diffusers-4x). Writes JSON; prints a markdown table. A whole job
-against its decode is bench/pipeline.py's measure alone (this script's ``--job`` is retired:
+against its decode is bench/decode/pipeline.py's measure alone (this script's ``--job`` is retired:
 run after the diffusers decode and the other variants in one process, it disagreed with
 pipeline.py by 2.4 %).
 
-  python bench/decode_fast.py --wan22 1280x704x121 --wan21 1280x720x81 --reps 3 \
+  python bench/decode/decode_fast.py --wan22 1280x704x121 --wan21 1280x720x81 --reps 3 \
       --variants22 base --variants21 base,fused,fused+cdt --mem4x --out decode.json
 """
 
@@ -31,8 +31,9 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from bench.report import device_report, write_json
 from worker.decoders.wan import WanDecoder, build_vae
 from worker.decoders.wan_graph import ChunkGraphs
 
@@ -221,11 +222,10 @@ def main() -> None:
     torch._dynamo.config.recompile_limit = 64
     results: dict[str, Any] = {
         "command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "device": torch.cuda.get_device_name(), "torch": torch.__version__, "models": []}
+        **device_report("cuda"), "models": []}
 
     def save() -> None:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(results, indent=2))
+        write_json(args.out, results)
 
     if args.wan22:
         bench_model(args, "wan2.2", args.wan22, args.variants22.split(","), results, save)

@@ -1,4 +1,4 @@
-"""The runs ``bench/generate.py`` times: diffusers' pipeline + export, a framefleet job, and the
+"""The runs ``generate.py`` times: diffusers' pipeline + export, a framefleet job, and the
 quality figures of one tier against the exact tier (rel L2 of latents, PSNR of frames, one
 transformer forward against eager)."""
 

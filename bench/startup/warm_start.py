@@ -16,7 +16,7 @@ bytecode kept under DIR: what the worker image holds (``pip install .[worker]``,
 a big image's hundreds of packages (``importlib.metadata`` scans all of them). The first run in
 a new DIR writes the bytecode (flagged ``bytecode_written``).
 
-  python bench/warm_start.py --decoder wan2.2-vae --sizes 44x80 --runs 2 --cache DIR \
+  python bench/startup/warm_start.py --decoder wan2.2-vae --sizes 44x80 --runs 2 --cache DIR \
       --lean /tmp/lean --out warm_start.json
 
 ``--load-probe`` instead times the ways of building the decoder itself, each in a fresh process
@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def child() -> None:
@@ -266,6 +266,9 @@ def main() -> None:
     if args.probe_child:
         probe_child(*args.probe_child)
         return
+    sys.path.insert(0, str(ROOT))
+    from bench.report import device_report, write_json
+
     cache = args.cache or tempfile.mkdtemp(prefix="compile-cache-")
     work = tempfile.mkdtemp(prefix="work-")
     if args.load_probe:
@@ -273,10 +276,8 @@ def main() -> None:
 
         probe = {"command": "python " + " ".join(sys.argv),
                  "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-                 "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                 "decoder": args.decoder, **load_probe(args, work)}
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(probe, indent=2))
+                 **device_report("cuda"), "decoder": args.decoder, **load_probe(args, work)}
+        write_json(args.out, probe)
         return
     runs: list[dict[str, Any]] = []
     extra: dict[str, str] = {}
@@ -325,8 +326,7 @@ def main() -> None:
            "torch": torch.__version__,
            "decoder": args.decoder, "sizes": args.sizes, "weights_folder": args.weights,
            "lean": lean, "runs": runs}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2))
+    write_json(args.out, out)
     for r in runs:
         if "error" not in r:
             parts = ", ".join(f"{k} {v:.2f}" for k, v in r["phases_s"].items())

@@ -5,7 +5,7 @@ both replicas. Records p50/p99 latency and the error count, with the command, da
 No worker runs: the jobs stay queued, so this measures the gateway (auth, rate limit, Redis
 records, the client's state read), not the fleet. Bounded: 250 requests, one pass.
 
-    .venv/bin/python bench/api_load.py            # writes bench/results/api-load-cpu.{json,md}
+    .venv/bin/python bench/api/api_load.py            # writes bench/results/api-load-cpu.{json,md}
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import secrets
 import shutil
 import statistics
@@ -28,8 +27,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from bench.report import machine, write_json
 from tests.gateway import GatewayProcess, write_keys, write_models
 from tests.services import RedisServer, S3Server
 
@@ -113,18 +113,16 @@ def run(out: Path) -> dict[str, Any]:
         redis.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     result = {
-        "command": "python bench/api_load.py", "date": datetime.now(UTC).isoformat(
+        "command": "python bench/api/api_load.py", "date": datetime.now(UTC).isoformat(
             timespec="seconds"),
-        "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                    "cpus": os.cpu_count(), "processor": platform.processor() or "unknown"},
+        "machine": machine(),
         "setup": "2 gateway replicas (uvicorn, one process each), 1 Redis, 1 SeaweedFS, "
                  "loopback; no worker (jobs stay queued); requests alternate replicas",
         "submits": {"concurrent": SUBMITS, **summary(submits, 200)},
         "gets": {"concurrent": GETS, **summary(gets, 200)},
         "cross_replica_reads_consistent": same,
     }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "api-load-cpu.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_json(out / "api-load-cpu.json", result)
     rows = [f"| {name} | {r['concurrent']} | {r['p50_ms']} | {r['p99_ms']} | {r['max_ms']} | "
             f"{r['errors']} |" for name, r in (("POST /v1/videos", result["submits"]),
                                                 ("GET /v1/videos/{id}", result["gets"]))]
@@ -140,7 +138,7 @@ def run(out: Path) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "results")
     result = run(parser.parse_args().out)
     print(json.dumps({k: result[k] for k in ("submits", "gets")}, indent=2))
 

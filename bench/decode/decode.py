@@ -19,7 +19,7 @@ frames against an fp32 reference (relative L2) and against the eager bf16 step (
 uint8 frames). Then batch 2 and 4 (several clips per chunk) for the fast path, and a profiler
 kernel breakdown. Writes JSON; prints a markdown table.
 
-  python bench/decode.py --sizes 1280x720,832x480 --frames 81 --reps 5 --out decode.json
+  python bench/decode/decode.py --sizes 1280x720,832x480 --frames 81 --reps 5 --out decode.json
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from bench.report import device_report, write_json
 from worker.decoders.wan import WanDecoder, build_vae
 from worker.decoders.wan_graph import ChunkGraphs, steady_caches
 from worker.decoders.wan_step import WanStep, set_memory_format
@@ -297,12 +298,11 @@ def main() -> None:
     vae32 = build_vae("wan2.1", seed=0).to("cuda")
     results: dict[str, Any] = {
         "command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+        **device_report("cuda"),
         "dtype": args.dtype, "sizes": [], "batch": [], "profile": {}}
 
     def save() -> None:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(results, indent=2))
+        write_json(args.out, results)
 
     for size in args.sizes.split(","):
         results["sizes"].append(bench_size(args, size, vae, vae32))

@@ -1,4 +1,4 @@
-"""``bench/generate.py --previews N``: what previews cost a framefleet row, and how soon the
+"""``generate.py --previews N``: what previews cost a framefleet row, and how soon the
 first one is there.
 
 For each framefleet row the same job runs again with ``generate.preview = {"every": N}``, and
@@ -64,7 +64,7 @@ def measure(m: Any, spec: JobSpec, row: dict[str, Any], latents: torch.Tensor, o
             stem: str) -> dict[str, Any]:
     """``spec``: the row's job with previews (``generate.preview``); its ``previews``
     object. ``latents``: the row's own, without previews."""
-    from bench.gen_runs import framefleet
+    from bench.generate.gen_runs import framefleet
 
     assert spec.generate is not None and spec.generate.preview is not None
     every = spec.generate.preview.every

@@ -3,12 +3,12 @@
 A fresh Python process does what a worker's pool process does for ``FRAMEFLEET_WARMUP_MODEL``
 (``worker.generate.warm``): import, make the model resident at each tier (exact; fp8:
 quantised), and compile the transformer for one size by running one denoise step, with
-torch.compile's caches in ``FRAMEFLEET_COMPILE_CACHE_DIR``. Run after ``bench/generate.py`` at
+torch.compile's caches in ``FRAMEFLEET_COMPILE_CACHE_DIR``. Run after ``generate/generate.py`` at
 the same size and cache folder, the compile is warm (a restarted worker); on an empty folder it
 is cold. The weights are random and built on the GPU: that stands in for reading a folder from
 disk, which this does not measure. The clock starts before the process is spawned.
 
-  FRAMEFLEET_COMPILE_CACHE_DIR=DIR python bench/warm_generate.py --model wan2.2-ti2v-5b \
+  FRAMEFLEET_COMPILE_CACHE_DIR=DIR python bench/startup/warm_generate.py --model wan2.2-ti2v-5b \
       --size 704x1280x121 --tiers exact,fp8 --out warm.json
 """
 
@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def child(model: str, size: str, tiers: list[str]) -> None:
@@ -105,7 +105,10 @@ def main() -> int:
            "weights": "random, built on the GPU (reading a folder from disk is not measured)"}
     print(json.dumps(doc, indent=2))
     if args.out:
-        Path(args.out).write_text(json.dumps(doc, indent=2))
+        sys.path.insert(0, str(ROOT))
+        from bench.report import write_json
+
+        write_json(args.out, doc)
     return 0
 
 
