@@ -24,8 +24,8 @@ from typing import Any
 from celery import Celery
 from kombu import Queue
 
-from producer.broker import sentinel_options
 from producer.settings import Settings, get_settings
+from producer.state.broker import sentinel_options
 
 #: The one task of the fleet, as producers send it and workers register it.
 TASK_NAME = "framefleet.decode_video"

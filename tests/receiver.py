@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from producer.webhooks import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
+from producer.webhooks.rules import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
 
 
 @dataclass(frozen=True)

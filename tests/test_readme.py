@@ -68,7 +68,7 @@ def test_the_makefile_names_no_missing_file() -> None:
 def test_every_webhook_event_has_its_payload_documented() -> None:
     from typing import get_args
 
-    from producer.spec import NotifyEvent
+    from producer.wire.spec import NotifyEvent
 
     section = _section("Live playback and webhooks")
     rows = dict(re.findall(r"(?m)^\| `([a-z]+)` \| [^|]+ \| (`\{.*\}`.*) \|$", section))

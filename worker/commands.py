@@ -51,7 +51,7 @@ def _tiny(args: argparse.Namespace) -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from producer.spec import GenerateSpec
+    from producer.wire.spec import GenerateSpec
     from worker.devices import resolve_device
     from worker.generate.calibrate import calibrate
 

@@ -13,7 +13,7 @@ import socket
 import torch
 
 from producer.errors import DeviceOutOfMemory, FatalJobError
-from producer.spec import WorkerInfo
+from producer.wire.spec import WorkerInfo
 
 
 def resolve_device(requested: str) -> torch.device:

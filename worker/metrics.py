@@ -30,7 +30,7 @@ from prometheus_client import (
 
 from producer.ops.exporter import EXPORTER_REGISTRY
 from producer.settings import get_settings
-from producer.spec import STAGE_NAMES, JobResult, Prices
+from producer.wire.spec import STAGE_NAMES, JobResult, Prices
 from worker.labels import REASONS
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """The Celery task ``framefleet.decode_video``: parse → check → claim → lease → run → result.
 
 - Fatal errors (bad spec, bad input) → FAILURE at once, with the message; no retry.
-- A message whose task id is not its spec's key (``tenant:job_id``, ``producer.spec.job_key``)
+- A message whose task id is not its spec's key (``tenant:job_id``, ``producer.wire.spec.job_key``)
   fails naming both, unless that id is a submitted job's: a message that is not the job its
   id names (another spec's key, a job's key with another spec, no job at all) is then dropped
   with a critical log, and nothing is stored under the id: no sender can overwrite another
@@ -40,12 +40,12 @@ from celery.worker import state as worker_state
 from celery.worker.request import Request
 
 from producer.app import ENQUEUED_AT_HEADER, TASK_NAME
-from producer.control import Flags, flags_for
 from producer.cost import cost_for_job
 from producer.errors import FatalJobError, InvalidJobError, JobConflictError
-from producer.rules import check_message_size, check_spec, time_limits
 from producer.settings import Settings, get_settings
-from producer.spec import JobSpec, parse_spec
+from producer.state.control import Flags, flags_for
+from producer.wire.rules import check_message_size, check_spec, time_limits
+from producer.wire.spec import JobSpec, parse_spec
 from worker.concerns import CONCERNS, run_concerns
 from worker.concerns.device import RetireProcess, retire
 from worker.concerns.lease import LEASE_RETRY_S, JobLease, through_failover
@@ -99,7 +99,7 @@ def register(app: Celery) -> Task:
 class DecodeRequest(Request):  # type: ignore[misc]
     """The job's request in the worker's main process.
 
-    Its time limits come from the spec (``producer.rules.time_limits``), never from the
+    Its time limits come from the spec (``producer.wire.rules.time_limits``), never from the
     message: a message aimed at another job with a limit of a millisecond would have Celery
     store that job's FAILURE and kill the pool process. And it ends what Celery's hard time
     limit ends there (the pool process that ran the job is killed, no concern of its run ends

@@ -16,7 +16,7 @@ import psutil
 import torch
 
 from producer.settings import Settings
-from producer.spec import PipelineSpec, VideoSpec
+from producer.wire.spec import PipelineSpec, VideoSpec
 from worker.decoders.wan import WanDecoder
 from worker.pipeline import ClosedSegment, run_pipeline
 from worker.stores.storage import JobOutput

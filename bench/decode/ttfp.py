@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.report import device_report, write_json
 from producer.settings import Settings
-from producer.spec import (
+from producer.wire.spec import (
     DecoderSpec,
     InputSpec,
     JobSpec,

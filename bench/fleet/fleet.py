@@ -47,7 +47,7 @@ def main() -> None:
     from bench.report import write_json
     from producer.client import Client
     from producer.settings import Settings
-    from producer.spec import JobSpec
+    from producer.wire.spec import JobSpec
 
     settings = Settings(broker_url="filesystem://", data_dir=str(work / "data"), metrics_port=0)
     w, h = (int(v) for v in args.size.split("x"))

@@ -19,7 +19,7 @@ import redis
 from bench.fleet.queue_probe import EVENTS_KEY, URL_ENV, now
 from bench.fleet.queue_variants import PATHS, Patch, send_raw, submit_many
 from producer.client import Client
-from producer.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec, VideoSpec
+from producer.wire.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec, VideoSpec
 from tests.services import WorkerProcess
 
 
@@ -211,10 +211,10 @@ def run_throughput(url: str, n: int, n_variant: int, rounds: int, base: JobSpec
 #: Where the time of one submit goes: (label, file fragment, function), cumulative per call.
 BREAKDOWN = [
     ("Client.submit", "producer/client/client.py", "submit"),
-    ("JobSpec.digest", "producer/spec.py", "digest"),
+    ("JobSpec.digest", "producer/wire/spec.py", "digest"),
     ("JobSpec.model_dump", "pydantic/main.py", "model_dump"),
-    ("registry SET NX (claim)", "producer/control.py", "claim"),
-    ("cancel flag DEL (clear_cancel)", "producer/control.py", "clear_cancel"),
+    ("registry SET NX (claim)", "producer/state/control.py", "claim"),
+    ("cancel flag DEL (clear_cancel)", "producer/state/control.py", "clear_cancel"),
     ("app.send_task", "celery/app/base.py", "send_task"),
     ("backend.on_task_call (SUBSCRIBE)", "celery/backends/redis.py", "on_task_call"),
     ("amqp.create_task_message", "celery/app/amqp.py", "as_task_v2"),

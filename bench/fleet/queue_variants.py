@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from producer import keys
 from producer.app import TASK_NAME, redis_priority
 from producer.client import Client
-from producer.spec import JobSpec
+from producer.state import keys
+from producer.wire.spec import JobSpec
 
 Send = Callable[[JobSpec], Any]
 

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from producer.spec import JobSpec, PreviewInfo, Progress
+from producer.wire.spec import JobSpec, PreviewInfo, Progress
 from worker.run import Run
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from producer.settings import Settings
-from producer.spec import GenerateSpec, JobSpec
+from producer.wire.spec import GenerateSpec, JobSpec
 from worker.generate.denoise import generator, job_pipeline
 from worker.generate.text import MAX_SEQUENCE_LENGTH
 from worker.generate.tiers import eager_blocks, transformers_of

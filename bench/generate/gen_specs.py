@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from producer.spec import GenerateSpec, JobSpec, OutputSpec, VideoSpec
+from producer.wire.spec import GenerateSpec, JobSpec, OutputSpec, VideoSpec
 
 PROMPT = "a red fox runs through deep snow at dawn, cinematic, detailed fur"
 NEGATIVE = "blurry, low quality, static"

@@ -18,7 +18,7 @@ import torch
 
 from bench.report import device_name, write_json
 from bench.soak.soak_plan import Item
-from producer.spec import JobResult
+from producer.wire.spec import JobResult
 
 #: GPU memory may vary this much across the run's steady part (allocator rounding, caches).
 MEMORY_SLACK_GIB = 2.0

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from producer.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec, VideoSpec
+from producer.wire.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec, VideoSpec
 
 PROMPT = "a red fox runs through deep snow at dawn, cinematic, detailed fur"
 #: The step cache of the cache tiers (bench/generate/gen_specs.py's RECOMMENDED_CACHE).

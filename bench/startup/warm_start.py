@@ -174,7 +174,7 @@ def _save_weights(decoder: str, work: str) -> str:
     import torch
     from diffusers import AutoencoderKLWan
 
-    from producer.spec import DecoderSpec
+    from producer.wire.spec import DecoderSpec
     from worker.decoders.wan import PRESETS
 
     torch.manual_seed(0)
@@ -222,7 +222,7 @@ def probe_child(name: str, preset: str, folder: str) -> None:
 
 def load_probe(args: argparse.Namespace, work: str) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT))
-    from producer.spec import DecoderSpec
+    from producer.wire.spec import DecoderSpec
 
     folder = _save_weights(args.decoder, work)
     preset = DecoderSpec(name=args.decoder).preset

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from producer.api.config import load
 from producer.errors import ApiRequestError, FramefleetError
-from producer.spec import check_id
+from producer.wire.spec import check_id
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,6 @@ from limits.storage import RedisStorage
 from limits.strategies import MovingWindowRateLimiter
 from redis.exceptions import RedisError
 
-from producer import keys
 from producer.api.auth import KeyRing, Tenant
 from producer.api.catalog import load_catalog
 from producer.api.errors import not_found
@@ -28,11 +27,12 @@ from producer.api.registry import Record, Registry
 from producer.api.store import Store
 from producer.api.streams import Streams
 from producer.api.video import View, progress
-from producer.broker import redis_client
 from producer.client import Client
 from producer.client.jobstate import FINISHED
 from producer.errors import ApiRequestError, SettingsError
 from producer.settings import Settings
+from producer.state import keys
+from producer.state.broker import redis_client
 
 
 class Gateway:

@@ -29,7 +29,7 @@ from producer.api.context import Gateway
 from producer.api.registry import Record
 from producer.api.streams import RENEW_S, Slot
 from producer.api.video import job_object
-from producer.spec import PREVIEW_LATEST, PreviewInfo, preview_name, segment_name
+from producer.wire.spec import PREVIEW_LATEST, PreviewInfo, preview_name, segment_name
 
 KEEPALIVE_S = 15.0
 

@@ -23,7 +23,7 @@ from producer.api.errors import not_found
 from producer.api.registry import Record
 from producer.api.store import Obj, parse, under
 from producer.errors import ApiRequestError
-from producer.spec import PREVIEW_LATEST
+from producer.wire.spec import PREVIEW_LATEST
 
 NAME_RE = re.compile(r"^(index\.m3u8|manifest\.json|full\.mp4|segment-[0-9]{5}\.mp4|"
                      r"previews/(latest|step-[0-9]{4,5})\.mp4)$")

@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from producer import keys
 from producer.errors import ApiRequestError
+from producer.state import keys
 
 #: Public ids: what a client may name (the digest suffix keeps the fleet id within 128).
 PUBLIC_ID_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}$")

@@ -20,7 +20,7 @@ from producer.api.submit import submit_job
 from producer.api.video import job_object
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
-_SPEC_DOC = ("A JobSpec (producer/spec.py) without tenant and output, which the gateway sets; "
+_SPEC_DOC = ("A JobSpec (producer/wire/spec.py) without tenant and output, which the gateway sets; "
              "job_id is the key's own id; generate.model and decoder.weights are model names "
              "of the gateway's map; input URIs lie under the key's input prefix.")
 

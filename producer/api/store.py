@@ -14,7 +14,7 @@ from typing import Any
 
 from producer.errors import ApiRequestError
 from producer.settings import Settings
-from producer.wire import Location, decode_uri
+from producer.wire.base import Location, decode_uri
 
 CHUNK = 256 * 1024
 
@@ -26,7 +26,7 @@ class Obj:
 
 
 def _s3(uri: str) -> Location | None:
-    """``uri`` decoded once (``producer.wire.decode_uri``, as the workers' stores decode it),
+    """``uri`` decoded once (``producer.wire.base.decode_uri``, as the workers' stores decode it),
     or None for anything but a safe ``s3://`` object key."""
     try:
         loc = decode_uri(uri, field="uri")

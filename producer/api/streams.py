@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from producer import keys
 from producer.errors import ApiRequestError
+from producer.state import keys
 
 #: A slot nobody renewed for this long no longer counts (its replica is gone).
 LAPSE_S = 60

@@ -23,8 +23,8 @@ from producer.api.store import under
 from producer.api.uploads import discard, image_fields, input_root, store_upload
 from producer.api.video import View
 from producer.errors import ApiRequestError
-from producer.rules import check_spec
-from producer.spec import RANDOM_WEIGHTS, JobSpec, parse_spec
+from producer.wire.rules import check_spec
+from producer.wire.spec import RANDOM_WEIGHTS, JobSpec, parse_spec
 
 #: A full tenant waits for one of its jobs to end; it cannot know when, so: look again soon.
 IN_FLIGHT_RETRY_S = 5

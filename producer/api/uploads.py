@@ -12,7 +12,7 @@ from __future__ import annotations
 from producer.api.store import Store, parse
 from producer.errors import ApiRequestError
 from producer.settings import Settings
-from producer.spec import GenerateSpec
+from producer.wire.spec import GenerateSpec
 
 #: (magic test, extension, content type): decided by content, never by the name.
 KINDS = (

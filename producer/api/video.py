@@ -18,7 +18,7 @@ from typing import Any
 from producer.api import failures
 from producer.api.registry import Record
 from producer.client.jobstate import JobState
-from producer.spec import JobResult
+from producer.wire.spec import JobResult
 
 DENOISE_SHARE = 80
 STATUS = {"UNKNOWN": "queued", "QUEUED": "queued", "RETRY": "queued", "REQUEUED": "queued",

@@ -18,8 +18,8 @@ from producer.cli.output import (
     exit_now,
     note,
 )
-from producer.spec import JobResult, job_key
-from producer.weights import NOISE_NOTE
+from producer.wire.spec import JobResult, job_key
+from producer.wire.weights import NOISE_NOTE
 
 if TYPE_CHECKING:
     from producer.client import Client

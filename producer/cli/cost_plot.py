@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-from producer.spec import JobResult
+from producer.wire.spec import JobResult
 
 
 def cost_over_time(

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from producer.errors import UnsupportedBackendError
-from producer.keys import HELD_PREFIX
-from producer.spec import HeldRun, JobResult
+from producer.state.keys import HELD_PREFIX
+from producer.wire.spec import HeldRun, JobResult
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -76,7 +76,7 @@ def read_results(app: Celery, *, since: float | None = None, batch: int = 500) -
 def read_held(app: Celery, *, since: float | None = None, batch: int = 500) -> list[HeldRun]:
     """The HeldRun records (runs without a JobResult) in the app's Redis, oldest first.
 
-    Written by the workers next to the results (``producer.keys.held``); records that
+    Written by the workers next to the results (``producer.state.keys.held``); records that
     do not validate are skipped. Raises :class:`UnsupportedBackendError` unless Redis.
     """
     from celery.backends.redis import RedisBackend

@@ -2,7 +2,7 @@
 window.
 
 With a ledger (``FRAMEFLEET_LEDGER_URI``, or ``--ledger``) it reads the ledger's records of the
-jobs that ended in the window (``producer.ledger``: a window's days are a window's prefixes),
+jobs that ended in the window (``producer.state.ledger``: a window's days are a window's prefixes),
 which survive Redis losing its data. Without one, or with ``--backend``, it reads the JobResults
 that workers left in the Celery result backend (Redis only), and the HeldRun records of runs
 that ended without one (failed, retried, cancelled): what the backend still holds, since both
@@ -35,9 +35,9 @@ from producer.cost.fleet import FleetRow, Group, fleet_summary
 from producer.cost.pricing import format_usd
 from producer.cost.tables import print_report
 from producer.errors import FramefleetError
-from producer.ledger import open_ledger
 from producer.settings import get_settings
-from producer.spec import HeldRun, JobResult
+from producer.state.ledger import open_ledger
+from producer.wire.spec import HeldRun, JobResult
 
 
 @dataclasses.dataclass(frozen=True)

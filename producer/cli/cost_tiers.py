@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from rich.table import Table
 
 from producer.cost.pricing import format_usd
-from producer.spec import JobResult
+from producer.wire.spec import JobResult
 
 
 @dataclasses.dataclass(frozen=True)

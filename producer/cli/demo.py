@@ -26,7 +26,7 @@ from typing import Any
 from producer.app import worker_command
 from producer.client import Client
 from producer.settings import Settings
-from producer.spec import (
+from producer.wire.spec import (
     RANDOM_WEIGHTS,
     DecoderSpec,
     InputSpec,

@@ -21,9 +21,9 @@ from typing import Any, Literal
 
 import redis
 
-from producer.broker import Persistence, check_broker_url, same_server
-from producer.rules import HARD_LIMIT_AFTER_S
 from producer.settings import Settings
+from producer.state.broker import Persistence, check_broker_url, same_server
+from producer.wire.rules import HARD_LIMIT_AFTER_S
 
 Status = Literal["OK", "WARN", "FAIL"]
 #: worker/concerns/lease.py: a job's lease lives this long unless its run renews it.

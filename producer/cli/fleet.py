@@ -14,7 +14,7 @@ import typer
 
 from producer.cli.output import console, count, err, errors, fail, note
 from producer.ports import CPU_PORT_OFFSET, DEFAULT_EXPORTER_PORT, DEFAULT_METRICS_PORT
-from producer.weights import NOISE_NOTE
+from producer.wire.weights import NOISE_NOTE
 
 #: ``--gpus``: all, a count, or a comma-separated list of indices.
 GPUS_RE = re.compile(r"^(all|[0-9]+|[0-9]+(,[0-9]+)+)$")
@@ -107,8 +107,8 @@ def healthcheck(
     import socket
 
     from producer.cli.common import _client
-    from producer.readiness import not_ready
     from producer.settings import get_settings
+    from producer.state.readiness import not_ready
 
     with errors():
         replies = _client().ping(timeout=timeout)

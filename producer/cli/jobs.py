@@ -1,4 +1,4 @@
-"""``framefleet jobs``: the jobs that ended, from the durable ledger (``producer.ledger``).
+"""``framefleet jobs``: the jobs that ended, from the durable ledger (``producer.state.ledger``).
 
 ``list`` filters by tenant, end state and time; ``show`` prints one job's records (each end of
 it): states with their times, seconds per stage, cost, output URIs, runs without a result.
@@ -21,11 +21,11 @@ from producer.cli.cost_read import parse_duration
 from producer.cli.output import console, count, errors, fail
 from producer.cli.output import tables as table_console
 from producer.errors import LedgerError
-from producer.ledger import LedgerReader, open_ledger
-from producer.results import LedgerRecord
 from producer.settings import get_settings
-from producer.spec import split_key
-from producer.weights import NOISE_NOTE
+from producer.state.ledger import LedgerReader, open_ledger
+from producer.wire.results import LedgerRecord
+from producer.wire.spec import split_key
+from producer.wire.weights import NOISE_NOTE
 
 jobs_app = typer.Typer(help="Jobs that ended (succeeded, failed, cancelled), from the ledger.",
                        no_args_is_help=True, pretty_exceptions_enable=False)

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.text import Text
 
 from producer.errors import BrokerUnavailable, FramefleetError, JobCancelled, JobFailed
-from producer.rules import LocalPathWarning
+from producer.wire.rules import LocalPathWarning
 
 #: Answers: a line is never wrapped (a URI stays whole, copy-paste safe).
 console = Console(soft_wrap=True)

@@ -19,7 +19,7 @@ from producer.cli.common import (
     print_result,
 )
 from producer.cli.output import console, fail
-from producer.spec import parse_spec
+from producer.wire.spec import parse_spec
 
 
 def _new_id() -> str:

@@ -6,7 +6,7 @@
 - ``connection``: bounded Redis waits and one-line broker errors.
 
 Imports no torch, av, boto3 or ``worker`` code; it only speaks the wire format of
-``producer.spec``.
+``producer.wire.spec``.
 """
 
 from producer.client.client import RERUNNABLE, Client

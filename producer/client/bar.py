@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from producer.client.jobstate import JobState
-from producer.spec import Progress
+from producer.wire.spec import Progress
 
 
 class Bar:

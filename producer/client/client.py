@@ -1,6 +1,7 @@
 """The light client: submit JobSpecs, follow their progress, fetch results, cancel.
 
-Imports no torch, av, boto3 or worker code; it only speaks the wire format of ``producer.spec``.
+Imports no torch, av, boto3 or worker code; it only speaks the wire format of
+``producer.wire.spec``.
 """
 
 from __future__ import annotations
@@ -18,17 +19,17 @@ from producer.client.conflict import conflict
 from producer.client.connection import bound_client_app
 from producer.client.handle import JobHandle, _io, _unknown
 from producer.client.jobstate import FINISHED, JobState
-from producer.control import flags_for
 from producer.errors import InvalidJobError
-from producer.rules import (
+from producer.settings import Settings, get_settings
+from producer.state.control import flags_for
+from producer.wire.rules import (
     HARD_LIMIT_AFTER_S,
     LocalPathWarning,
     check_local_files,
     check_local_paths,
     check_spec,
 )
-from producer.settings import Settings, get_settings
-from producer.spec import JobSpec, job_key, split_key
+from producer.wire.spec import JobSpec, job_key, split_key
 
 # Resubmitting a job that ended without an output runs it again: FAILURE, and REVOKED too.
 # A cancel stops a run; it does not retire the job_id, which names the job's output folder,
@@ -66,11 +67,11 @@ class Client:
         (REVOKED), or its result has expired: then it is sent again (a complete stored output
         comes back as ``reused``). Resubmitting a job whose cancel no worker has acted on yet
         withdraws the cancel. The same job_id with a different spec raises JobConflictError
-        naming the fields that differ. A spec the fleet's rules refuse (``producer.rules``:
+        naming the fields that differ. A spec the fleet's rules refuse (``producer.wire.rules``:
         no ``decoder.weights`` for a Wan decoder, a ``file://`` path outside this producer's
         ``FRAMEFLEET_FILE_ROOTS``, …) raises InvalidJobError before anything is queued, and so
         does a local input file or folder that is missing where this host can see it
-        (``InputNotFoundError``, ``producer.rules.check_local_files``); local paths that only
+        (``InputNotFoundError``, ``producer.wire.rules.check_local_files``); local paths that only
         the workers can judge (no roots set here) give a ``LocalPathWarning``."""
         with _io(self.app):
             return self._submit(spec)

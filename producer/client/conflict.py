@@ -1,6 +1,6 @@
 """A job_id reused with another spec: which fields differ.
 
-The client keeps each new job's spec beside its claim (``producer.keys.spec_doc``), so the
+The client keeps each new job's spec beside its claim (``producer.state.keys.spec_doc``), so the
 refusal of a second, different spec can name what changed instead of only "different".
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from producer.errors import JobConflictError
-from producer.spec import JobSpec
+from producer.wire.spec import JobSpec
 
 #: At most this many differing fields are named (the count says how many more).
 MAX_FIELDS = 5

@@ -23,10 +23,10 @@ from producer.client.connection import broker_errors
 from producer.client.hints import Idle, idle_hint
 from producer.client.jobstate import JobState, from_meta
 from producer.client.queued import broker_holds
-from producer.control import Flags, flags_for
 from producer.errors import BrokerUnavailable, JobCancelled, JobFailed, UnknownJobError
 from producer.settings import Settings, get_settings
-from producer.spec import JobResult, Progress, split_key
+from producer.state.control import Flags, flags_for
+from producer.wire.spec import JobResult, Progress, split_key
 
 log = logging.getLogger(__name__)
 #: How long ``JobHandle.wait`` lets an id stay unknown before it looks for its message.
@@ -51,7 +51,7 @@ def _unknown(job_id: str) -> UnknownJobError:
 class JobHandle:
     """One submitted job. Cheap to create; every call asks the result backend.
 
-    ``key`` is the job's identity (``producer.spec.job_key``: ``tenant:job_id``, a bare
+    ``key`` is the job's identity (``producer.wire.spec.job_key``: ``tenant:job_id``, a bare
     ``job_id`` for the default tenant); ``tenant`` and ``job_id`` are its parts."""
 
     def __init__(self, app: Celery, key: str, flags: Flags | None = None,

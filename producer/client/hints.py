@@ -3,7 +3,7 @@
 A job that stays QUEUED while no worker takes anything is the commonest first-hour trouble (no
 worker started, or one on another broker). ``idle_hint`` says so once the job has waited
 ``FRAMEFLEET_IDLE_HINT_S`` and no worker has taken a job for as long: it reads the stamp every
-worker leaves when it receives a job (``producer.control.Flags.last_taken``) and asks the
+worker leaves when it receives a job (``producer.state.control.Flags.last_taken``) and asks the
 fleet for a ping (Celery's broadcast, answered by live workers within a second). Nothing is
 asked before the job has waited that long, so a healthy fleet pays nothing for it.
 """
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from celery import Celery
 
-from producer.control import Flags, RedisFlags
 from producer.settings import Settings
+from producer.state.control import Flags, RedisFlags
 
 #: How long a ping waits for answers.
 PING_TIMEOUT_S = 1.0

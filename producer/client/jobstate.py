@@ -2,7 +2,7 @@
 registry when the backend knows nothing.
 
 Celery says PENDING both for a job that waits in the queue and for an id nobody ever
-submitted. The registry (``producer.control``: every submit claims its job_id first) tells
+submitted. The registry (``producer.state.control``: every submit claims its job_id first) tells
 them apart: ``QUEUED`` or ``UNKNOWN``. RETRY and FAILURE carry the reason, STARTED the worker.
 The registry outlives results (30 days against ``FRAMEFLEET_RESULT_EXPIRES_S``), so a job
 finished longer ago than that reads QUEUED too.
@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from producer.spec import Progress
+from producer.wire.spec import Progress
 
 #: Every state ``JobState.state`` takes, in a job's order (RETRY goes back to QUEUED).
 STATES: tuple[str, ...] = (

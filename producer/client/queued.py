@@ -20,10 +20,10 @@ from typing import Any
 
 from celery import Celery
 
-from producer import keys
 from producer.app import QUEUE
-from producer.broker import redis_client
 from producer.client.connection import CONNECT_TIMEOUT_S, REPLY_TIMEOUT_S
+from producer.state import keys
+from producer.state.broker import redis_client
 
 #: Newest messages looked at per priority list, and per page.
 SCAN_LIMIT = 10_000

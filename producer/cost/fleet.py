@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from producer.cost import SECONDS_PER_HOUR, gpu_usd_per_second
-from producer.spec import HeldRun, JobResult, job_key
+from producer.wire.spec import HeldRun, JobResult, job_key
 
 #: What ``fleet_summary`` groups by: a row per tenant, per job (its key), or one row.
 Group = Literal["tenant", "job"] | None

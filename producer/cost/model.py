@@ -1,7 +1,7 @@
 """Cost-to-serve of one job, as a pure function of its usage and the prices it ran at.
 
 Prices come from :mod:`producer.cost.pricing` (the dated catalog and its override file); every
-:class:`~producer.spec.CostReport` carries them with their sources. :func:`configured_prices`
+:class:`~producer.wire.spec.CostReport` carries them with their sources. :func:`configured_prices`
 and :func:`cost_for_job` are the worker's entry points: the prices of this process's settings.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from producer.cost.pricing import load_catalog, prices_for
 from producer.settings import get_settings
-from producer.spec import CostReport, GenerateFacts, JobSpec, Prices, StageCost
+from producer.wire.spec import CostReport, GenerateFacts, JobSpec, Prices, StageCost
 
 #: S3 bills storage per GB-month with GB = 2**30 bytes (AWS's billing unit).
 BYTES_PER_GB = 2**30

@@ -2,7 +2,7 @@
 
 The only I/O is :func:`load_catalog`, which reads an optional JSON or TOML file that overrides
 any catalog entry. Every price carries where it came from and when; those strings travel in
-``Prices.sources`` so every :class:`~producer.spec.CostReport` names the prices it used.
+``Prices.sources`` so every :class:`~producer.wire.spec.CostReport` names the prices it used.
 
 Override file (JSON with the same shape, or TOML)::
 
@@ -37,7 +37,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from producer.errors import PricingError, UnknownInstanceTypeError
-from producer.spec import Prices
+from producer.wire.spec import Prices
 
 Capacity = Literal["on-demand", "spot"]
 

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from producer.cost.fleet import FleetRow
 from producer.cost.pricing import format_usd
-from producer.spec import HeldRun, JobResult
+from producer.wire.spec import HeldRun, JobResult
 
 
 def narrow_table(title: str, columns: tuple[str, ...], first: str = "tenant") -> Table:

@@ -27,11 +27,11 @@ from prometheus_client import CollectorRegistry, Gauge, start_http_server
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from producer import keys
 from producer.app import ENQUEUED_AT_HEADER
-from producer.broker import REDIS_SCHEMES, redis_client
 from producer.ops import cloudwatch as cloudwatch_ops
 from producer.settings import get_settings
+from producer.state import keys
+from producer.state.broker import REDIS_SCHEMES, redis_client
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field, field_validator
 
 from producer.errors import InvalidJobError
-from producer.wire import decode_uri
+from producer.wire.base import decode_uri
 
 
 class PathSettings(BaseModel):
@@ -28,7 +28,7 @@ class PathSettings(BaseModel):
 
     def check_output_uri(self, uri: str) -> None:
         """Refuse (``InvalidJobError`` naming ``output.uri``) an output that does not decode
-        (``producer.wire.decode_uri``) or lies outside ``output_prefix``, compared decoded,
+        (``producer.wire.base.decode_uri``) or lies outside ``output_prefix``, compared decoded,
         segment by segment; the client checks at submit, the worker again on receipt."""
         try:
             target = decode_uri(uri, field="output.uri")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field, SecretStr, field_validator
 
-from producer.webhook_hosts import HostError, parse_entries
+from producer.webhooks.hosts import HostError, parse_entries
 
 
 class WebhookSettings(BaseModel):

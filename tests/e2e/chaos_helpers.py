@@ -20,7 +20,7 @@ import redis
 
 from producer.app import TASK_NAME
 from producer.client import Client, JobHandle
-from producer.spec import JobResult, JobSpec, Progress, segment_name
+from producer.wire.spec import JobResult, JobSpec, Progress, segment_name
 from tests.e2e.helpers import pattern_spec, put_latents, verify_output
 from tests.services import WorkerProcess
 from tests.waiting import wait_for

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import save
 
 from producer.app import QUEUE, TASK_NAME
-from producer.spec import (
+from producer.wire.spec import (
     DEFAULT_TENANT,
     DecoderSpec,
     InputSpec,

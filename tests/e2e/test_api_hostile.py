@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 import redis
 
-from producer import keys
 from producer.api.registry import fleet_id
+from producer.state import keys
 from tests.e2e.api_fleet import (  # noqa: F401 - api_fleet is the fixture
     ApiFleet,
     api_fleet,

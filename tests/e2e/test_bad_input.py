@@ -18,7 +18,7 @@ import redis
 from producer.app import QUEUE, TASK_NAME
 from producer.client import Client, JobHandle
 from producer.errors import JobConflictError, JobFailed
-from producer.spec import job_key, split_key
+from producer.wire.spec import job_key, split_key
 from tests.e2e.helpers import pattern_spec, push_undecodable, put_latents, verify_output
 
 pytestmark = pytest.mark.e2e

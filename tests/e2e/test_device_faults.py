@@ -18,8 +18,8 @@ from safetensors.torch import load_file, save_file
 
 from producer.client import Client
 from producer.errors import JobFailed
-from producer.results import LedgerRecord
-from producer.spec import JobSpec, OutputSpec, VideoSpec
+from producer.wire.results import LedgerRecord
+from producer.wire.spec import JobSpec, OutputSpec, VideoSpec
 from tests.e2e.helpers import pattern_spec, put_latents
 from tests.services import WorkerProcess, free_port
 from tests.worker.generate.tiny import save_tiny_model, tiny_generate

@@ -25,7 +25,7 @@ from producer.app import TASK_NAME
 from producer.client import Client, JobHandle
 from producer.errors import InvalidJobError, JobFailed
 from producer.settings import Settings
-from producer.spec import JobSpec, OutputSpec
+from producer.wire.spec import JobSpec, OutputSpec
 from tests.e2e.helpers import pattern_spec, put_latents
 from tests.services import REPO_ROOT
 

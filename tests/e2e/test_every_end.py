@@ -22,12 +22,12 @@ import pytest
 import redis
 from botocore.exceptions import BotoCoreError, ClientError
 
-from producer import keys
 from producer.client import Client
 from producer.errors import JobFailed
-from producer.results import LedgerRecord
-from producer.rules import HARD_LIMIT_AFTER_S
-from producer.spec import JobSpec, OutputSpec, VideoSpec
+from producer.state import keys
+from producer.wire.results import LedgerRecord
+from producer.wire.rules import HARD_LIMIT_AFTER_S
+from producer.wire.spec import JobSpec, OutputSpec, VideoSpec
 from tests.e2e.chaos_helpers import CHAOS_ENV, new_pool_child, pool_child, wait_for
 from tests.e2e.helpers import pattern_spec, put_latents
 from tests.services import free_port

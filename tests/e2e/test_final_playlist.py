@@ -30,7 +30,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from producer.client import Client
 from producer.errors import JobFailed
-from producer.spec import JobSpec, VideoSpec
+from producer.wire.spec import JobSpec, VideoSpec
 from tests.e2e.chaos_helpers import CHAOS_ENV, Jobs, pool_child, wait_for
 from tests.e2e.helpers import pattern_spec
 from tests.services import S3Server

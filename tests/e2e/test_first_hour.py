@@ -19,7 +19,7 @@ import redis
 from producer.app import TASK_NAME
 from producer.client import Client, JobHandle
 from producer.errors import JobCancelled, JobFailed, UnknownJobError
-from producer.spec import JobSpec
+from producer.wire.spec import JobSpec
 from tests.e2e.helpers import pattern_spec, put_latents, verify_output
 from tests.services import REPO_ROOT, free_port
 

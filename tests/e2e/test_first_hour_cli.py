@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 import redis
 
-from producer import keys
 from producer.api.page import HLS_JS_SHA256
+from producer.state import keys
 from tests.services import REPO_ROOT, S3Server, _Process
 from tests.test_quickstart import NOISE, write_photo
 from tests.wheel import build_wheel

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from producer.spec import DecoderSpec, InputSpec, JobResult, JobSpec, OutputSpec, VideoSpec
+from producer.wire.spec import DecoderSpec, InputSpec, JobResult, JobSpec, OutputSpec, VideoSpec
 from tests.e2e.hls_player import CHROMIUM_INSTALL, HLS_JS, HLS_JS_INSTALL, Chromium, PlayerServer
 from tests.require import missing, require_binary
 from worker.decoders.base import ChunkDecoder

@@ -29,8 +29,8 @@ import redis
 
 from producer.app import TASK_NAME, redis_priority
 from producer.client import Client
-from producer.control import flags_for
 from producer.settings import Settings
+from producer.state.control import flags_for
 from tests.cpuload import busy_cores
 from tests.e2e.chaos_helpers import (
     CHAOS_ENV,

@@ -19,7 +19,7 @@ import redis
 
 from producer.client import Client
 from producer.errors import JobFailed
-from producer.spec import JobSpec, OutputSpec, VideoSpec
+from producer.wire.spec import JobSpec, OutputSpec, VideoSpec
 from tests.worker.generate.attacks import ATTACKS, attacked
 from tests.worker.generate.tiny import as_git_clone, save_tiny_model, tiny_generate, without
 

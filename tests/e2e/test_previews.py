@@ -17,7 +17,7 @@ import av
 import pytest
 
 from producer.client import JobHandle
-from producer.spec import JobSpec, NotifySpec, OutputSpec, VideoSpec
+from producer.wire.spec import JobSpec, NotifySpec, OutputSpec, VideoSpec
 from tests.e2e.webhook_fleet import Fleet, start_fleet
 from tests.receiver import Receiver
 from tests.services import S3Server, free_port

@@ -15,7 +15,7 @@ import redis
 
 from producer.client import Client
 from producer.errors import JobCancelled
-from producer.spec import JobSpec
+from producer.wire.spec import JobSpec
 from tests.e2e.chaos_helpers import LONG_JOB, wait_for
 from tests.e2e.helpers import pattern_spec, put_latents
 from tests.services import REPO_ROOT

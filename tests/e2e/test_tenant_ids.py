@@ -13,7 +13,7 @@ import redis
 from producer.app import TASK_NAME
 from producer.client import Client
 from producer.errors import JobCancelled, JobFailed
-from producer.spec import JobResult, VideoSpec
+from producer.wire.spec import JobResult, VideoSpec
 from tests.e2e.helpers import pattern_spec, put_latents, verify_output
 from tests.waiting import wait_for
 

@@ -14,9 +14,9 @@ from safetensors.torch import save
 
 from producer.client import Client
 from producer.errors import JobFailed
-from producer.readiness import live_states, not_ready, state_dir
 from producer.settings import Settings
-from producer.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec, VideoSpec
+from producer.state.readiness import live_states, not_ready, state_dir
+from producer.wire.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec, VideoSpec
 from worker.pipeline.encode import read_frames_rgb
 
 pytestmark = pytest.mark.e2e

@@ -20,7 +20,7 @@ import redis
 from producer.app import QUEUE, TASK_NAME
 from producer.client import Client, JobHandle
 from producer.errors import InvalidJobError, JobFailed
-from producer.spec import JobSpec, NotifySpec, job_key
+from producer.wire.spec import JobSpec, NotifySpec, job_key
 from tests.e2e.helpers import pattern_spec, put_latents, verify_output
 from tests.e2e.webhook_fleet import SECRET, Fleet, start_fleet
 from tests.receiver import Receiver, Trickler

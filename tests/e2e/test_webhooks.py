@@ -13,7 +13,7 @@ import redis
 
 from producer.app import QUEUE
 from producer.errors import InvalidJobError, JobFailed
-from producer.spec import JobResult, NotifySpec
+from producer.wire.spec import JobResult, NotifySpec
 from tests.e2e.helpers import pattern_spec, put_latents, verify_output
 from tests.e2e.webhook_fleet import SECRET, TIMEOUT_S, Fleet, start_fleet
 from tests.receiver import Receiver

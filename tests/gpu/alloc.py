@@ -79,7 +79,7 @@ def main(case: str) -> None:
     import tempfile
     from pathlib import Path
 
-    from producer.spec import PipelineSpec, VideoSpec
+    from producer.wire.spec import PipelineSpec, VideoSpec
     from worker.decoders.wan import WanDecoder, build_vae
     from worker.pipeline import run_pipeline
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from producer.spec import DecoderSpec
+from producer.wire.spec import DecoderSpec
 from tests.gpu.test_gpu_tiers import CUDA, Fleet
 from worker import gate as gate_module
 from worker.run import DecoderCache

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from producer.settings import Settings
-from producer.spec import GenerateSpec, JobSpec, OutputSpec, VideoSpec
+from producer.wire.spec import GenerateSpec, JobSpec, OutputSpec, VideoSpec
 from worker.generate.cache import ModelCache
 from worker.generate.denoise import generator, job_pipeline
 from worker.generate.folder import read_model

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from producer.spec import PipelineSpec, VideoSpec
+from producer.wire.spec import PipelineSpec, VideoSpec
 from tests.gpu import alloc
 from worker.decoders.pattern import PatternDecoder, read_frame_index
 from worker.decoders.wan import WanDecoder, build_vae

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from producer.settings import Settings
-from producer.spec import GenerateSpec, JobSpec, OutputSpec, VideoSpec
+from producer.wire.spec import GenerateSpec, JobSpec, OutputSpec, VideoSpec
 from worker.generate.cache import ModelCache
 from worker.generate.presets import build_pipeline, save_configs
 from worker.generate.preview import Previews, Shot

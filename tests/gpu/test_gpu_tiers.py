@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from producer.settings import Settings
-from producer.spec import GenerateSpec, JobResult, JobSpec, OutputSpec, VideoSpec
+from producer.wire.spec import GenerateSpec, JobResult, JobSpec, OutputSpec, VideoSpec
 from worker.generate.cache import ModelCache
 from worker.generate.presets import PRESETS, Preset, build_pipeline, save_configs
 from worker.run import DecoderCache, Run, run_job

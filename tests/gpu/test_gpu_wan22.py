@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from producer.spec import PipelineSpec, VideoSpec
+from producer.wire.spec import PipelineSpec, VideoSpec
 from worker.decoders.wan import WanDecoder, build_vae
 from worker.pipeline import run_pipeline
 

@@ -27,7 +27,7 @@ import boto3
 from botocore.config import Config
 
 from producer.client import Client
-from producer.spec import JobResult, Manifest, segment_name
+from producer.wire.spec import JobResult, Manifest, segment_name
 from worker.pipeline.encode import read_frames_rgb
 
 T = TypeVar("T")

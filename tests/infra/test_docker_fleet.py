@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from producer.spec import DecoderSpec, GenerateSpec, InputSpec, JobSpec, OutputSpec, VideoSpec
+from producer.wire.spec import DecoderSpec, GenerateSpec, InputSpec, JobSpec, OutputSpec, VideoSpec
 from tests.infra.docker_engine import docker_engine
 from tests.infra.docker_fleet import (
     Fleet,

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from producer.broker import same_server, sentinel_hosts
+from producer.state.broker import same_server, sentinel_hosts
 from tests.infra.k8s_render import settings_of
 from tests.infra.redis_ha import REPO, SCRIPT, script_default
 from tests.infra.test_docker import COMPOSE, DOCKER, DOCKER_COMPOSE, SECRETS

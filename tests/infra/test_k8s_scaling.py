@@ -40,8 +40,8 @@ GPU = "nvidia.com/gpu"
 
 def test_the_queue_the_workers_consume_is_what_the_exporter_counts() -> None:
     from producer.app import QUEUE
-    from producer.keys import queue_lists as queue_names
     from producer.ops.exporter import run_exporter
+    from producer.state.keys import queue_lists as queue_names
 
     _, queue = consumed_queue()
     assert queue == QUEUE

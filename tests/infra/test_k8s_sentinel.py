@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from producer.broker import same_server, sentinel_hosts
+from producer.state.broker import same_server, sentinel_hosts
 from tests.infra.k8s_netpol import allowed, pod_of
 from tests.infra.k8s_render import (
     REPO,

@@ -17,12 +17,12 @@ import redis
 import yaml
 from prometheus_client import start_http_server
 
-from producer import keys
 from producer.app import ENQUEUED_AT_HEADER, TASK_NAME, make_app
 from producer.cost import job_cost
 from producer.cost.pricing import default_catalog, prices_for
 from producer.ops import exporter
-from producer.spec import JobResult, Manifest, SegmentInfo, StageTimings, WorkerInfo
+from producer.state import keys
+from producer.wire.spec import JobResult, Manifest, SegmentInfo, StageTimings, WorkerInfo
 from tests.infra.test_observability import (
     DASHBOARD,
     INSTALL,

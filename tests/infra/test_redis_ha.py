@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import redis
 
-from producer.broker import redis_client
 from producer.settings import Settings
+from producer.state.broker import redis_client
 from tests.infra.redis_ha import SCRIPT, script_default
 from tests.require import require_binary
 from tests.services import REDIS_INSTALL, _Process, free_ports

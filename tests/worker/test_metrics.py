@@ -22,7 +22,7 @@ from producer.cost.pricing import default_catalog, prices_for
 from producer.errors import JobFailed, SettingsError
 from producer.ops import exporter
 from producer.settings import Settings
-from producer.spec import (
+from producer.wire.spec import (
     JobResult,
     Manifest,
     SegmentInfo,

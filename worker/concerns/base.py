@@ -14,8 +14,8 @@ from typing import Any, ClassVar, Literal, NoReturn
 
 from celery import Task
 
-from producer.control import Flags, flags_for
-from producer.spec import JobResult
+from producer.state.control import Flags, flags_for
+from producer.wire.spec import JobResult
 from worker.run.run import Run
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """Cancel and preemption: both stop a run between chunks, and end differently.
 
-The runner polls the flags (``producer.control``) between chunks, at most every
+The runner polls the flags (``producer.state.control``) between chunks, at most every
 ``FRAMEFLEET_CANCEL_POLL_S``: a cancel flag on the job, or a preempted flag on this node.
 
 - Cancelled by the client → REVOKED, no manifest; the worker goes on to the next job.
@@ -29,8 +29,8 @@ from celery.utils.functional import maybe_list
 from celery.worker import control
 
 from producer.app import QUEUE
-from producer.control import flags_for
 from producer.errors import JobCancelled
+from producer.state.control import flags_for
 from worker.concerns.base import Concern, Outcome, Status, Throttle
 from worker.concerns.lease import REDIS_DOWN
 from worker.concerns.retries import requeue

@@ -1,4 +1,4 @@
-"""One run per job at a time: a lease in Redis (``producer.keys.lease``).
+"""One run per job at a time: a lease in Redis (``producer.state.keys.lease``).
 
 When a worker loses its Redis connection, kombu puts the message of the job it is still
 running back on the queue and another worker takes it: without a lease the job would run
@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 import redis
 
-from producer import keys
+from producer.state import keys
 
 log = logging.getLogger(__name__)
 

@@ -1,11 +1,11 @@
-"""Ledger: every job's end leaves one durable record (``producer.ledger``), when
+"""Ledger: every job's end leaves one durable record (``producer.state.ledger``), when
 ``FRAMEFLEET_LEDGER_URI`` is set.
 
 A run that ends the job (success, failure, cancel) writes a ``LedgerRecord``: its states with
 their times (QUEUED from the client's enqueue stamp, STARTED, the end), the result (manifest,
 stage seconds, cost) or the error, and the GPU time of every run without a result. A run that
 sends its job back (retry, requeue) is no end: its ``HeldRun`` waits in Redis
-(``producer.keys.ledger_runs``) for the record of the run that ends the job. Then the job's
+(``producer.state.keys.ledger_runs``) for the record of the run that ends the job. Then the job's
 folder gets ``ledger.json``, naming the record.
 
 Written once, after the end is decided: a ledger that cannot be written (store down, a
@@ -25,9 +25,9 @@ from typing import Any
 import redis
 from celery import Task
 
-from producer import keys
-from producer.results import HeldRun, LedgerRecord, StateTime
 from producer.settings import Settings
+from producer.state import keys
+from producer.wire.results import HeldRun, LedgerRecord, StateTime
 from worker import labels
 from worker.concerns.base import Concern, Outcome
 from worker.concerns.metrics import _device, _prices, enqueued_at

@@ -4,7 +4,7 @@ back for ever.
 ``acks_late`` + ``reject_on_worker_lost`` deliver a job again when its worker dies (a crash,
 the OOM killer, a SIGKILL, a lost host): right for a one-off, but a job that kills every
 worker it reaches would go round the fleet for ever. Each run records itself in the job's run
-record (``Flags.start_run``: ``producer.keys.runs`` in Redis, a file in the embedded
+record (``Flags.start_run``: ``producer.state.keys.runs`` in Redis, a file in the embedded
 mode) and clears the record when it ends, whatever the end (success, failure, retry, requeue,
 cancel). A run that finds a record left behind knows the run before it died without ending:
 one worker loss. After ``FRAMEFLEET_MAX_WORKER_LOSSES`` the job fails, naming the node it

@@ -3,7 +3,7 @@ the clean-up after a job it stopped (``worker.memory`` has the why)."""
 
 from __future__ import annotations
 
-from producer.spec import Progress
+from producer.wire.spec import Progress
 from worker.concerns.base import Concern, Outcome
 from worker.memory import check_memory, limit_mib, recover
 

@@ -4,7 +4,7 @@
   a run that sends its job back (retry, requeue) → ``framefleet_job_retries_total``; a
   success's timings, output and cost too (``worker.metrics.observe_job``).
 - Every run → ``framefleet_gpu_held_seconds_total{status}``; a run without a JobResult also
-  leaves a :class:`~producer.spec.HeldRun` record in Redis, so ``framefleet cost report`` can
+  leaves a :class:`~producer.wire.spec.HeldRun` record in Redis, so ``framefleet cost report`` can
   show the GPU time that failed, retried and cancelled runs were paid for.
 - A job's first delivery → ``framefleet_queue_wait_seconds``: from the client's enqueue stamp
   (the ``framefleet_enqueued_at`` message header, unix time) to the start of the run. Later
@@ -26,12 +26,12 @@ from typing import Any
 import redis
 from celery import Task
 
-from producer import keys
 from producer.app import ENQUEUED_AT_HEADER
 from producer.cost import configured_prices
 from producer.errors import FramefleetError
 from producer.settings import Settings
-from producer.spec import HeldRun, JobSpec, job_key
+from producer.state import keys
+from producer.wire.spec import HeldRun, JobSpec, job_key
 from worker import labels, metrics
 from worker.concerns.base import Concern, Outcome
 from worker.concerns.retries import Requeue

@@ -29,10 +29,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from producer.control import Flags
-from producer.results import HeldRun, LedgerRecord, StateTime
 from producer.settings import Settings
-from producer.spec import JobSpec
+from producer.state.control import Flags
+from producer.wire.results import HeldRun, LedgerRecord, StateTime
+from producer.wire.spec import JobSpec
 from worker import labels, metrics
 from worker.concerns.ledger import earlier_runs, write_ledger
 from worker.concerns.metrics import _device, _prices, keep_held

@@ -26,7 +26,7 @@ from typing import Any
 
 from producer.errors import FatalJobError, RetryableError
 from producer.settings import Settings
-from producer.spec import JobSpec
+from producer.wire.spec import JobSpec
 from worker.concerns.base import Concern, Outcome
 from worker.concerns.lease import REDIS_DOWN, JobLease
 from worker.sinks.hls import LivePlaylist, end_stored

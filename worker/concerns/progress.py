@@ -10,7 +10,7 @@ import logging
 
 from celery import Task
 
-from producer.spec import Progress
+from producer.wire.spec import Progress
 from worker.concerns.base import Concern, Throttle
 from worker.concerns.lease import REDIS_DOWN
 from worker.run.run import Run

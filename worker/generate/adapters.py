@@ -31,7 +31,7 @@ from typing import Any
 
 from producer.errors import InvalidJobError
 from producer.settings import Settings
-from producer.spec import GenerateSpec, LoraSpec
+from producer.wire.spec import GenerateSpec, LoraSpec
 from worker.inputs.tensorfile import HEAD, check_head
 from worker.stores.storage import read_uri
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from producer.settings import Settings
-from producer.spec import GenerateSpec
+from producer.wire.spec import GenerateSpec
 from worker.generate.cache import ModelCache
 from worker.generate.denoise import denoise
 from worker.generate.folder import check_request, model_folder, read_model

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from producer.settings import Settings
-from producer.spec import GenerateSpec, ImageFacts, LoraFacts
+from producer.wire.spec import GenerateSpec, ImageFacts, LoraFacts
 from worker.generate import adapters
 from worker.generate.cache import Resident
 from worker.generate.folder import ModelInfo

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from producer.spec import GenerateSpec
+from producer.wire.spec import GenerateSpec
 from worker.generate.folder import ModelInfo
 from worker.generate.preview import Previews, attach
 

@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 
 from producer.errors import InvalidJobError
 from producer.settings import Settings, get_settings
-from producer.spec import GenerateSpec
+from producer.wire.spec import GenerateSpec
 from worker.generate.loader import approve, read_config
 from worker.generate.tiny import RANDOM_MARKER
 from worker.inputs.tree import Entry

@@ -21,7 +21,7 @@ import torch
 
 from producer.errors import JobCancelled, NonFiniteOutput
 from producer.settings import Settings
-from producer.spec import GenerateFacts, GenerateSpec, Progress
+from producer.wire.spec import GenerateFacts, GenerateSpec, Progress
 from worker.devices import nonfinite, out_of_memory
 from worker.gate import TRACE
 from worker.generate.cache import ModelCache, Resident, module_bytes

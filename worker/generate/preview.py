@@ -33,7 +33,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from producer.spec import GenerateSpec
+from producer.wire.spec import GenerateSpec
 from worker.generate.folder import ModelInfo
 from worker.generate.latent_rgb import rgb_factors
 

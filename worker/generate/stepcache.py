@@ -1,6 +1,6 @@
 """Step caches for one job: diffusers' own, through ``transformer.enable_cache(...)``.
 
-The spec names the cache and its parameters (``producer.generation``); this turns them into
+The spec names the cache and its parameters (``producer.wire.generation``); this turns them into
 diffusers' ``FirstBlockCacheConfig``, ``TaylorSeerCacheConfig`` or ``MagCacheConfig``, enables
 it on the job's transformers for the denoise only, and always disables it afterwards (also when
 the job fails or is cancelled), with the hooks' state reset: the resident model a later job
@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from producer.errors import InvalidJobError
-from producer.generation import CacheSpec, FirstBlockCache, MagCache, TaylorSeerCache
+from producer.wire.generation import CacheSpec, FirstBlockCache, MagCache, TaylorSeerCache
 from worker.generate.tiers import transformers_of
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from producer.spec import GenerateSpec
+from producer.wire.spec import GenerateSpec
 
 #: ``WanPipeline.__call__``'s default: prompts are padded/truncated to this many tokens.
 MAX_SEQUENCE_LENGTH = 512

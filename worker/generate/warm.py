@@ -19,7 +19,7 @@ import torch
 
 from producer.errors import InvalidJobError
 from producer.settings import Settings
-from producer.spec import GenerateSpec
+from producer.wire.spec import GenerateSpec
 from worker.gate import TRACE
 from worker.generate.cache import ModelCache, Resident
 from worker.generate.denoise import denoise

@@ -14,7 +14,7 @@ import torch
 
 from producer.errors import InvalidJobError
 from producer.settings import Settings
-from producer.spec import InputSpec
+from producer.wire.spec import InputSpec
 from worker.decoders.base import SPATIAL_RATIO, frames_for_latents
 from worker.stores.storage import read_uri
 

@@ -1,4 +1,4 @@
-"""Where a decoder's weights come from: the worker's side of ``producer.weights``.
+"""Where a decoder's weights come from: the worker's side of ``producer.wire.weights``.
 
 ``resolve_weights`` turns ``DecoderSpec.weights`` into a local folder to load, or None for the
 seeded random init that the job asked for by name (``"random"``). A folder is checked here,
@@ -15,8 +15,8 @@ from urllib.parse import urlparse
 
 from producer.errors import InvalidJobError
 from producer.settings import Settings
-from producer.spec import RANDOM_WEIGHTS, DecoderSpec
-from producer.weights import check_weights
+from producer.wire.spec import RANDOM_WEIGHTS, DecoderSpec
+from producer.wire.weights import check_weights
 from worker.inputs.tensorfile import HEAD, check_head
 from worker.inputs.tree import read_entry, walk
 from worker.stores.paths import file_roots, local_folder

@@ -21,9 +21,9 @@ from typing import Any
 from celery.worker.consumer import Consumer
 from kombu.transport import redis as kombu_redis
 
-from producer.control import flags_for
 from producer.errors import InvalidJobError
 from producer.ops.exporter import count_undecodable
+from producer.state.control import flags_for
 
 log = logging.getLogger(__name__)
 

@@ -29,11 +29,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from producer.app import worker_command
-from producer.broker import auth_problem
 from producer.errors import SettingsError
 from producer.ports import metrics_port_for
 from producer.settings import Settings
 from producer.settings.urls import mask
+from producer.state.broker import auth_problem
 
 log = logging.getLogger(__name__)
 #: The decoder a GPU worker warms up when ``FRAMEFLEET_WARMUP_DECODER`` is unset.

@@ -26,10 +26,10 @@ from celery.signals import (
 )
 
 from producer.app import make_app
-from producer.control import flags_for
 from producer.cost import configured_prices
 from producer.errors import SettingsError
 from producer.settings import Settings, get_settings
+from producer.state.control import flags_for
 from worker import metrics, tasks
 from worker.concerns.cancel import preempt_node
 from worker.lifecycle import persistence, recovery, warmup

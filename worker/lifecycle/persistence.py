@@ -10,7 +10,7 @@ import logging
 
 import redis
 
-from producer.broker import GAUGE, Persistence, check_broker_url
+from producer.state.broker import GAUGE, Persistence, check_broker_url
 from worker import metrics
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ after 4 s, for ever, and the worker held its GPU doing nothing.
   ``POOL_START_EXIT``: a child that can never start is the supervisor's business (the launcher,
   systemd, Kubernetes restart the worker with back-off), not a loop inside Celery.
 
-"Up" is read from the pool process's own readiness file (``producer.readiness``: written
+"Up" is read from the pool process's own readiness file (``producer.state.readiness``: written
 ready at the end of its warm-up, right before Celery's up message). The pool's process list is
 Celery's (``AsynPool._pool``), read, never changed.
 """
@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from producer.readiness import process_start_time, state_dir
 from producer.settings import Settings
+from producer.state.readiness import process_start_time, state_dir
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ Two small duties, run by a thread of every worker's main process, fix that:
   are restored to their queue by one Lua script, a compare-and-set on everything that says
   the job is orphaned: the ``unacked`` entry is still the one read (``HDEL`` succeeds once),
   its time is still older than the grace, the job's lease is absent (it lives 10 s unless its
-  run renews it), its claim names this spec, and its result is not final (``producer.keys``:
+  run renews it), its claim names this spec, and its result is not final (``producer.state.keys``:
   ``RESTORE``). The script also writes the state ``REQUEUED`` with the reason, which the next
   worker's STARTED and PROGRESS overwrite.
   A message whose job is already final (its worker died between the result and the ack) is
@@ -52,10 +52,10 @@ from typing import Any
 
 import redis
 
-from producer import keys
 from producer.app import TASK_NAME
-from producer.broker import REDIS_SCHEMES, redis_client, same_server, server_identity
 from producer.settings import Settings, get_settings
+from producer.state import keys
+from producer.state.broker import REDIS_SCHEMES, redis_client, same_server, server_identity
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def _db(client: redis.Redis) -> int:
 def spec_digest(payload: dict[str, Any]) -> tuple[str, str] | None:
     """(job key, spec digest) of a kombu message of ``framefleet.decode_video`` whose spec is
     the job its task id names; None if not."""
-    from producer.spec import parse_spec
+    from producer.wire.spec import parse_spec
 
     headers = payload.get("headers") or {}
     if headers.get("task") != TASK_NAME or not headers.get("id"):

@@ -8,7 +8,7 @@ instance storage on AWS), so a restarted worker only traces its graphs again and
 
 ``warm_up`` builds the warm-up decoder and captures every warm-up size before the worker takes
 a job, and publishes readiness twice: the ``framefleet_worker_ready`` gauge and a small state
-file per worker process (``producer.readiness``) that ``framefleet healthcheck`` reads.
+file per worker process (``producer.state.readiness``) that ``framefleet healthcheck`` reads.
 
 No torch at import time: the healthcheck imports this module.
 """
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from producer.readiness import WarmupState, process_start_time, state_dir, write_state
+from producer.state.readiness import WarmupState, process_start_time, state_dir, write_state
 
 if TYPE_CHECKING:
     from producer.settings import Settings
@@ -81,8 +81,8 @@ def warm_up(decoders: DecoderCache, settings: Settings) -> WarmupState:
 
 
 def _warm_up(decoders: DecoderCache, settings: Settings) -> WarmupState:
-    from producer.spec import RANDOM_WEIGHTS, DecoderSpec
-    from producer.weights import needs_weights
+    from producer.wire.spec import RANDOM_WEIGHTS, DecoderSpec
+    from producer.wire.weights import needs_weights
     from worker import metrics
 
     metrics.WORKER_READY.set(0)

@@ -21,7 +21,7 @@ from pathlib import Path
 import av
 import numpy as np
 
-from producer.spec import VideoSpec
+from producer.wire.spec import VideoSpec
 
 #: empty_moov + delay_moov: the moov (no samples) is written with the first fragment, once the
 #: first timestamp is known; frag_discont: that fragment's tfdt is the packet's own decode

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from producer.errors import InvalidJobError
-from producer.spec import PipelineSpec, VideoSpec
+from producer.wire.spec import PipelineSpec, VideoSpec
 from worker.decoders.base import TEMPORAL_RATIO, ChunkDecoder, frames_for_latents
 from worker.pipeline.encode import yuv_frame
 from worker.pipeline.launch import CpuLaunch, CudaLaunch, Launch, cuda_streams

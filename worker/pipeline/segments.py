@@ -22,7 +22,7 @@ from pathlib import Path
 
 import av
 
-from producer.spec import VideoSpec, segment_name
+from producer.wire.spec import VideoSpec, segment_name
 from worker.pipeline.encode import EncodedFile, SegmentEncoder
 from worker.pipeline.stats import PipelineStats
 from worker.pipeline.threads import QueueThread

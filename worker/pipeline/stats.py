@@ -6,7 +6,7 @@ import dataclasses
 import threading
 from dataclasses import dataclass, field
 
-from producer.spec import STAGE_NAMES, check_stage_fields
+from producer.wire.spec import STAGE_NAMES, check_stage_fields
 
 #: Stages the runner times, not the pipeline: loading the latents, or generating them (and the
 #: previews made while denoising, timed by their writer).

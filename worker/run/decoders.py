@@ -7,7 +7,7 @@ from collections import OrderedDict
 import torch
 
 from producer.settings import Settings, get_settings
-from producer.spec import DecoderSpec
+from producer.wire.spec import DecoderSpec
 from worker.decoders.base import ChunkDecoder
 from worker.devices import resolve_device
 from worker.generate import ModelCache

@@ -11,8 +11,8 @@ import time
 from producer.cost import with_denoise, with_stages
 from producer.cost.model import NAMED_STAGES
 from producer.errors import JobConflictError
-from producer.spec import JobResult, JobSpec, Manifest, StageTimings, WorkerInfo, segment_name
-from producer.weights import uses_random_weights
+from producer.wire.spec import JobResult, JobSpec, Manifest, StageTimings, WorkerInfo, segment_name
+from producer.wire.weights import uses_random_weights
 from worker.generate.handoff import LATENTS_FILE, latents_file
 from worker.pipeline import PipelineReport
 from worker.run.previews import PreviewPublisher

@@ -24,7 +24,7 @@ import threading
 import time
 from types import TracebackType
 
-from producer.spec import PREVIEW_LATEST, PreviewInfo, preview_name
+from producer.wire.spec import PREVIEW_LATEST, PreviewInfo, preview_name
 from worker.generate.preview import Previews, Shot
 from worker.pipeline.clip import encode_clip
 from worker.run.run import Run

@@ -14,7 +14,7 @@ import logging
 import threading
 from pathlib import Path
 
-from producer.spec import Progress, SegmentInfo, segment_name
+from producer.wire.spec import Progress, SegmentInfo, segment_name
 from worker.pipeline import ClosedSegment
 from worker.pipeline.encode import concat_segments
 from worker.run.run import Run

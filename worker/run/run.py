@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from producer.settings import Settings, get_settings
-from producer.spec import CostReport, JobSpec, PreviewInfo, Progress, SegmentInfo
+from producer.wire.spec import CostReport, JobSpec, PreviewInfo, Progress, SegmentInfo
 from worker.gate import GATE
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from producer.errors import JobCancelled, NonFiniteOutput
-from producer.spec import JobResult, JobSpec, Progress
+from producer.wire.spec import JobResult, JobSpec, Progress
 from worker.decoders.base import frames_for_latents
 from worker.devices import out_of_memory, worker_info
 from worker.gate import GATE

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from producer.spec import GenerateFacts, GenerateSpec, InputSpec
+from producer.wire.spec import GenerateFacts, GenerateSpec, InputSpec
 from worker.decoders.base import ChunkDecoder
 from worker.generate import generate_latents
 from worker.generate.preview import Previews
@@ -28,7 +28,7 @@ class Latents:
 
     decoder: ChunkDecoder
     tensor: torch.Tensor
-    #: Seconds per stage of ``producer.spec.STAGE_NAMES`` before the decode (load,
+    #: Seconds per stage of ``producer.wire.spec.STAGE_NAMES`` before the decode (load,
     #: text_encode, denoise).
     seconds: dict[str, float] = field(default_factory=dict)
     #: A generated run's settings and inputs, for its manifest.

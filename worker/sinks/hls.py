@@ -43,7 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from producer.errors import InputNotFoundError, InvalidJobError, StorageConfigError
-from producer.spec import SegmentInfo, VideoSpec, segment_name
+from producer.wire.spec import SegmentInfo, VideoSpec, segment_name
 from worker.pipeline.encode import frame_rate
 from worker.stores.storage import JobOutput
 

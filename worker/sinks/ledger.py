@@ -1,4 +1,4 @@
-"""Writing the durable job and cost ledger (``producer.ledger`` has the layout and the reader).
+"""Writing the durable job and cost ledger (``producer.state.ledger``: its layout, the reader).
 
 One record per ended job, written once through the store code of this package (``file://``
 confined to ``FRAMEFLEET_FILE_ROOTS``, ``s3://`` through boto3), then named in the job's own
@@ -11,9 +11,9 @@ import json
 import secrets
 
 from producer.errors import InputNotFoundError
-from producer.ledger import LEDGER_LINK, record_name
-from producer.results import LedgerRecord
 from producer.settings import Settings
+from producer.state.ledger import LEDGER_LINK, record_name
+from producer.wire.results import LedgerRecord
 from worker.stores.storage import JobOutput, open_uri
 
 #: How much of an existing link file is read back (it lists one line per end of the job).

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from producer.settings import Settings
-from producer.webhooks import Target
+from producer.webhooks.rules import Target
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """One webhook POST: to an address checked against the allow-list, within one deadline.
 
 Each attempt resolves the host, refuses it unless every address passes the allow-list
-(``producer/webhooks.py``, with the networks of the entries that allow this URL's port and
+(``producer/webhooks/rules.py``, with the networks of the entries that allow this URL's port and
 path), and connects to a checked address itself (``http.client`` with the socket opened here;
 TLS still verifies the host name), so DNS cannot answer differently between the check and the
 connection. No proxy environment variables are honoured.
@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from producer.webhooks import Address, Target
+from producer.webhooks.rules import Address, Target
 
 USER_AGENT = "framefleet-webhooks/1"
 #: Bytes of an answer's body read (and dropped): the answer is not ours to keep.

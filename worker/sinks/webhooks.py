@@ -34,8 +34,7 @@ from typing import Any
 
 from producer.errors import InvalidJobError
 from producer.settings import Settings, get_settings
-from producer.spec import JobResult, JobSpec, NotifyEvent, PreviewInfo, Progress, SegmentInfo
-from producer.webhooks import (
+from producer.webhooks.rules import (
     DELIVERY_HEADER,
     EVENT_HEADER,
     SIGNATURE_HEADER,
@@ -45,6 +44,7 @@ from producer.webhooks import (
     UrlPolicy,
     signature,
 )
+from producer.wire.spec import JobResult, JobSpec, NotifyEvent, PreviewInfo, Progress, SegmentInfo
 from worker.sinks.hls import PLAYLIST
 from worker.sinks.webhook_pool import Delivery, DeliveryPool, Outcome
 from worker.sinks.webhook_transport import USER_AGENT, Resolver, post, resolve, retry_after_s

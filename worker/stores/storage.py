@@ -25,13 +25,13 @@ from producer.errors import (
     StorageError,
 )
 from producer.settings import Settings, get_settings
-from producer.wire import Location, decode_uri
+from producer.wire.base import Location, decode_uri
 from worker.stores.paths import confine, os_error, read_local, writable_target
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 #: The folders of a job's output (beside its top-level files): ``previews/step-0005.mp4``.
 OUTPUT_FOLDERS = ("previews",)
-#: Never in a key a store is handed (the same rule as ``producer.wire.decode_uri``).
+#: Never in a key a store is handed (the same rule as ``producer.wire.base.decode_uri``).
 UNSAFE_KEY = re.compile(r"[\x00-\x1f\x7f\\%?#]")
 RETRYABLE_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
                    "InternalError", "ServiceUnavailable", "RequestTimeTooSkewed"}
@@ -278,7 +278,7 @@ class S3Store:
 
 
 def locate(uri: str, field: str = "uri") -> Location:
-    """``uri`` decoded once (``producer.wire.decode_uri``), or ``InvalidJobError`` naming
+    """``uri`` decoded once (``producer.wire.base.decode_uri``), or ``InvalidJobError`` naming
     ``field``: every store opens the decoded form that the checks saw, never a second decode."""
     try:
         return decode_uri(uri, field=field)

@@ -6,7 +6,7 @@
 "use strict";
 (function () {
   const KEY = "framefleet.key";
-  // What a job made with random weights says, as the CLI does (producer/weights.py).
+  // What a job made with random weights says, as the CLI does (producer/wire/weights.py).
   const NOISE = "random weights: noise";
   const $ = (id) => document.getElementById(id);
   const rows = $("jobs").querySelector("tbody");

@@ -1,5 +1,5 @@
 """The gateway reads the keys the workers wrote: ``s3://`` URIs decoded once
-(``producer.wire.decode_uri``), and a tenant's prefix compared on the decoded form."""
+(``producer.wire.base.decode_uri``), and a tenant's prefix compared on the decoded form."""
 
 from __future__ import annotations
 

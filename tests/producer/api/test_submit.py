@@ -13,9 +13,9 @@ from fastapi.testclient import TestClient
 from producer.api.registry import fleet_id
 from producer.api.uploads import store_upload
 from producer.app import QUEUE
-from producer.keys import queue_lists as queue_names
 from producer.settings import Settings
-from producer.spec import JobSpec
+from producer.state.keys import queue_lists as queue_names
+from producer.wire.spec import JobSpec
 from tests.gateway import Key
 from tests.producer.api.conftest import create
 from tests.services import S3Server

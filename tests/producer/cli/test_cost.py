@@ -23,8 +23,8 @@ from producer.cli.cost import PLOT_MISSING, cost_app, parse_duration, read_held,
 from producer.cost.fleet import fleet_summary
 from producer.cost.pricing import default_catalog, format_usd, prices_for
 from producer.errors import UnsupportedBackendError
-from producer.keys import HELD_PREFIX
-from producer.spec import HeldRun, JobResult
+from producer.state.keys import HELD_PREFIX
+from producer.wire.spec import HeldRun, JobResult
 from tests.producer.cost.test_cost import make_result as cost_result
 from tests.require import require_binary
 from tests.services import REPO_ROOT, RedisServer

@@ -7,7 +7,7 @@ import pytest
 from producer.cli.cost_tiers import tier_table, tier_totals
 from producer.cost import with_denoise, with_stages
 from producer.cost.pricing import default_catalog, prices_for
-from producer.spec import GenerateFacts
+from producer.wire.spec import GenerateFacts
 from tests.producer.cost.test_cost import make_result
 
 

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import redis
 
-from producer.broker import broker_persistence, check_broker_url
 from producer.cli import doctor
 from producer.settings import Settings
+from producer.state.broker import broker_persistence, check_broker_url
 from tests.require import require_binary
 from tests.services import REDIS_INSTALL, REPO_ROOT, RedisServer
 from worker import metrics

@@ -25,7 +25,7 @@ from producer.errors import (
 )
 from producer.ops.exporter import queue_depth
 from producer.settings import Settings
-from producer.spec import JobSpec, OutputSpec
+from producer.wire.spec import JobSpec, OutputSpec
 from tests.require import require_binary
 from tests.services import REDIS_INSTALL, RedisServer, free_port
 

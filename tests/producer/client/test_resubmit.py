@@ -14,8 +14,8 @@ import redis
 
 from producer.app import QUEUE
 from producer.client import Client
-from producer.control import flags_for
-from producer.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec
+from producer.state.control import flags_for
+from producer.wire.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec
 
 
 def _queued(r: redis.Redis, job_id: str) -> int:

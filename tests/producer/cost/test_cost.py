@@ -11,7 +11,7 @@ import pytest
 from producer.cost import BYTES_PER_GB, configured_prices, cost_for_job, job_cost
 from producer.cost.pricing import default_catalog, prices_for
 from producer.settings import get_settings
-from producer.spec import (
+from producer.wire.spec import (
     JobResult,
     Manifest,
     Prices,

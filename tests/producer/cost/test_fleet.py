@@ -6,7 +6,7 @@ import pytest
 
 from producer.cost.fleet import fleet_summary, inferred_fleet_gpu_hours
 from producer.cost.pricing import default_catalog, prices_for
-from producer.spec import JobResult
+from producer.wire.spec import JobResult
 from tests.producer.cost.test_cost import close, make_result
 
 # --- fleet summary ----------------------------------------------------------------------------

@@ -13,12 +13,12 @@ import pytest
 import redis
 from botocore.stub import Stubber
 
-from producer import keys
 from producer.app import ENQUEUED_AT_HEADER, QUEUE, TASK_NAME, make_app
 from producer.client import Client
 from producer.ops import exporter
 from producer.ops.cloudwatch import put_queue_depth
-from producer.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec
+from producer.state import keys
+from producer.wire.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec
 from tests.blocked_imports import import_blocked
 from tests.services import free_port
 from tests.worker.test_metrics import scrape, value

@@ -18,7 +18,7 @@ import numpy as np
 from celery import Celery, Task
 
 from producer.settings import Settings
-from producer.spec import DecoderSpec, InputSpec, JobResult, JobSpec, OutputSpec
+from producer.wire.spec import DecoderSpec, InputSpec, JobResult, JobSpec, OutputSpec
 from worker.concerns import CONCERNS, Concern, run_concerns
 from worker.metrics import JOBS, RETRIES
 from worker.run import DecoderCache, Run, run_job

@@ -8,11 +8,11 @@ import redis
 import torch
 from celery import Celery
 
-from producer import keys
-from producer.control import flags_for
 from producer.errors import JobCancelled
 from producer.settings import Settings
-from producer.spec import JobResult
+from producer.state import keys
+from producer.state.control import flags_for
+from producer.wire.spec import JobResult
 from tests.worker.concerns.scripted import Scripted, counts, job_spec, real_run
 from worker.run import DecoderCache, Run
 

@@ -13,11 +13,11 @@ import redis
 import torch
 from celery import Celery
 
-from producer import keys
 from producer.errors import StorageError
-from producer.ledger import LEDGER_LINK, LedgerReader
 from producer.settings import Settings
-from producer.spec import JobResult, NotifySpec
+from producer.state import keys
+from producer.state.ledger import LEDGER_LINK, LedgerReader
+from producer.wire.spec import JobResult, NotifySpec
 from tests.services import free_ports
 from tests.worker.concerns.scripted import Scripted, job_spec, real_run
 from worker.run import DecoderCache, Run

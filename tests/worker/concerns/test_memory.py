@@ -14,7 +14,7 @@ import torch
 from celery import Celery
 
 from producer.settings import Settings
-from producer.spec import JobResult, VideoSpec
+from producer.wire.spec import JobResult, VideoSpec
 from tests.worker.concerns.scripted import Scripted, job_spec
 from worker.memory import MIB, rss_bytes
 from worker.run import DecoderCache, Run, run_job

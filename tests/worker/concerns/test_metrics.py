@@ -10,9 +10,9 @@ from typing import Any
 from producer import errors
 from producer.app import ENQUEUED_AT_HEADER, make_app
 from producer.cli.cost import read_held
-from producer.keys import HELD_PREFIX
 from producer.settings import Settings
-from producer.spec import (
+from producer.state.keys import HELD_PREFIX
+from producer.wire.spec import (
     InputSpec,
     JobSpec,
     OutputSpec,

@@ -12,7 +12,7 @@ from celery import Celery
 from producer.app import make_app
 from producer.errors import FatalJobError
 from producer.settings import Settings, get_settings
-from producer.spec import DecoderSpec, JobResult
+from producer.wire.spec import DecoderSpec, JobResult
 from tests.worker.concerns.scripted import Scripted, counts, job_spec, real_work
 from worker import tasks
 from worker.decoders.pattern import PatternDecoder

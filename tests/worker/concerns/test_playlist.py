@@ -15,10 +15,10 @@ import redis
 import torch
 from celery import Celery
 
-from producer import keys
 from producer.errors import FatalJobError, JobCancelled, StorageError
 from producer.settings import Settings
-from producer.spec import JobResult, JobSpec, VideoSpec
+from producer.state import keys
+from producer.wire.spec import JobResult, JobSpec, VideoSpec
 from tests.worker.concerns.scripted import Scripted, job_spec
 from worker.concerns.playlist import end_later, end_playlist
 from worker.run import DecoderCache, Run, run_job

@@ -10,7 +10,7 @@ from celery import Celery
 
 from producer.errors import FatalJobError
 from producer.settings import Settings
-from producer.spec import JobResult, Progress
+from producer.wire.spec import JobResult, Progress
 from tests.worker.concerns.scripted import Scripted, job_spec, real_run
 from worker.concerns import CONCERNS, Concern, Outcome
 from worker.run import DecoderCache, Run

@@ -10,11 +10,11 @@ import redis
 import torch
 from celery import Celery
 
-from producer import keys
-from producer.control import flags_for
 from producer.errors import DeviceOutOfMemory, FatalJobError, JobCancelled, StorageError
 from producer.settings import Settings, get_settings
-from producer.spec import JobResult, JobSpec
+from producer.state import keys
+from producer.state.control import flags_for
+from producer.wire.spec import JobResult, JobSpec
 from tests.worker.concerns.scripted import Scripted, counts, job_spec, real_run
 from worker import tasks
 from worker.concerns.retries import backoff

@@ -10,10 +10,10 @@ import pytest
 import torch
 from celery import Celery
 
-from producer.control import flags_for
 from producer.errors import FatalJobError
 from producer.settings import get_settings
-from producer.spec import JobResult
+from producer.state.control import flags_for
+from producer.wire.spec import JobResult
 from tests.worker.concerns.scripted import job_spec
 from worker import tasks
 from worker.run import DecoderCache

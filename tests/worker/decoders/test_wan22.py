@@ -10,7 +10,7 @@ import torch
 
 from producer.errors import InvalidJobError
 from producer.settings import Settings
-from producer.spec import DecoderSpec, InputSpec, parse_spec
+from producer.wire.spec import DecoderSpec, InputSpec, parse_spec
 from worker.decoders.wan import PRESETS, WanDecoder, build_vae
 from worker.inputs.latents import check_latents
 

@@ -18,7 +18,7 @@ from producer.app import TASK_NAME
 from producer.client import Client, JobHandle
 from producer.errors import JobCancelled, JobFailed
 from producer.settings import Settings
-from producer.spec import (
+from producer.wire.spec import (
     DEFAULT_TENANT,
     DecoderSpec,
     InputSpec,

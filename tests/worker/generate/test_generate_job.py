@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from producer.cost import with_stages
 from producer.errors import InvalidJobError, JobCancelled
 from producer.settings import Settings
-from producer.spec import (
+from producer.wire.spec import (
     DecoderSpec,
     InputSpec,
     JobResult,

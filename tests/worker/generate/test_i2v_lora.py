@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from producer.errors import InvalidJobError
 from producer.settings import Settings
-from producer.spec import JobResult, JobSpec, OutputSpec, VideoSpec
+from producer.wire.spec import JobResult, JobSpec, OutputSpec, VideoSpec
 from tests.worker.generate.tiny import (
     make_lora,
     reference_i2v_latents,

@@ -23,7 +23,7 @@ from safetensors.torch import save_file
 from producer.client import Client
 from producer.errors import JobFailed
 from producer.settings import Settings
-from producer.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec, VideoSpec
+from producer.wire.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec, VideoSpec
 from tests.worker.generate.test_generate_e2e import _get
 from tests.worker.generate.tiny import (
     make_lora,

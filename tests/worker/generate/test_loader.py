@@ -14,7 +14,7 @@ import torch
 
 from producer.errors import InvalidJobError, PathRefusedError
 from producer.settings import Settings
-from producer.spec import DecoderSpec
+from producer.wire.spec import DecoderSpec
 from tests.worker.generate.attacks import ATTACKS, attacked
 from tests.worker.generate.tiny import as_git_clone, without
 from worker.generate.cache import ModelCache

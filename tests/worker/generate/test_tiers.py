@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from producer.cost import cost_for_job
 from producer.errors import InvalidJobError
 from producer.settings import Settings
-from producer.spec import JobResult, JobSpec, OutputSpec, VideoSpec, parse_spec
+from producer.wire.spec import JobResult, JobSpec, OutputSpec, VideoSpec, parse_spec
 from tests.worker.generate.tiny import tiny_generate
 from worker.run import DecoderCache, Run, default_decoders, run_job
 

@@ -15,7 +15,7 @@ import pytest
 
 from producer.client import Client
 from producer.errors import JobFailed
-from producer.spec import JobSpec, OutputSpec, VideoSpec
+from producer.wire.spec import JobSpec, OutputSpec, VideoSpec
 from tests.e2e.chaos_helpers import kill_pool_child, new_pool_child, wait_for
 from tests.worker.generate.test_generate_e2e import _get, _mid_denoise
 from tests.worker.generate.tiny import tiny_generate

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from producer.settings import Settings
-from producer.spec import JobSpec, OutputSpec, Progress, VideoSpec
+from producer.wire.spec import JobSpec, OutputSpec, Progress, VideoSpec
 from tests.worker.generate.tiny import save_tiny_model, tiny_generate
 from worker.gate import TRACE
 from worker.run import Run, default_decoders, run_job

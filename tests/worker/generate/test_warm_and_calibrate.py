@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from producer.readiness import live_states, state_dir
 from producer.settings import Settings
-from producer.spec import JobSpec, OutputSpec, VideoSpec
+from producer.state.readiness import live_states, state_dir
+from producer.wire.spec import JobSpec, OutputSpec, VideoSpec
 from tests.worker.generate.tiny import tiny_generate
 from worker.lifecycle.warmup import warm_up
 from worker.run import Run, default_decoders, run_job

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from producer.spec import GenerateSpec
+from producer.wire.spec import GenerateSpec
 from worker.generate.denoise import generator
 from worker.generate.handoff import vae_latents
 from worker.generate.presets import build_pipeline

@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 
 from producer.errors import InputNotFoundError, InvalidJobError
 from producer.settings import Settings
-from producer.spec import InputSpec
+from producer.wire.spec import InputSpec
 from worker.inputs.latents import load_latents
 
 LIMITS = {"max_frames": 200, "max_pixels": 256 * 256, "max_input_bytes": 4 * 1024**2}

@@ -21,7 +21,7 @@ import pytest
 import redis
 
 from producer.client import Client
-from producer.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec
+from producer.wire.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec
 from tests.cpuload import busy_cores
 from tests.services.celery_worker import WorkerProcess
 from tests.waiting import wait_for

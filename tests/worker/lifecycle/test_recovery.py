@@ -18,11 +18,11 @@ import redis
 from celery import Celery
 
 from producer.app import TASK_NAME, make_app, redis_priority
-from producer.broker import same_server
-from producer.control import flags_for
 from producer.errors import SettingsError
-from producer.keys import queue_lists as queue_names
 from producer.settings import Settings
+from producer.state.broker import same_server
+from producer.state.control import flags_for
+from producer.state.keys import queue_lists as queue_names
 from tests.e2e.helpers import pattern_spec
 from tests.require import require_binary
 from tests.services import REDIS_INSTALL, RedisServer

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from producer import readiness
 from producer.errors import SettingsError
 from producer.settings import Settings
+from producer.state import readiness
 from worker import metrics
 from worker.lifecycle import warmup
 from worker.run import DecoderCache

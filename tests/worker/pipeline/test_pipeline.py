@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from producer.errors import InvalidJobError
-from producer.spec import PipelineSpec, VideoSpec
+from producer.wire.spec import PipelineSpec, VideoSpec
 from worker.decoders.pattern import PatternDecoder, read_frame_index
 from worker.pipeline import ClosedSegment, PipelineStats, run_pipeline
 from worker.pipeline.encode import read_frames_rgb

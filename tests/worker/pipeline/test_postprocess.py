@@ -52,7 +52,7 @@ def test_bad_out_buffer_is_rejected() -> None:
 
 def test_encoded_colours_read_back(tmp_path) -> None:  # type: ignore[no-untyped-def]
     # Given a mid-grey-and-colour frame encoded through the segment writer (BT.709 tags)
-    from producer.spec import VideoSpec
+    from producer.wire.spec import VideoSpec
     from worker.pipeline.encode import SegmentEncoder, yuv_frame
 
     chunk = torch.zeros(3, 1, 64, 64)

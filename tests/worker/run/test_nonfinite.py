@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from producer.errors import NonFiniteOutput
 from producer.settings import Settings
-from producer.spec import (
+from producer.wire.spec import (
     DecoderSpec,
     InputSpec,
     JobSpec,

@@ -17,7 +17,7 @@ import pytest
 from producer.cost import cost_for_job
 from producer.errors import JobCancelled
 from producer.settings import Settings
-from producer.spec import JobSpec, OutputSpec, PreviewInfo, Progress, VideoSpec
+from producer.wire.spec import JobSpec, OutputSpec, PreviewInfo, Progress, VideoSpec
 from tests.worker.generate.tiny import save_tiny_model, tiny_generate
 from worker.run import Run, default_decoders, run_job
 from worker.run.decoders import DecoderCache

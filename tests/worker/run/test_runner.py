@@ -13,7 +13,7 @@ import torch
 
 from producer.errors import DeviceOutOfMemory, InvalidJobError, JobConflictError
 from producer.settings import get_settings
-from producer.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec, VideoSpec, segment_name
+from producer.wire.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec, VideoSpec, segment_name
 from worker.decoders.pattern import PatternDecoder
 from worker.decoders.wan import build_vae
 from worker.run import DecoderCache, Run, run_job

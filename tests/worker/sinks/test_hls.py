@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from producer.spec import (
+from producer.wire.spec import (
     DecoderSpec,
     InputSpec,
     JobSpec,

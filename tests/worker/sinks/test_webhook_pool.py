@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from producer.settings import Settings
-from producer.spec import InputSpec, JobSpec, NotifySpec, OutputSpec
+from producer.wire.spec import InputSpec, JobSpec, NotifySpec, OutputSpec
 from tests.receiver import Receiver, Trickler
 from worker.sinks.webhooks import Notifier
 

@@ -13,7 +13,14 @@ import pytest
 
 from producer.errors import InvalidJobError
 from producer.settings import Settings
-from producer.spec import (
+from producer.webhooks.rules import (
+    DELIVERY_HEADER,
+    EVENT_HEADER,
+    TIMESTAMP_HEADER,
+    signature,
+    verify,
+)
+from producer.wire.spec import (
     InputSpec,
     JobSpec,
     NotifySpec,
@@ -21,13 +28,6 @@ from producer.spec import (
     Progress,
     SegmentInfo,
     parse_spec,
-)
-from producer.webhooks import (
-    DELIVERY_HEADER,
-    EVENT_HEADER,
-    TIMESTAMP_HEADER,
-    signature,
-    verify,
 )
 from tests.receiver import Receiver
 from tests.require import require_binary

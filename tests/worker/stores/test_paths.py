@@ -21,7 +21,7 @@ from producer.errors import (
     SettingsError,
 )
 from producer.settings import Settings
-from producer.spec import DecoderSpec, InputSpec
+from producer.wire.spec import DecoderSpec, InputSpec
 from worker.inputs.latents import load_latents
 from worker.inputs.weights import resolve_weights
 from worker.stores.paths import file_roots, local_folder, os_error, read_bounded, read_local

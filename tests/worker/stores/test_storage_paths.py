@@ -1,6 +1,7 @@
-"""The stores open the decoded form the checks saw (``producer.wire.decode_uri``), once: encoded
-dots, separators, NUL and double encoding are refused by the store itself, naming the field,
-before any folder is made or any request is sent. A real folder, and SeaweedFS for ``s3://``."""
+"""The stores open the decoded form the checks saw (``producer.wire.base.decode_uri``), once:
+encoded dots, separators, NUL and double encoding are refused by the store itself, naming the
+field, before any folder is made or any request is sent. A real folder, and SeaweedFS for
+``s3://``."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from producer.errors import InvalidJobError
 from producer.settings import Settings
-from producer.spec import DecoderSpec, InputSpec
+from producer.wire.spec import DecoderSpec, InputSpec
 from tests.services import S3Server
 from worker.inputs.latents import load_latents
 from worker.inputs.weights import resolve_weights

@@ -128,7 +128,7 @@ def queue_lists(queue: str) -> list[str]:
     return [queue] + [f"{queue}{sep}{n}" for sep in KOMBU_SEPARATORS for n in range(1, 10)]
 
 
-# --- Lua: the registry (producer.control) -------------------------------------------------
+# --- Lua: the registry (producer.state.control) -------------------------------------------------
 
 #: Claim a job_id (SET NX) and, when the claim is new, clear a stale cancel flag and keep the
 #: spec (when given): one round trip. KEYS: claim, cancel, spec doc. ARGV: digest, TTL, "1" to

@@ -10,7 +10,7 @@ import pytest
 
 from producer.errors import InvalidJobError, SettingsError
 from producer.settings import Settings
-from producer.spec import (
+from producer.wire.spec import (
     PREVIEW_LATEST,
     PreviewInfo,
     Progress,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from producer.errors import InvalidJobError
-from producer.spec import DecoderSpec, Manifest, parse_spec
-from producer.weights import check_weights, uses_random_weights
+from producer.wire.spec import DecoderSpec, Manifest, parse_spec
+from producer.wire.weights import check_weights, uses_random_weights
 
 BASE = {"job_id": "w1", "input": {"uri": "s3://b/z.npy"}, "output": {"uri": "s3://b/out"}}
 

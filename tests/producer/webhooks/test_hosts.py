@@ -9,7 +9,7 @@ import pytest
 
 from producer.errors import SettingsError
 from producer.settings import Settings
-from producer.webhook_hosts import HostError, normalise_host, normalise_path, parse_entry
+from producer.webhooks.hosts import HostError, normalise_host, normalise_path, parse_entry
 
 METADATA = "169.254.169.254"
 

@@ -16,9 +16,9 @@ from typing import Any, Protocol
 
 from celery import Celery
 
-from producer import keys
-from producer.keys import FLAG_TTL_S, SPEC_TTL_S
 from producer.settings import Settings, get_settings
+from producer.state import keys
+from producer.state.keys import FLAG_TTL_S, SPEC_TTL_S
 
 
 class Flags(Protocol):

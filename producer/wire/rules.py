@@ -35,10 +35,10 @@ from typing import Any
 
 from producer.errors import InputNotFoundError, InvalidJobError, PathRefusedError
 from producer.settings import Settings
-from producer.spec import RANDOM_WEIGHTS, JobSpec
-from producer.webhooks import UrlPolicy, check_notify
-from producer.weights import check_job_weights
-from producer.wire import decode_uri
+from producer.webhooks.rules import UrlPolicy, check_notify
+from producer.wire.base import decode_uri
+from producer.wire.spec import RANDOM_WEIGHTS, JobSpec
+from producer.wire.weights import check_job_weights
 
 #: Seconds from a job's soft time limit (its ``time_limit_s``) to the hard one.
 HARD_LIMIT_AFTER_S = 60
@@ -80,7 +80,7 @@ def spec_uris(spec: JobSpec) -> Iterator[tuple[str, str]]:
 
 
 def check_uris(spec: JobSpec) -> None:
-    """Decode every URI of ``spec`` once (``producer.wire.decode_uri``), as the stores will:
+    """Decode every URI of ``spec`` once (``producer.wire.base.decode_uri``), as the stores will:
     ``InvalidJobError`` naming the first field that does not decode to a safe path or key.
     The validators did this already, unless the spec was built past them
     (``model_construct``); the rules do not rely on it."""

@@ -15,10 +15,10 @@ from producer.client.jobstate import from_meta
 from producer.cost.fleet import fleet_summary
 from producer.cost.pricing import default_catalog, prices_for
 from producer.errors import LedgerError
-from producer.ledger import NAME_RE, LedgerReader, day_prefixes, record_name
-from producer.results import HeldRun, LedgerRecord, Progress, StateTime
 from producer.settings import Settings
-from producer.spec import JobSpec
+from producer.state.ledger import NAME_RE, LedgerReader, day_prefixes, record_name
+from producer.wire.results import HeldRun, LedgerRecord, Progress, StateTime
+from producer.wire.spec import JobSpec
 from tests.producer.cost.test_cost import make_result
 
 PRICES = prices_for("g7e.2xlarge", "on-demand", default_catalog())

@@ -1,6 +1,6 @@
-"""The base of every wire model (``producer.spec``, ``producer.results``): frozen, and no field
-it does not know (a typo is an error, not a silently ignored setting); and the one reading of a
-URI a spec names (``check_uri`` is re-exported by ``producer.spec``).
+"""The base of every wire model (``producer.wire.spec``, ``producer.wire.results``): frozen, and
+no field it does not know (a typo is an error, not a silently ignored setting); and the one
+reading of a URI a spec names (``check_uri`` is re-exported by ``producer.wire.spec``).
 
 A URI is percent-decoded exactly once, here, into the :class:`Location` the stores use (the
 scheme, the bucket, the decoded path or key); every check (the spec's validators, the file

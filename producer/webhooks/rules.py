@@ -5,7 +5,7 @@ Light on purpose (stdlib only): the client imports it, and so can a receiver tha
 signatures.
 
 **Where a job may send.** ``FRAMEFLEET_WEBHOOK_SCHEMES`` (default ``https``) and
-``FRAMEFLEET_WEBHOOK_HOSTS``, a comma-separated list of entries (``producer/webhook_hosts.py``):
+``FRAMEFLEET_WEBHOOK_HOSTS``, a comma-separated list of entries (``producer/webhooks/hosts.py``):
 
 - ``scheme://host[:port][/path]``: that scheme, host and port (none: the scheme's default), and
   only paths under ``/path`` (compared segment-wise after decoding once and resolving dot
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 from producer.errors import InvalidJobError
 from producer.settings import Settings
-from producer.webhook_hosts import (
+from producer.webhooks.hosts import (
     DEFAULT_PORTS,
     Address,
     Entry,

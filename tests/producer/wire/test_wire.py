@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from producer.wire import Location, check_uri, decode_uri
+from producer.wire.base import Location, check_uri, decode_uri
 
 
 @pytest.mark.parametrize(("uri", "scheme", "bucket", "path"), [

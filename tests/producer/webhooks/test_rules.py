@@ -7,7 +7,7 @@ import ipaddress
 import pytest
 
 from producer.errors import InvalidJobError
-from producer.webhooks import UrlPolicy, check_notify
+from producer.webhooks.rules import UrlPolicy, check_notify
 
 
 @pytest.mark.parametrize(("hosts", "url", "refused"), [
@@ -112,3 +112,10 @@ def test_the_refused_url_is_named_by_its_index() -> None:
     with pytest.raises(InvalidJobError, match=r"notify\.urls\[2\]: address 169\.254\.169\.254"):
         check_notify(("https://a.example.com/", "https://b.example.com/",
                       "https://2852039166/"), policy)
+
+
+def test_receivers_import_verify_from_the_package() -> None:
+    # producer.webhooks.verify is the name the README gives receivers; it loads rules on use
+    from producer.webhooks import rules, verify
+
+    assert verify is rules.verify

@@ -1,6 +1,6 @@
 """The ``generate`` request of a job: a prompt (and its speed settings) instead of latents.
 
-Re-exported by ``producer.spec``. The speed settings are labelled, never silent: a job runs at
+Re-exported by ``producer.wire.spec``. The speed settings are labelled, never silent: a job runs at
 the ``tier`` and with the step ``cache`` it asked for, and the manifest, the result, the cost
 report and the metrics say which.
 
@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from producer.wire import Frozen, check_uri
+from producer.wire.base import Frozen, check_uri
 
 #: The precision tiers a generate job can ask for.
 Tier = Literal["exact", "fp8"]

@@ -14,7 +14,7 @@ where it chooses the decoder (``worker.inputs.weights``).
 from __future__ import annotations
 
 from producer.errors import InvalidJobError
-from producer.spec import RANDOM_WEIGHTS, DecoderSpec, JobSpec
+from producer.wire.spec import RANDOM_WEIGHTS, DecoderSpec, JobSpec
 
 #: What a job made with random weights says wherever it is shown: the CLI's result line, the
 #: API's video object and the page (the manifest and the result carry ``random_weights``).

@@ -11,9 +11,9 @@ import pytest
 import redis
 
 from producer.app import make_app
-from producer.control import FileFlags, Flags, RedisFlags, flags_for
-from producer.keys import FLAG_TTL_S, SPEC_TTL_S
 from producer.settings import Settings
+from producer.state.control import FileFlags, Flags, RedisFlags, flags_for
+from producer.state.keys import FLAG_TTL_S, SPEC_TTL_S
 
 
 @pytest.fixture(params=["redis", "files"])

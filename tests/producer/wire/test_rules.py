@@ -8,7 +8,8 @@ import re
 import pytest
 
 from producer.errors import InvalidJobError, PathRefusedError, SettingsError
-from producer.rules import (
+from producer.settings import Settings
+from producer.wire.rules import (
     HARD_LIMIT_AFTER_S,
     check_local_paths,
     check_spec,
@@ -17,8 +18,7 @@ from producer.rules import (
     spec_uris,
     time_limits,
 )
-from producer.settings import Settings
-from producer.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec
+from producer.wire.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec
 
 
 def _spec(input_uri: str, output_uri: str, weights: str | None = None) -> JobSpec:

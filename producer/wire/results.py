@@ -3,7 +3,7 @@
 ``Progress`` (the custom ``PROGRESS`` state), ``JobResult`` (with its ``Manifest``,
 ``StageTimings``, ``WorkerInfo`` and ``CostReport``) through the result backend,
 ``manifest.json`` beside the segments, and ``HeldRun`` records of runs that ended without a
-result. Re-exported by ``producer.spec``.
+result. Re-exported by ``producer.wire.spec``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from producer.wire import SCHEMA_VERSION, Frozen
+from producer.wire.base import SCHEMA_VERSION, Frozen
 
 #: JobResult's own version. 2: the ten fields a result shared with its manifest moved into
 #: ``JobResult.manifest`` (read ``result.manifest.frames``, not ``result.frames``).

@@ -1,8 +1,8 @@
 """The durable job and cost ledger: where its records lie, and reading them back.
 
-Every job that ends (success, failure, cancel) leaves one ``LedgerRecord`` (``producer.results``),
-written once by the worker that ended it (``worker/sinks/ledger.py``), under
-``FRAMEFLEET_LEDGER_URI`` (``s3://bucket/prefix`` or ``file:///folder``)::
+Every job that ends (success, failure, cancel) leaves one ``LedgerRecord``
+(``producer.wire.results``), written once by the worker that ended it (``worker/sinks/ledger.py``),
+under ``FRAMEFLEET_LEDGER_URI`` (``s3://bucket/prefix`` or ``file:///folder``)::
 
     {ledger}/day=2026-12-01/tenant=acme/221430123-clip-42-3f2a1b9c.json
 
@@ -33,9 +33,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from producer.errors import LedgerError
-from producer.results import LedgerRecord
 from producer.settings import Settings
-from producer.wire import decode_uri
+from producer.wire.base import decode_uri
+from producer.wire.results import LedgerRecord
 
 #: The file in a job's folder that names its ledger records.
 LEDGER_LINK = "ledger.json"
