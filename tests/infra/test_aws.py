@@ -216,9 +216,9 @@ def test_drain_finishes_jobs_then_releases_the_lifecycle_hook(tmp_path: Path) ->
     assert option(release, "--auto-scaling-group-name") == [
         sub(group["AutoScalingGroupName"]["Fn::Sub"], PSEUDO)
     ]
-    drain = _hook("drain")
-    assert drain["LifecycleTransition"] == "autoscaling:EC2_INSTANCE_TERMINATING"
-    assert option(release, "--lifecycle-hook-name") == [drain["LifecycleHookName"]]
+    hook = _hook("drain")
+    assert hook["LifecycleTransition"] == "autoscaling:EC2_INSTANCE_TERMINATING"
+    assert option(release, "--lifecycle-hook-name") == [hook["LifecycleHookName"]]
     assert option(release, "--instance-id") == ["i-0123456789abcdef0"]
 
 
