@@ -3,8 +3,9 @@
 # (a call may run 10 minutes), in this order: correctness first, then the soak, then the rows.
 #   STAGE=tests  pytest -m gpu (the tier tests with fp8 finite, the capture race provoked on
 #                purpose, every other GPU test), then the 1.3B rows of the denoise benchmark
-#   STAGE=prime  the soak's worker start alone, which compiles every soak size into the compile
-#                cache (cold: minutes a size), so that the soak's start takes seconds
+#   STAGE=prime  bench/soak/soak_prime.py: every soak and bench size compiled into the compile cache
+#                (cold: minutes a size), a process a task in parallel, so that the soak's worker
+#                and the bench rows start in seconds
 #   STAGE=race   the capture-race test alone, and the same race with the gates off
 #   STAGE=soak   bench/soak/soak.py: the real worker process, a real Redis, >= 40 mixed jobs over
 #                >= 8 minutes (soak-h200.json / .md)
@@ -59,10 +60,10 @@ race)  # the capture race alone, gated (the test) and not (the probe)
     --time-limit-s $(( $(left) - 30 )) >"$OUT/capture-race-no-gate.json" 2>"$OUT/capture-race-no-gate.log"
   tail -1 "$OUT/capture-race-no-gate.json"
   ;;
-prime)  # the soak worker's start alone: every soak size compiled into the compile cache
-  timeout $(( $(left) - 5 )) python3 bench/soak/soak.py --prime --redis-server "$PWD/.redis/redis-server" \
-    --redis-lib "$PWD/.redis/lib" --out "$OUT" >"$OUT/soak-prime.log" 2>&1
-  echo "prime exit $?"; grep -E "compiled at|ready in" "$OUT/soak-worker.log" "$OUT/soak-prime.log"
+prime)  # every soak and bench size compiled into the compile cache, one process a task, in parallel
+  timeout $(( $(left) - 5 )) python3 bench/soak/soak_prime.py --soak --bench --out "$OUT" \
+    >"$OUT/soak-prime.log" 2>&1
+  echo "prime exit $?"; cat "$OUT/soak-prime.log"
   ;;
 soak)
   LD_LIBRARY_PATH=$PWD/.redis/lib .redis/redis-server --version

@@ -139,6 +139,8 @@ WORKER_READY = Gauge(
     "1 once this worker's warm-up decode sizes are compiled and captured; 0 while warming up.",
     registry=WORKER_REGISTRY,
 )
+WORKER_START = Gauge("framefleet_worker_start_seconds", "Process start to ready, by phase "
+                     "(worker.lifecycle.startphases).", ["phase"], registry=WORKER_REGISTRY)
 COST = Counter(
     "framefleet_cost_usd_total",
     "Direct cost-to-serve of finished jobs (CostReport.total_usd).",

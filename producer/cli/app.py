@@ -126,6 +126,7 @@ _EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
 cli.command(context_settings=_EXTRA)(fleet.worker)
 cli.command()(fleet.demo)
 cli.command()(fleet.healthcheck)
+cli.command(name="fleet")(fleet.fleet)
 cli.command(help=fleet.EXPORTER_HELP)(fleet.exporter)
 
 

@@ -124,6 +124,34 @@ def healthcheck(
     console.print("ok")
 
 
+def fleet(
+    json_out: Annotated[bool, typer.Option("--json", help="print the states as JSON")] = False,
+) -> None:
+    """This host's worker processes: ready or warming up, and where each one's start went
+    (seconds from process start: imports, init, read, cast_move, prepare, compile_cache,
+    warmup, total; the same as framefleet_worker_start_seconds)."""
+    from dataclasses import asdict
+
+    from producer.settings import get_settings
+    from producer.state.readiness import live_states, state_dir
+
+    with errors():
+        states = live_states(state_dir(get_settings()))
+    if json_out:
+        sys.stdout.write(json.dumps([asdict(s) for s in states], indent=2) + "\n")
+        return
+    if not states:
+        console.print("no worker process on this host has started", markup=False)
+        return
+    for s in states:
+        phases = ", ".join(f"{k} {v:.1f} s" for k, v in s.phases.items() if k != "total")
+        total = s.phases.get("total")
+        head = f"worker process {s.pid}: {'ready' if s.ready else 'warming up'}"
+        if total is not None:
+            head += f" {total:.1f} s after its start"
+        console.print(head + (f" ({phases})" if phases else ""), markup=False)
+
+
 EXPORTER_HELP = (
     "Fleet-wide Prometheus exporter of the Redis queue (one per fleet): depth, age of the "
     "oldest waiting job, undecodable messages.\n\n"

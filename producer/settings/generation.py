@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field
 
 
@@ -63,6 +65,17 @@ class GenerationSettings(BaseModel):
         default=80.0, gt=0, le=4096,
         description="GPU memory the resident generation models may hold; least recently "
         "used models are evicted beyond it",
+    )
+    load_method: Literal["fast", "diffusers"] = Field(
+        default="fast",
+        description="how a model folder is read: fast (safetensors shards straight to the "
+        "device in load_threads threads, cast there; the same tensors as diffusers) or "
+        "diffusers (from_pretrained on the host, then moved)",
+    )
+    load_threads: int = Field(
+        default=8, ge=1, le=64,
+        description="threads reading a model's safetensors shards in parallel (load_method "
+        "fast)",
     )
     text_encoder_offload: bool = Field(
         default=False,

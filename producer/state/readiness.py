@@ -34,6 +34,8 @@ class WarmupState:
     cache_dir: str | None = None
     #: FRAMEFLEET_WARMUP_MODEL per tier: load (and quantise) seconds, compile seconds per size
     model: dict[str, Any] = field(default_factory=dict)
+    #: seconds of the start by phase, process start to ready (worker.lifecycle.startphases)
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 def state_dir(settings: Settings) -> Path:

@@ -108,7 +108,18 @@ def user_data(resource: str, template: str = "fleet.yaml", **overrides: str) -> 
 # Stand-ins for the commands the scripts call; each records its argv (tab-separated) first.
 SHIMS = {
     "nvidia-smi": 'for ((i = 0; i < FAKE_GPUS; i++)); do echo "GPU $i: RTX PRO 6000"; done',
-    "docker": 'case "$1" in login) cat >/dev/null ;; ps) printf "%s\\n" $FAKE_DOCKER_PS ;; esac',
+    # `docker exec NAME framefleet healthcheck`: a container in $FAKE_NOT_READY never passes,
+    # every other one fails its first $FAKE_WARMING checks (warming up), then passes.
+    "docker": """
+        case "$1" in
+          login) cat >/dev/null ;;
+          ps) printf "%s\\n" $FAKE_DOCKER_PS ;;
+          exec)
+            case " $FAKE_NOT_READY " in *" $2 "*) exit 1 ;; esac
+            n=$(cat "$FAKE_LOG.$2" 2>/dev/null || echo 0)
+            echo $((n + 1)) > "$FAKE_LOG.$2"
+            [ "$n" -ge "$FAKE_WARMING" ] ;;
+        esac""",
     # The API keys secret answers $FAKE_API_KEYS (keys.toml); every other secret the token.
     "aws": f"""
         case "$1 $2" in
@@ -142,9 +153,13 @@ SHIMS = {
 
 def run(
     script: str, tmp: Path, gpus: int = 0, lifecycle: str = "on-demand", ps: str = "",
-    api_keys: str = "",
+    api_keys: str = "", warming: int = 0, not_ready: str = "", ready_wait_s: int | None = None,
 ) -> tuple[subprocess.CompletedProcess[str], list[list[str]]]:
-    """Run ``script`` with bash, the stand-ins first on PATH; return it and the calls made."""
+    """Run ``script`` with bash, the stand-ins first on PATH; return it and the calls made.
+
+    ``warming``: healthchecks each worker container fails before it passes; ``not_ready``:
+    container names that never pass; ``ready_wait_s``: the boot script's wait for ready
+    (unset: its own, from the ready hook's timeout and the uptime)."""
     bin_dir, root, log = tmp / "bin", tmp / "root", tmp / "calls.log"
     bin_dir.mkdir(parents=True, exist_ok=True)
     root.mkdir(exist_ok=True)
@@ -159,7 +174,9 @@ def run(
     (tmp / "script.sh").write_text(script)
     env = dict(PATH=f"{bin_dir}:/usr/bin:/bin", FRAMEFLEET_ROOT=str(root), HOME=str(tmp))
     fakes = dict(FAKE_LOG=str(log), FAKE_GPUS=str(gpus), FAKE_LIFECYCLE=lifecycle,
-                 FAKE_API_KEYS=api_keys)
+                 FAKE_API_KEYS=api_keys, FAKE_WARMING=str(warming), FAKE_NOT_READY=not_ready)
+    if ready_wait_s is not None:
+        env["FRAMEFLEET_READY_WAIT_S"] = str(ready_wait_s)
     done = sh("bash", str(tmp / "script.sh"), env={**env, **fakes, "FAKE_DOCKER_PS": ps})
     calls = [line.split("\t") for line in log.read_text().splitlines()] if log.exists() else []
     return done, calls

@@ -4,7 +4,9 @@
   knows each G7e size the fleet allows (and rejects a made-up one);
 - the worker and exporter user data are rendered as CloudFormation's Fn::Sub renders them, then
   run by bash against stand-in commands (nvidia-smi, docker, aws, curl ...) that record their
-  calls: one worker container per GPU for 1, 2, 4 and 8 GPUs;
+  calls: one worker container per GPU for 1, 2, 4 and 8 GPUs; the "ready" launch hook completed
+  with CONTINUE once every container's healthcheck passes, with ABANDON when one never does
+  or the boot fails;
 - the IAM policies are parsed and held to a reviewed allow-list: S3 only Get/PutObject under the
   bucket prefix, "*" only for the two actions that AWS offers no resource scoping for.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import re
 import stat
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,7 @@ from tests.infra.aws_templates import (
     user_data,
 )
 from tests.require import require_binary
+from worker.lifecycle.poolwatch import WARM_START_S
 
 
 def test_every_template_passes_cfn_lint() -> None:
@@ -103,8 +107,85 @@ def test_worker_user_data_starts_one_container_per_gpu(
     assert env["FRAMEFLEET_OUTPUT_PREFIX"] == f"s3://{PARAMS['BucketName']}/videos"
     assert env["FRAMEFLEET_CAPACITY"] == lifecycle  # prices the cost reports
     assert "FRAMEFLEET_S3_ENDPOINT_URL" not in env  # real S3 on AWS
-    # and it installs the drain service.
+    # and it installs the drain service,
     assert ["systemctl", "enable", "--now", "framefleet-drain.service"] in calls
+    # then puts the instance in service, every worker being ready.
+    assert [_result(c) for c in _completions(calls)] == ["CONTINUE"]
+
+
+def _hook(name: str) -> dict[str, Any]:
+    group = load("fleet.yaml")["Resources"]["WorkerGroup"]["Properties"]
+    (hook,) = [h for h in group["LifecycleHookSpecificationList"]
+               if h["LifecycleHookName"] == name]
+    return hook
+
+
+def _completions(calls: list[list[str]]) -> list[list[str]]:
+    return [c for c in calls if c[:3] == ["aws", "autoscaling", "complete-lifecycle-action"]]
+
+
+def _result(call: list[str]) -> str:
+    """The result of a completion of the "ready" hook (and check that it is that hook)."""
+    group = load("fleet.yaml")["Resources"]["WorkerGroup"]["Properties"]
+    assert option(call, "--auto-scaling-group-name") == [
+        sub(group["AutoScalingGroupName"]["Fn::Sub"], PSEUDO)
+    ]
+    assert option(call, "--lifecycle-hook-name") == [_hook("ready")["LifecycleHookName"]]
+    assert option(call, "--instance-id") == ["i-0123456789abcdef0"]
+    (result,) = option(call, "--lifecycle-action-result")
+    return result
+
+
+def test_the_instance_goes_in_service_once_every_worker_is_ready(tmp_path: Path) -> None:
+    # Given two workers that each fail their first three healthchecks (warming up),
+    done, calls = run(user_data("WorkerLaunchTemplate"), tmp_path, gpus=2, warming=3,
+                      ready_wait_s=600)
+    assert done.returncode == 0, done.stderr
+    # the boot script asks each container, in the container, until both pass,
+    checks = [c for c in calls if c[:2] == ["docker", "exec"]]
+    assert {tuple(c[2:]) for c in checks} == {
+        (f"framefleet-worker-{i}", "framefleet", "healthcheck", "--timeout", "10")
+        for i in range(2)
+    }
+    assert len(checks) == 2 * 4
+    # and only then completes the launch hook with CONTINUE.
+    (completion,) = _completions(calls)
+    assert _result(completion) == "CONTINUE"
+    assert calls.index(completion) > max(i for i, c in enumerate(calls) if c in checks)
+    assert "every worker is ready" in done.stdout
+
+
+def test_an_instance_whose_worker_never_gets_ready_is_abandoned(tmp_path: Path) -> None:
+    # Given a host whose second worker never passes its healthcheck, and a 2 s deadline,
+    started = time.monotonic()
+    done, calls = run(user_data("WorkerLaunchTemplate"), tmp_path, gpus=2,
+                      not_ready="framefleet-worker-1", ready_wait_s=2)
+    # the boot script gives the instance up once the deadline has passed, saying which one,
+    assert time.monotonic() - started < 60
+    assert done.returncode != 0
+    assert "abandoning this instance" in done.stderr
+    assert "framefleet-worker-1" in done.stderr.split("abandoning")[0]
+    assert "framefleet-worker-0" not in done.stderr
+    # and completes the launch hook once, with ABANDON: Auto Scaling launches another.
+    assert [_result(c) for c in _completions(calls)] == ["ABANDON"]
+
+
+def test_the_ready_hook_holds_a_launch_for_the_cold_start() -> None:
+    fleet = load("fleet.yaml")
+    hook = _hook("ready")
+    assert hook["LifecycleTransition"] == "autoscaling:EC2_INSTANCE_LAUNCHING"
+    # A host that never reports ready (the script gone too) is replaced, not put in service.
+    assert hook["DefaultResult"] == "ABANDON"
+    assert hook["HeartbeatTimeout"] == {"Ref": "ReadyTimeoutSeconds"}
+    timeout = fleet["Parameters"]["ReadyTimeoutSeconds"]
+    # The worker's own start bound with a warm-up (a cold model folder and cold compiles),
+    # with room for the boot and the image pull; within the hook's limit of two hours.
+    assert timeout["Default"] > WARM_START_S + 300
+    assert timeout["MaxValue"] <= 7200
+    # The instance is in service only once ready: the warm-up and the grace period start there.
+    group = fleet["Resources"]["WorkerGroup"]["Properties"]
+    assert group["DefaultInstanceWarmup"] <= 120
+    assert group["HealthCheckGracePeriod"] <= 120
 
 
 def test_worker_user_data_fails_loudly_without_gpu(tmp_path: Path) -> None:
@@ -112,6 +193,8 @@ def test_worker_user_data_fails_loudly_without_gpu(tmp_path: Path) -> None:
     assert done.returncode != 0
     assert "no GPU" in done.stderr
     assert not [c for c in calls if c[:2] == ["docker", "run"]]
+    # and gives the instance up at once rather than after the ready hook's timeout.
+    assert [_result(c) for c in _completions(calls)] == ["ABANDON"]
 
 
 def test_drain_finishes_jobs_then_releases_the_lifecycle_hook(tmp_path: Path) -> None:
@@ -133,9 +216,9 @@ def test_drain_finishes_jobs_then_releases_the_lifecycle_hook(tmp_path: Path) ->
     assert option(release, "--auto-scaling-group-name") == [
         sub(group["AutoScalingGroupName"]["Fn::Sub"], PSEUDO)
     ]
-    assert option(release, "--lifecycle-hook-name") == [
-        group["LifecycleHookSpecificationList"][0]["LifecycleHookName"]
-    ]
+    hook = _hook("drain")
+    assert hook["LifecycleTransition"] == "autoscaling:EC2_INSTANCE_TERMINATING"
+    assert option(release, "--lifecycle-hook-name") == [hook["LifecycleHookName"]]
     assert option(release, "--instance-id") == ["i-0123456789abcdef0"]
 
 

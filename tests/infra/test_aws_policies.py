@@ -203,8 +203,10 @@ def test_group_mixes_on_demand_and_spot_and_tracks_backlog_per_gpu() -> None:
     assert dist["OnDemandBaseCapacity"] == {"Ref": "OnDemandBaseCapacity"}
     assert dist["SpotAllocationStrategy"] == "price-capacity-optimized"
     assert group["CapacityRebalance"] is True
-    hook = group["LifecycleHookSpecificationList"][0]
-    assert hook["LifecycleTransition"] == "autoscaling:EC2_INSTANCE_TERMINATING"
+    hooks = {h["LifecycleHookName"]: h["LifecycleTransition"]
+             for h in group["LifecycleHookSpecificationList"]}
+    assert hooks == {"ready": "autoscaling:EC2_INSTANCE_LAUNCHING",
+                     "drain": "autoscaling:EC2_INSTANCE_TERMINATING"}
     tracking = res["BacklogPerGpuPolicy"]["Properties"]["TargetTrackingConfiguration"]
     metrics = {m["Id"]: m for m in tracking["CustomizedMetricSpecification"]["Metrics"]}
     queue = metrics["queue"]["MetricStat"]["Metric"]

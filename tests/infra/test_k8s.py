@@ -35,6 +35,7 @@ from tests.infra.k8s_render import (
     worker,
 )
 from tests.require import missing
+from worker.lifecycle.poolwatch import start_timeout
 
 KEDA_OVERLAYS = ("eks-production", "self-contained")
 VALIDATE = "kubernetes-validate (pip install kubernetes-validate: the test extra)"
@@ -42,6 +43,8 @@ VALIDATE = "kubernetes-validate (pip install kubernetes-validate: the test extra
 K8S_VERSIONS = ("1.31", "latest")
 GPU = "nvidia.com/gpu"
 SECRETISH = re.compile(r"PASSWORD|SECRET|TOKEN|CREDENTIAL|_KEY$|_KEY_ID$|AUTH", re.IGNORECASE)
+# The cold host that README.md's "what a cold host costs" sizes the start for: seconds.
+COLD_HOST_S = 15 * 60
 # scheme://user:password@ with a password that is not a reference ($(VAR), {{ .tpl }}).
 URL_PASSWORD = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s:@]*:(?!\$\(|\{\{)[^@\s/]+@", re.IGNORECASE)
 
@@ -151,7 +154,8 @@ def test_workers_run_the_launcher_and_are_ready_once_warmed_up(
     # The image's ENTRYPOINT is framefleet: `framefleet worker`, never a hand-made celery line.
     assert "command" not in container
     assert container["args"][:3] == ["worker", "--gpus", "all"]
-    assert container["readinessProbe"]["exec"]["command"][:2] == ["framefleet", "healthcheck"]
+    for probe in ("startupProbe", "readinessProbe"):
+        assert container[probe]["exec"]["command"][:2] == ["framefleet", "healthcheck"], probe
     assert "livenessProbe" not in container
     env = container_env(objects, container)
     s = settings_of(env)
@@ -159,6 +163,28 @@ def test_workers_run_the_launcher_and_are_ready_once_warmed_up(
     cache = env["FRAMEFLEET_COMPILE_CACHE_DIR"]
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     assert any(cache.startswith(path.rstrip("/") + "/") for path in mounts), cache
+
+
+def test_the_startup_probe_allows_a_cold_host(objects: list[dict[str, Any]]) -> None:
+    (container,) = worker(objects)["spec"]["template"]["spec"]["containers"]
+    startup, readiness = container["startupProbe"], container["readinessProbe"]
+    budget = startup["periodSeconds"] * startup["failureThreshold"]
+    # At least the documented cold host (a model folder on a volume restored from a snapshot,
+    # sizes compiled cold), and never shorter than the start the worker itself allows: the
+    # worker's own watch, which logs why, gives up first.
+    assert budget >= COLD_HOST_S, budget
+    assert budget > start_timeout(settings_of(container_env(objects, container))), budget
+    # Ready is seen soon after it comes, and a probe that times out is a failure, not a hang.
+    assert startup["periodSeconds"] <= 10
+    assert startup["timeoutSeconds"] > _healthcheck_timeout(startup)
+    # The startup probe holds the others back: no fixed delay guesses the start any more.
+    assert readiness.get("initialDelaySeconds", 0) == 0
+    assert readiness["timeoutSeconds"] > _healthcheck_timeout(readiness)
+
+
+def _healthcheck_timeout(probe: dict[str, Any]) -> float:
+    command = probe["exec"]["command"]
+    return float(command[command.index("--timeout") + 1])
 
 
 def test_grace_period_covers_the_longest_job(objects: list[dict[str, Any]]) -> None:

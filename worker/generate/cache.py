@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from producer.errors import InvalidJobError
-from worker.generate import loader
+from worker.generate import fastload, loader
 from worker.generate.loader import recheck
 from worker.generate.tiers import allow_recompiles, prepare
 
@@ -66,6 +66,8 @@ class Resident:
     text_on_host: bool
     load_s: float
     tier: str = "exact"
+    read_s: float = 0.0  # of load_s: weights read (and, fast path, cast on the device)
+    cast_move_s: float = 0.0  # of load_s: cast and moved to the device after the read
     compiled: bool = False  # the transformer's blocks are compiled (CUDA)
     sizes: list[Any] = field(default_factory=list)  # the sizes compiled so far, oldest first
     prepare_s: float = 0.0  # quantising and wrapping for compile (not compiling: first use)
@@ -78,11 +80,15 @@ class ModelCache:
 
     def __init__(
         self, device: torch.device, budget_bytes: int, offload_text_encoder: bool = False,
-        graphs: int = 0, compiled_sizes: int = 0,
+        graphs: int = 0, compiled_sizes: int = 0, load_method: str = "fast",
+        load_threads: int = 8,
     ) -> None:
         """``compiled_sizes``: sizes each resident's transformer keeps compiled (CUDA only;
-        0: the transformer always runs eager)."""
+        0: the transformer always runs eager). ``load_method``: ``fast``
+        (``worker.generate.fastload``) or ``diffusers`` (``from_pretrained``, then moved)."""
         self.device = device
+        self.load_method = load_method
+        self.load_threads = load_threads
         self.budget_bytes = budget_bytes
         self.offload_text_encoder = offload_text_encoder
         self.graphs = graphs
@@ -175,27 +181,44 @@ class ModelCache:
         quiet.progress_bars_off()  # one log line per load (below), not one per bar tick
         t0 = time.perf_counter()
         recheck(folder)  # what from_pretrained opens is what was checked, just now
+        fast = self.load_method == "fast"
         try:
-            pipe = getattr(diffusers, pipeline).from_pretrained(
-                str(folder), **quiet.dtype_kwargs(dtype), use_safetensors=True,
-                local_files_only=True)
-        except torch.OutOfMemoryError:
-            raise  # the job's out-of-memory handling, not a bad model
+            if fast:
+                # the text encoder read straight to where it lives between jobs
+                host = ("text_encoder",) if self._text_on_host else ()
+                pipe, times = fastload.load_pipeline(folder, pipeline, dtype, self.device,
+                                                     self.load_threads, on_host=host)
+            else:
+                pipe = getattr(diffusers, pipeline).from_pretrained(
+                    str(folder), **quiet.dtype_kwargs(dtype), use_safetensors=True,
+                    local_files_only=True)
+        except (torch.OutOfMemoryError, InvalidJobError):
+            raise  # the job's out-of-memory handling, or a refusal that names its file
         except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as e:
             raise InvalidJobError(f"generate.model: cannot load {folder}: "
                                   f"{str(e)[:300]}") from e
-        return self._resident(pipe, folder, dtype, time.perf_counter() - t0)
+        read_s = time.perf_counter() - t0
+        entry = self._resident(pipe, folder, dtype, read_s)
+        entry.load_s = time.perf_counter() - t0
+        entry.read_s = read_s if not fast else times.build_s + times.read_s
+        entry.cast_move_s = entry.load_s - entry.read_s
+        return entry
 
     def _resident(self, pipe: Any, folder: Path, dtype: torch.dtype, load_s: float) -> Resident:
         pipe.set_progress_bar_config(disable=True)
         for module in device_modules(pipe):
             module.to(self.device)
-        host = self.offload_text_encoder and self.device.type == "cuda"
+        host = self._text_on_host
         pipe.text_encoder.to("cpu" if host else self.device)
         size = self._charge(pipe, host)
-        log.info("model cache: %s resident (%.1f GiB on %s, text encoder on %s) in %.1f s",
+        log.info("model cache: %s resident (%.1f GiB on %s, text encoder on %s), read in "
+                 "%.1f s",
                  folder, size / 2**30, self.device, "cpu" if host else self.device, load_s)
         return Resident(pipe, folder, dtype, size, host, load_s)
+
+    @property
+    def _text_on_host(self) -> bool:
+        return self.offload_text_encoder and self.device.type == "cuda"
 
     @staticmethod
     def _charge(pipe: Any, text_on_host: bool) -> int:

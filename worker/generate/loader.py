@@ -11,9 +11,10 @@
 - the JSON configs (``model_index.json``, each component's config, the scheduler's, weight
   indexes) are read without blocking and counted against ``FRAMEFLEET_MAX_MODEL_CONFIG_BYTES``;
 - each model component has safetensors weights (one file or a sharded index whose shards are
-  plain names inside its folder), and its config is within the limits of
-  ``worker.generate.limits``; every other component ``model_index.json`` names has its folder
-  (the tokenizer's with ``tokenizer.json`` or ``spiece.model``), so a missing one is named.
+  plain names inside its folder, with no ``.safetensors`` file beside them it does not
+  name), and its config is within the limits of ``worker.generate.limits``; every other
+  component ``model_index.json`` names has its folder (the tokenizer's with
+  ``tokenizer.json`` or ``spiece.model``), so a missing one is named.
 
 Folders whose name starts with a dot (a clone's ``.git/``) are skipped by the walk.
 
@@ -40,6 +41,7 @@ from worker.inputs.tensorfile import (
     check_head,
     check_name,
     is_pickle_or_zip,
+    is_safetensors_head,
     pickle_refused,
 )
 from worker.inputs.tree import Entry, read_entry, read_head, walk
@@ -75,10 +77,11 @@ def _check_file(entry: Entry, settings: Settings, base: str) -> None:
     shown = entry.shown(base)
     name = entry.rel.rsplit("/", 1)[-1]
     head = read_head(entry, HEAD, FIELD, base)
-    if is_pickle_or_zip(head):
+    weights = name.endswith(".safetensors")
+    if is_pickle_or_zip(head) and not (weights and is_safetensors_head(head, entry.size)):
         raise pickle_refused(FIELD, shown)
     check_name(name, FIELD, shown)
-    if name.endswith(".safetensors"):
+    if weights:
         check_head(head, entry.size, FIELD, shown)
     elif entry.size > settings.max_model_file_bytes:
         raise InvalidJobError(f"{FIELD}: {shown} is {entry.size} bytes, over the "
@@ -111,11 +114,19 @@ def _weights(name: str, library: str, files: dict[str, Entry], configs: dict[str
     shards = configs[index].get("weight_map")
     if not isinstance(shards, dict) or not shards:
         raise InvalidJobError(f"{FIELD}: {files[index].shown(base)} has no weight_map")
-    for shard in set(shards.values()):
+    named = set(shards.values())
+    for shard in named:
         if not isinstance(shard, str) or f"{name}/{shard}" not in files or \
                 not shard.endswith(".safetensors"):
             raise InvalidJobError(f"{FIELD}: {files[index].shown(base)} names a shard that is "
                                   f"not a .safetensors file of {name}/: {shard!r}")
+    # A shard beside them that the index does not name: a mixed or half-replaced download,
+    # which diffusers would silently skip (or another loader read).
+    for rel, entry in files.items():
+        folder, _, shard = rel.rpartition("/")
+        if folder == name and shard.endswith(".safetensors") and shard not in named:
+            raise InvalidJobError(f"{FIELD}: {entry.shown(base)} is a weights file that "
+                                  f"{files[index].shown(base)} does not name")
 
 
 def _no_model(name: str, files: dict[str, Entry], base: str) -> None:

@@ -35,6 +35,8 @@ class WarmModel:
 
     tier: str
     load_s: float = 0.0
+    read_s: float = 0.0  # of load_s: the weights read
+    cast_move_s: float = 0.0  # of load_s: cast and moved after the read
     prepare_s: float = 0.0
     sizes: dict[str, float] = field(default_factory=dict)
     error: str | None = None
@@ -89,6 +91,7 @@ def warm_up(models: ModelCache, settings: Settings) -> list[WarmModel]:
         t0 = time.perf_counter()
         entry = models.get(info.path, models.resolve_dtype("auto"), tier, info.pipeline)
         warm.load_s, warm.prepare_s = round(time.perf_counter() - t0, 3), entry.prepare_s
+        warm.read_s, warm.cast_move_s = entry.read_s, entry.cast_move_s
         if not entry.compiled:
             continue
         for height, width, frames in parse_video_sizes(settings.warmup_generate_sizes):
@@ -102,5 +105,7 @@ def warm_up(models: ModelCache, settings: Settings) -> list[WarmModel]:
 
 def describe(done: list[WarmModel]) -> dict[str, Any]:
     """The warm-up's breakdown, as the readiness state records it."""
-    return {w.tier: {"load_s": w.load_s, "prepare_s": round(w.prepare_s, 3), "sizes": w.sizes,
+    return {w.tier: {"load_s": w.load_s, "read_s": round(w.read_s, 3),
+                     "cast_move_s": round(w.cast_move_s, 3),
+                     "prepare_s": round(w.prepare_s, 3), "sizes": w.sizes,
                      **({"error": w.error} if w.error else {})} for w in done}

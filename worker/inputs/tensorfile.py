@@ -31,15 +31,23 @@ def pickle_refused(field: str, shown: str) -> InvalidJobError:
                            "content), refused: only safetensors weights are loaded")
 
 
+def is_safetensors_head(head: bytes, size: int) -> bool:
+    """Whether ``head`` starts like a safetensors file of ``size`` bytes: a header length that
+    fits, then its JSON. A length whose low bytes read ``\x80\x02``..``\x80\x05`` (a header
+    of 640 bytes, say) looks like a pickle's first two bytes too, and is a safetensors file."""
+    header = int.from_bytes(head[:8], "little") if len(head) >= 8 else 0
+    return 2 <= header <= min(size - 8, MAX_HEADER) and head[8:9] == b"{"
+
+
 def check_head(head: bytes, size: int, field: str, shown: str) -> None:
     """``head`` (the first :data:`HEAD` bytes or more) of a ``.safetensors`` file of ``size``
     bytes: refused unless it starts like a safetensors file."""
+    if is_safetensors_head(head, size):
+        return
     if is_pickle_or_zip(head):
         raise pickle_refused(field, shown)
-    header = int.from_bytes(head[:8], "little") if len(head) >= 8 else 0
-    if not 2 <= header <= min(size - 8, MAX_HEADER) or head[8:9] != b"{":
-        raise InvalidJobError(f"{field}: {shown} is not a safetensors file (judged by its "
-                              "content): only safetensors weights are loaded")
+    raise InvalidJobError(f"{field}: {shown} is not a safetensors file (judged by its "
+                          "content): only safetensors weights are loaded")
 
 
 def check_name(name: str, field: str, shown: str) -> None:

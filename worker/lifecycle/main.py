@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from typing import Any, NoReturn
 
 from celery import Celery
@@ -32,7 +33,7 @@ from producer.settings import Settings, get_settings
 from producer.state.control import flags_for
 from worker import metrics, tasks
 from worker.concerns.cancel import preempt_node
-from worker.lifecycle import persistence, recovery, warmup
+from worker.lifecycle import persistence, recovery, startphases, warmup
 from worker.lifecycle.consumer import install_brpop_guard
 from worker.lifecycle.launcher import CONFIG_EXIT, check_credentials
 from worker.lifecycle.poolwatch import POOL_START_EXIT, PoolWatch, start_timeout
@@ -95,6 +96,8 @@ def _init_process(**_: Any) -> None:
 
 
 def _start_process(settings: Settings) -> None:
+    hook = time.time()
+    started = startphases.main_started_at()
     decoders = tasks.init_decoders(settings)
     try:
         port = metrics.start_metrics_server(settings.metrics_port)
@@ -105,10 +108,13 @@ def _start_process(settings: Settings) -> None:
     # Weights loaded, the warm-up model's transformer and the decoder's graphs compiled (from
     # the compile cache) and captured before the first job, not during it; the worker reports
     # ready (healthcheck, gauge) only after this.
-    warmup.warm_up(decoders, settings)
+    state = warmup.warm_up(decoders, settings, started=started, phases={
+        "imports": max(0.0, hook - started), "init": time.time() - hook})
     if decoders.device.type == "cuda":
         metrics.NvmlSampler().start()
-    log.info("framefleet worker process ready on %s (metrics port %s)", decoders.device, port)
+    log.info("framefleet worker process ready on %s (metrics port %s), %.1f s after its start: "
+             "%s", decoders.device, port, state.phases.get("total", 0.0),
+             ", ".join(f"{k} {v:.1f} s" for k, v in state.phases.items() if k != "total"))
 
 
 _watcher: SpotWatcher | None = None

@@ -67,20 +67,39 @@ def _warm_model(decoders: DecoderCache, settings: Settings) -> dict[str, Any]:
         return {"error": str(e)}
 
 
-def warm_up(decoders: DecoderCache, settings: Settings) -> WarmupState:
+def warm_up(decoders: DecoderCache, settings: Settings,
+            phases: dict[str, float] | None = None, started: float | None = None) -> WarmupState:
     """Load and compile ``FRAMEFLEET_WARMUP_MODEL`` (``worker.generate.warm``), build and warm
     up ``FRAMEFLEET_WARMUP_DECODER`` at every warm-up size, then report ready. Without either
     the worker is ready at once. A size whose graph could not be captured (logged by the graph
     cache) stays eager: ready, its entry says ``graph: false``. Holds the process's capture
     gate (``worker.gate``): first-chunk graphs build in the background meanwhile.
+
+    The start's phases (``worker.lifecycle.startphases``: ``phases`` holds those before the
+    warm-up, ``started`` is the process start, epoch seconds) are published before ready.
     """
     from worker.gate import GATE
 
     with GATE.work():
-        return _warm_up(decoders, settings)
+        return _warm_up(decoders, settings, dict(phases or {}), started)
 
 
-def _warm_up(decoders: DecoderCache, settings: Settings) -> WarmupState:
+def _publish_phases(state: WarmupState, phases: dict[str, float], decoder_s: float,
+                    started: float | None) -> None:
+    from worker import metrics
+    from worker.lifecycle.startphases import model_phases
+
+    phases.update(model_phases(state.model))
+    phases["warmup"] = decoder_s
+    if started is not None:
+        phases["total"] = time.time() - started
+    state.phases = {k: round(v, 3) for k, v in phases.items()}
+    for phase, seconds in state.phases.items():
+        metrics.WORKER_START.labels(phase).set(seconds)
+
+
+def _warm_up(decoders: DecoderCache, settings: Settings, phases: dict[str, float],
+             started: float | None) -> WarmupState:
     from producer.wire.spec import RANDOM_WEIGHTS, DecoderSpec
     from producer.wire.weights import needs_weights
     from worker import metrics
@@ -95,6 +114,7 @@ def _warm_up(decoders: DecoderCache, settings: Settings) -> WarmupState:
     t0 = time.perf_counter()
     if settings.warmup_model is not None:
         state.model = _warm_model(decoders, settings)
+    t_decoder = time.perf_counter()
     if settings.warmup_decoder is not None:
         # The jobs' own weights: a job naming the same folder gets this very decoder (and its
         # captured graphs) from the cache instead of building a second one.
@@ -119,6 +139,7 @@ def _warm_up(decoders: DecoderCache, settings: Settings) -> WarmupState:
             log.info("warmed up %s at %dx%d latents in %.1f s (graph: %s)", decoder.name, h, w,
                      time.perf_counter() - t, captured)
     state.seconds = round(time.perf_counter() - t0, 3)
+    _publish_phases(state, phases, time.perf_counter() - t_decoder, started)
     state.ready = True
     write_state(folder, state)
     metrics.WORKER_READY.set(1)

@@ -15,6 +15,12 @@ from worker.generate.presets import build_pipeline
 from worker.generate.text import MAX_SEQUENCE_LENGTH
 
 
+def _dtype(dtype: torch.dtype | None) -> dict[str, object]:
+    from worker import quiet
+
+    return {} if dtype is None else quiet.dtype_kwargs(dtype)
+
+
 def save_tiny_model(folder: Path, seed: int = 0, preset: str = "tiny") -> Path:
     """``save_pretrained`` of a tiny random Wan T2V pipeline: a tiny UMT5 encoder, a locally
     made tokenizer (``tokenizers``), a tiny transformer and VAE, and Wan2.1's UniPC scheduler
@@ -68,12 +74,13 @@ def tiny_generate(model: Path, **kw: Any) -> GenerateSpec:
 
 
 @torch.no_grad()
-def reference_latents(gen: GenerateSpec) -> torch.Tensor:
-    """diffusers alone: ``WanPipeline.from_pretrained`` + ``__call__`` with the same prompt,
-    steps and seed, ``output_type="latent"``, then the VAE-space latents (C, T, h, w)."""
+def reference_latents(gen: GenerateSpec, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """diffusers alone: ``WanPipeline.from_pretrained`` (at ``dtype``, if given) + ``__call__``
+    with the same prompt, steps and seed, ``output_type="latent"``, then the VAE-space
+    latents (C, T, h, w)."""
     from diffusers import WanPipeline
 
-    pipe = WanPipeline.from_pretrained(gen.model.removeprefix("file://"))
+    pipe = WanPipeline.from_pretrained(gen.model.removeprefix("file://"), **_dtype(dtype))
     pipe.set_progress_bar_config(disable=True)
     latents = pipe(
         prompt=gen.prompt, negative_prompt=gen.negative_prompt, height=gen.height,
@@ -124,12 +131,14 @@ def reference_lora_latents(gen: GenerateSpec, loras: list[tuple[Path, float]]) -
 
 
 @torch.no_grad()
-def reference_i2v_latents(gen: GenerateSpec, image: Any, last_image: Any = None) -> torch.Tensor:
+def reference_i2v_latents(gen: GenerateSpec, image: Any, last_image: Any = None,
+                          dtype: torch.dtype | None = None) -> torch.Tensor:
     """diffusers alone: ``WanImageToVideoPipeline.from_pretrained`` on the same folder, the
     same (sized) image(s), prompt, steps and seed; VAE-space latents (C, T, h, w)."""
     from diffusers import WanImageToVideoPipeline
 
-    pipe = WanImageToVideoPipeline.from_pretrained(gen.model.removeprefix("file://"))
+    pipe = WanImageToVideoPipeline.from_pretrained(gen.model.removeprefix("file://"),
+                                                   **_dtype(dtype))
     pipe.set_progress_bar_config(disable=True)
     extra = {} if last_image is None else {"last_image": last_image}
     latents = pipe(

@@ -1,0 +1,125 @@
+"""Fill the compile cache for the soak and the denoise benchmark in parallel (CUDA host).
+
+A cold compile of one transformer size costs minutes on one core (2.5-4 min a size for the 5B
+on the H200), and the soak's worker compiles its sizes one after the other: 6 sizes and tiers
+would take most of a device session before the first job. The compile cache
+(``FRAMEFLEET_COMPILE_CACHE_DIR``: inductor's FX-graph and autograd caches, Triton's kernels)
+is keyed by the graph, not the weights, so separate processes that build the same random-weight
+model and compile one (preset, tier, size) each fill it for every later process: the soak's
+worker and ``bench/generate/generate.py`` then load each size in seconds.
+
+Each task runs in its own process, through the worker's own path (``ModelCache.adopt`` with the
+tier, then ``worker.generate.warm.compile_size``), so the graphs are the ones a job traces. The
+text encoder's weights are given up after the build (the warm-up step takes zero prompt
+embeddings), and the builds start a few seconds apart, so the parallel processes fit in GPU memory.
+
+  python bench/soak/soak_prime.py --out dir \
+      --task wan2.2-ti2v-5b:exact:480x832x49 --task wan2.2-ti2v-5b:fp8:480x832x49 ...
+  python bench/soak/soak_prime.py --out dir --soak --bench     # the soak's and the bench's sizes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+#: The soak's sizes (bench/soak/soak_inputs.py) per preset and tier, (H, W, frames).
+SOAK = ["wan2.2-ti2v-5b:exact:480x832x49", "wan2.2-ti2v-5b:exact:704x1280x33",
+        "wan2.2-ti2v-5b:fp8:480x832x49", "wan2.2-ti2v-5b:fp8:704x1280x33",
+        "wan2.1-t2v-1.3b:exact:480x832x33,320x576x33"]
+#: bench/generate/generate.py's default sizes: the 5B at 1280x704x121, the 1.3B at 832x480x81.
+BENCH = ["wan2.2-ti2v-5b:exact:704x1280x121", "wan2.2-ti2v-5b:fp8:704x1280x121",
+         "wan2.1-t2v-1.3b:exact:480x832x81"]
+
+
+def run_task(task: str, device_name: str) -> dict[str, object]:
+    """Build ``preset`` with random weights, make it the resident at ``tier``, compile each size.
+
+    On the CPU (the tiny presets, for the tests) the same steps run eager: nothing compiles."""
+    import torch
+
+    from worker.generate.cache import ModelCache
+    from worker.generate.folder import read_model
+    from worker.generate.presets import build_pipeline, save_configs
+    from worker.generate.warm import compile_size, parse_video_sizes
+    from worker.lifecycle.warmup import use_compile_cache
+
+    use_compile_cache(os.environ.get("FRAMEFLEET_COMPILE_CACHE_DIR"))
+    preset, tier, sizes = task.split(":")
+    device = torch.device(device_name)
+    cuda = device.type == "cuda"
+    t0 = time.perf_counter()
+    pipe = build_pipeline(preset, device, torch.bfloat16 if cuda else torch.float32, seed=0)
+    folder = Path(tempfile.mkdtemp(prefix="ff-prime-")) / preset
+    save_configs(pipe, folder)
+    # unused by the warm-up step: its 11 GB leave the GPU, and untouched host pages cost nothing
+    pipe.text_encoder.to_empty(device="cpu")
+    if cuda:
+        torch.cuda.empty_cache()
+    models = ModelCache(device, 2**40, offload_text_encoder=True, compiled_sizes=8)
+    entry = models.adopt(folder, pipe, tier)
+    info = read_model(folder)
+    times = {"build_s": round(time.perf_counter() - t0, 1)}
+    for h, w, f in parse_video_sizes(sizes):
+        t = time.perf_counter()
+        if not compile_size(models, entry, info, h, w, f) and cuda:
+            raise RuntimeError(f"{task}: the transformer did not run compiled")
+        times[f"{h}x{w}x{f}_s"] = round(time.perf_counter() - t, 1)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+    return {"task": task, **times, "peak_gib": round(peak, 1)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    ap.add_argument("--task", action="append", default=[], help="preset:tier:HxWxF[,HxWxF]")
+    ap.add_argument("--soak", action="store_true", help="the soak's sizes")
+    ap.add_argument("--bench", action="store_true", help="generate/generate.py's default sizes")
+    ap.add_argument("--stagger-s", type=float, default=12.0, help="between process starts")
+    ap.add_argument("--compile-threads", default="3", help="TORCHINDUCTOR_COMPILE_THREADS each")
+    ap.add_argument("--device", default="cuda", help="cpu: the tiny presets' plumbing, eager")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # a child: one task, JSON on stdout
+    args = ap.parse_args()
+    if args.one:
+        print(json.dumps(run_task(args.one, args.device)), flush=True)
+        return 0
+    tasks = args.task + (SOAK if args.soak else []) + (BENCH if args.bench else [])
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": args.compile_threads}
+    t0 = time.monotonic()
+    procs = []
+    for i, task in enumerate(tasks):
+        if i:
+            time.sleep(args.stagger_s)
+        log = (out / f"prime-{i}.log").open("w")
+        procs.append((task, log, subprocess.Popen(
+            [sys.executable, __file__, "--out", args.out, "--device", args.device, "--one", task],
+            env=env, stdout=subprocess.PIPE, stderr=log, text=True)))
+    results, failed = [], 0
+    for task, log, proc in procs:
+        stdout, _ = proc.communicate()
+        log.close()
+        lines = stdout.strip().splitlines()
+        if proc.returncode == 0 and lines:
+            results.append(json.loads(lines[-1]))
+        else:
+            failed += 1
+            results.append({"task": task, "error": f"exit {proc.returncode}"})
+        print(json.dumps(results[-1]), flush=True)
+    doc = {"wall_s": round(time.monotonic() - t0, 1), "tasks": results}
+    from bench.report import write_json  # the repository root is on PYTHONPATH, as for worker
+
+    write_json(out / "soak-prime.json", doc)
+    print(f"primed {len(tasks) - failed}/{len(tasks)} tasks in {doc['wall_s']} s", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

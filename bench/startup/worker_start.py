@@ -1,0 +1,230 @@
+"""Worker start from a downloaded-style model folder: diffusers' loading against framefleet's.
+
+Writes random weights at real size in the published Wan2.2-TI2V-5B layout and dtypes
+(transformer float32 in 5 shards with its index, UMT5-XXL bfloat16 in 3 shards, the VAE in
+one file, tokenizer, scheduler; about 31 GB) to ``--folder`` on local disk, then times, each in
+a fresh process:
+
+- diffusers: ``WanPipeline.from_pretrained(folder, dtype=bfloat16)`` then ``.to(device)``;
+- framefleet: the worker's start path (imports, the decoder cache, the warm-up with the folder
+  as ``FRAMEFLEET_WARMUP_MODEL``, load method fast) to ready, then one job to its end: the
+  phases of ``framefleet_worker_start_seconds``. In one process without Celery or a broker:
+  the pool process's own start, not the broker connection.
+
+Each once with the page cache warm (just written) and once after ``echo 3 >
+/proc/sys/vm/drop_caches`` where the machine allows it (the results say whether it did).
+Writes ``worker-start-<device>.json`` and ``.md`` to ``--out``.
+
+``--tiny``: the same on the CPU with the layout in miniature (CI runs it; nothing measured).
+
+    python bench/startup/worker_start.py --folder /mnt/local/wan5b --out bench/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+#: component → (stored dtype, shards), as the published 5B folder has them
+LAYOUT = {"transformer": ("float32", 5), "text_encoder": ("bfloat16", 3), "vae": ("float32", 1)}
+STEMS = {"transformer": "diffusion_pytorch_model", "vae": "diffusion_pytorch_model",
+         "text_encoder": "model"}
+
+
+def write_folder(folder: Path, preset: str, device: str) -> int:
+    """Configs of ``preset`` and random weights in the published layout; returns bytes."""
+    import torch
+    from safetensors.torch import save_file
+
+    from worker.generate.presets import build_pipeline, save_configs
+
+    pipe = build_pipeline(preset, device="meta")
+    save_configs(pipe, folder)
+    total = 0
+    gen = torch.Generator(device).manual_seed(0)
+    for name, (dtype_name, count) in LAYOUT.items():
+        dtype = getattr(torch, dtype_name)
+        module = getattr(pipe, name)
+        state = module.state_dict()  # tied weights once
+        seen: set[int] = set()
+        shapes = {}
+        for key, t in state.items():
+            if id(t) not in seen:
+                seen.add(id(t))
+                shapes[key] = (tuple(t.shape), t.dtype)
+        size = sum(torch.Size(s).numel() * (dtype.itemsize if d.is_floating_point else
+                                            d.itemsize) for s, d in shapes.values())
+        limit = -(-size // count)
+        names = [f"{STEMS[name]}.safetensors"] if count == 1 else [
+            f"{STEMS[name]}-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)]
+        groups: list[list[str]] = [[]]
+        used = 0
+        for key, (shape, stored) in shapes.items():
+            nbytes = torch.Size(shape).numel() * (dtype.itemsize if stored.is_floating_point
+                                                  else stored.itemsize)
+            if groups[-1] and used + nbytes > limit and len(groups) < count:
+                groups.append([])
+                used = 0
+            groups[-1].append(key)
+            used += nbytes
+        weight_map = {}
+        for shard_name, keys in zip(names, groups, strict=False):
+            tensors = {}
+            for key in keys:  # made on the device (fast), written from the host
+                shape, stored = shapes[key]
+                tensors[key] = ((torch.randn(shape, generator=gen, device=device) * 0.02)
+                                .to(dtype).cpu() if stored.is_floating_point
+                                else torch.zeros(shape, dtype=stored))
+            save_file(tensors, str(folder / name / shard_name), metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(keys, shard_name))
+        if count > 1:
+            (folder / name / f"{STEMS[name]}.safetensors.index.json").write_text(json.dumps(
+                {"metadata": {"total_size": size}, "weight_map": weight_map}))
+        total += size
+    return total
+
+
+def drop_caches() -> bool:
+    """Empty the page cache where this process may (root, a writable /proc/sys)."""
+    try:
+        subprocess.run(["sync"], check=True)
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def _child(mode: str, folder: str, device: str, started: float, tiny: bool) -> dict[str, Any]:
+    """Runs in a fresh process: one way of loading, timed."""
+    out: dict[str, Any] = {"mode": mode}
+    import torch  # counted as imports
+
+    if mode == "diffusers":
+        import diffusers
+
+        out["imports_s"] = time.time() - started
+        t = time.perf_counter()
+        pipe = diffusers.WanPipeline.from_pretrained(folder, dtype=torch.bfloat16)
+        out["from_pretrained_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        pipe.to(device)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        out["to_device_s"] = time.perf_counter() - t
+        out["weights_to_device_s"] = out["from_pretrained_s"] + out["to_device_s"]
+        out["total_s"] = time.time() - started
+        return out
+    import tempfile
+
+    from producer.settings import Settings
+    from producer.wire.spec import GenerateSpec, JobSpec, OutputSpec, VideoSpec
+    from worker.lifecycle import warmup
+    from worker.run import Run, default_decoders, run_job
+
+    hook = time.time()
+    size = "64x64x9" if tiny else "704x1280x121"
+    settings = Settings(device=device, warmup_model=folder, load_method="fast",
+                        warmup_generate_sizes="" if tiny else size,
+                        work_dir=tempfile.mkdtemp(), file_roots=str(Path(folder).parent))
+    decoders = default_decoders(settings)
+    state = warmup.warm_up(decoders, settings, started=started,
+                           phases={"imports": hook - started, "init": time.time() - hook})
+    out["phases"], out["ready_s"] = state.phases, time.time() - started
+    out["weights_to_device_s"] = state.phases["read"] + state.phases["cast_move"]
+    h, w, f = (int(v) for v in size.split("x"))
+    outputs = Path(folder).parent / "outputs"  # under the roots, beside the model
+    spec = JobSpec(job_id="first", output=OutputSpec(uri=outputs.as_uri()),
+                   video=VideoSpec(segment_frames=4 if tiny else 16), generate=GenerateSpec(
+                       model=Path(folder).as_uri(), prompt="a red fox in the snow", height=h,
+                       width=w, num_frames=f, num_inference_steps=2, guidance_scale=1.0))
+    t = time.perf_counter()
+    run_job(spec, decoders, Run(spec, settings=settings))
+    out["first_job_s"] = time.perf_counter() - t
+    out["first_job_end_s"] = time.time() - started
+    return out
+
+
+def run_child(mode: str, folder: Path, device: str, tiny: bool) -> dict[str, Any]:
+    started = time.time()
+    cmd = [sys.executable, __file__, "--child", mode, "--folder", str(folder), "--device",
+           device, "--started", repr(started), *(["--tiny"] if tiny else [])]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=3600)
+    if done.returncode != 0:
+        raise SystemExit(f"{mode} run failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def table(doc: dict[str, Any]) -> str:
+    lines = [f"# Worker start, {doc['device']}", "", f"`{doc['command']}`, {doc['date']}; "
+             f"{doc['bytes'] / 1e9:.1f} GB written in {doc['write_s']:.1f} s; page cache "
+             f"dropped: {doc['dropped_caches']}", "",
+             "| page cache | diffusers from_pretrained | .to(device) | diffusers weights | "
+             "framefleet weights | ready | first job end | framefleet phases |",
+             "|---|---|---|---|---|---|---|---|"]
+    for run in doc["runs"]:
+        d, f = run["diffusers"], run["framefleet"]
+        phases = ", ".join(f"{k} {v:.1f}" for k, v in f["phases"].items() if k != "total")
+        lines.append(f"| {run['cache']} | {d['from_pretrained_s']:.1f} s | "
+                     f"{d['to_device_s']:.1f} s | {d['weights_to_device_s']:.1f} s | "
+                     f"{f['weights_to_device_s']:.1f} s | {f['ready_s']:.1f} s | "
+                     f"{f['first_job_end_s']:.1f} s | {phases} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--folder", type=Path, help="where to write the model (local disk)")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    ap.add_argument("--tiny", action="store_true", help="CPU, the layout in miniature")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--started", type=float, default=0.0, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    from bench.report import device_name, write_json
+
+    device = args.device or ("cpu" if args.tiny else "cuda")
+    if args.child:
+        result = _child(args.child, str(args.folder), device, args.started, args.tiny)
+        print(json.dumps(result))
+        return
+    import tempfile
+
+    folder = args.folder or Path(tempfile.mkdtemp()) / "wan22-ti2v-5b"
+    if folder.exists() and any(folder.iterdir()):
+        raise SystemExit(f"{folder}: exists and is not empty")
+    t = time.perf_counter()
+    written = write_folder(folder, "tiny-ti2v" if args.tiny else "wan2.2-ti2v-5b", device)
+    doc: dict[str, Any] = {"command": " ".join(["python", *sys.argv]), "device": device,
+                           "date": datetime.now(UTC).isoformat(timespec="seconds"),
+                           "bytes": written, "write_s": time.perf_counter() - t, "runs": []}
+    if device == "cuda":
+        doc["device"] = device_name("cuda")
+    caches = [("warm", False)] + ([] if args.tiny else [("cold", True)])
+    doc["dropped_caches"] = False
+    for cache, drop in caches:
+        run: dict[str, Any] = {"cache": cache}
+        for mode in ("diffusers", "framefleet"):
+            if drop:
+                run[f"{mode}_dropped"] = dropped = drop_caches()
+                doc["dropped_caches"] = doc["dropped_caches"] or dropped
+            run[mode] = run_child(mode, folder, device, args.tiny)
+        doc["runs"].append(run)
+    name = "worker-start-" + ("tiny" if args.tiny else "h200" if "H200" in doc["device"]
+                              else device)
+    write_json(args.out / f"{name}.json", doc)
+    (args.out / f"{name}.md").write_text(table(doc))
+    print(table(doc))
+
+
+if __name__ == "__main__":
+    main()

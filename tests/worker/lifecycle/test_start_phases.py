@@ -1,0 +1,57 @@
+"""The start's breakdown (worker/lifecycle/startphases.py): the warm-up model's read, cast and
+compile-cache phases and the decoder's warm-up are recorded before ready, in the readiness
+state, the framefleet_worker_start_seconds gauge and `framefleet fleet`."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from producer.cli.app import cli
+from producer.settings import Settings, get_settings
+from tests.worker.generate.tiny import save_tiny_model
+from worker import metrics
+from worker.lifecycle import startphases, warmup
+from worker.run import default_decoders
+
+
+def test_a_process_start_is_read_from_proc() -> None:
+    started = startphases.started_at(os.getpid())
+    assert started is not None and 0 <= time.time() - started < 3600
+    assert startphases.started_at(2**22 + 1) is None  # no such process
+    assert startphases.main_started_at() <= time.time()
+
+
+def test_phases_are_published_before_ready(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    tiny_model = save_tiny_model(tmp_path / "tiny")
+    # Given a CPU worker whose warm-up model is a tiny folder, and a warm-up decoder
+    settings = Settings(device="cpu", work_dir=str(tmp_path), warmup_model=str(tiny_model),
+                        warmup_decoder="pattern", warmup_latent_size="2x3")
+    started = time.time() - 2.0  # as if the process had started two seconds ago
+    # When it warms up
+    state = warmup.warm_up(default_decoders(settings), settings, started=started,
+                           phases={"imports": 1.5, "init": 0.1})
+    # Then every phase is there, the model's read is counted, and the total spans them all
+    assert state.ready
+    assert set(state.phases) == set(startphases.PHASES)
+    assert state.phases["read"] > 0 and state.phases["imports"] == 1.5
+    assert state.phases["total"] >= sum(v for k, v in state.phases.items() if k != "total")
+    gauge = {s.labels["phase"]: s.value for s in metrics.WORKER_START.collect()[0].samples}
+    assert gauge == state.phases
+    # and `framefleet fleet` shows them for this host's worker process
+    monkeypatch.setenv("FRAMEFLEET_WORK_DIR", str(tmp_path))
+    get_settings.cache_clear()
+    try:
+        out = CliRunner().invoke(cli, ["fleet"])
+        shown = json.loads(CliRunner().invoke(cli, ["fleet", "--json"]).output)
+    finally:
+        get_settings.cache_clear()
+    assert out.exit_code == 0, out.output
+    assert f"worker process {os.getpid()}: ready " in out.output and "read " in out.output
+    assert [s["phases"] for s in shown] == [state.phases]

@@ -1,0 +1,65 @@
+"""Where a worker's start went: process start → ready, by phase.
+
+The phases (seconds, wall clock) are those of the pool process that runs jobs, counted from the
+start of the worker's main process (the Celery process the launcher started; the pool process
+is forked from it):
+
+- ``imports``: from the main process's start to the pool process's start hook (Python,
+  torch, diffusers and Celery imports, Celery's boot, the fork);
+- ``init``: the device and the decoder cache, the /metrics server;
+- ``read``: the warm-up model's weights read (fast path: straight to the device, cast there);
+- ``cast_move``: what its load did after the read (moving, tying, the text encoder's place);
+- ``prepare``: quantising and wrapping its transformers for compile (fp8 tier);
+- ``compile_cache``: one denoise step per warm-up size, compiled from
+  ``FRAMEFLEET_COMPILE_CACHE_DIR`` (a warm cache: no compile);
+- ``warmup``: the warm-up decoder built and captured at its sizes;
+- ``total``: process start to ready.
+
+They are written to the readiness state (``framefleet fleet`` shows them) and to
+``framefleet_worker_start_seconds{phase}`` before the worker reports ready.
+
+No torch at import time: the healthcheck imports ``worker.lifecycle.warmup``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+PHASES = ("imports", "init", "read", "cast_move", "prepare", "compile_cache", "warmup", "total")
+
+
+def started_at(pid: int) -> float | None:
+    """When process ``pid`` started (epoch seconds), from /proc; None where it cannot be told."""
+    try:
+        ticks = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[19])
+        boot = next(float(line.split()[1]) for line in open("/proc/stat")
+                    if line.startswith("btime "))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def main_started_at() -> float:
+    """The start of the worker's main process: the parent of a pool process (Celery's prefork
+    pool), this process where there is no pool (solo pool, tests)."""
+    parent = started_at(os.getppid())
+    own = started_at(os.getpid())
+    if parent is not None and own is not None and own - parent < 3600:
+        return parent
+    return own if own is not None else time.time()
+
+
+def model_phases(model: dict[str, Any]) -> dict[str, float]:
+    """``read``, ``cast_move``, ``prepare`` and ``compile_cache`` summed over the warm-up
+    model's tiers (``worker.generate.warm.describe``)."""
+    out = {"read": 0.0, "cast_move": 0.0, "prepare": 0.0, "compile_cache": 0.0}
+    for tier in model.values():
+        if not isinstance(tier, dict):
+            continue
+        out["read"] += float(tier.get("read_s", 0.0))
+        out["cast_move"] += float(tier.get("cast_move_s", 0.0))
+        out["prepare"] += float(tier.get("prepare_s", 0.0))
+        out["compile_cache"] += sum(float(s) for s in tier.get("sizes", {}).values())
+    return out
