@@ -36,8 +36,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _tiny(args: argparse.Namespace) -> int:
-    from worker.generate.presets import PRESETS
-    from worker.generate.tiny import write_tiny
+    from worker.generate.model.presets import PRESETS
+    from worker.generate.model.tiny import write_tiny
 
     path: Path = args.path
     preset = write_tiny(path, args.layout, args.seed, args.lora)
@@ -53,7 +53,7 @@ def _tiny(args: argparse.Namespace) -> int:
 def _calibrate(args: argparse.Namespace) -> int:
     from producer.wire.spec import GenerateSpec
     from worker.devices import resolve_device
-    from worker.generate.calibrate import calibrate
+    from worker.generate.tier.calibrate import calibrate
 
     settings = get_settings()
     height, width, frames = (int(v) for v in args.size.split("x"))

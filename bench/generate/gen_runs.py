@@ -15,9 +15,9 @@ import torch
 
 from producer.settings import Settings
 from producer.wire.spec import GenerateSpec, JobSpec
-from worker.generate.denoise import generator, job_pipeline
-from worker.generate.text import MAX_SEQUENCE_LENGTH
-from worker.generate.tiers import eager_blocks, transformers_of
+from worker.generate.conditions.text import MAX_SEQUENCE_LENGTH
+from worker.generate.denoise.loop import generator, job_pipeline
+from worker.generate.tier.tiers import eager_blocks, transformers_of
 from worker.run import DecoderCache, Run, run_job
 
 

@@ -57,10 +57,10 @@ from bench.generate.gen_specs import RECOMMENDED_CACHE, gen_spec, job
 from bench.report import device_report, write_json
 from producer.errors import InvalidJobError, NonFiniteOutput
 from producer.settings import Settings
-from worker.generate.cache import ModelCache
-from worker.generate.folder import read_model
-from worker.generate.presets import PRESETS, build_pipeline, save_configs
-from worker.generate.tiers import check_tier
+from worker.generate.model.cache import ModelCache
+from worker.generate.model.presets import PRESETS, build_pipeline, save_configs
+from worker.generate.request.folder import read_model
+from worker.generate.tier.tiers import check_tier
 from worker.lifecycle.warmup import use_compile_cache
 from worker.run import DecoderCache
 

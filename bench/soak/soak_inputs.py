@@ -38,7 +38,7 @@ def make_lora(preset: str, path: Path, seed: int, rank: int = 16) -> Path:
     from diffusers import WanTransformer3DModel
     from safetensors.torch import save_file
 
-    from worker.generate.presets import PRESETS
+    from worker.generate.model.presets import PRESETS
 
     with torch.device("meta"):
         model = WanTransformer3DModel(**PRESETS[preset].transformer)

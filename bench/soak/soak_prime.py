@@ -9,8 +9,8 @@ model and compile one (preset, tier, size) each fill it for every later process:
 worker and ``bench/generate/generate.py`` then load each size in seconds.
 
 Each task runs in its own process, through the worker's own path (``ModelCache.adopt`` with the
-tier, then ``worker.generate.warm.compile_size``), so the graphs are the ones a job traces. The
-text encoder's weights are given up after the build (the warm-up step takes zero prompt
+tier, then ``worker.generate.model.warm.compile_size``), so the graphs are the ones a job
+traces. The text encoder's weights are given up after the build (the warm-up step takes zero prompt
 embeddings), and the builds start a few seconds apart, so the parallel processes fit in GPU memory.
 
   python bench/soak/soak_prime.py --out dir \
@@ -44,10 +44,10 @@ def run_task(task: str, device_name: str) -> dict[str, object]:
     On the CPU (the tiny presets, for the tests) the same steps run eager: nothing compiles."""
     import torch
 
-    from worker.generate.cache import ModelCache
-    from worker.generate.folder import read_model
-    from worker.generate.presets import build_pipeline, save_configs
-    from worker.generate.warm import compile_size, parse_video_sizes
+    from worker.generate.model.cache import ModelCache
+    from worker.generate.model.presets import build_pipeline, save_configs
+    from worker.generate.model.warm import compile_size, parse_video_sizes
+    from worker.generate.request.folder import read_model
     from worker.lifecycle.warmup import use_compile_cache
 
     use_compile_cache(os.environ.get("FRAMEFLEET_COMPILE_CACHE_DIR"))

@@ -10,7 +10,7 @@ do (``ModelCache.adopt``). Jobs then name those folders like any model. Real wei
 change no code path after the load, and no model can be downloaded where the soak runs.
 
 ``FRAMEFLEET_SOAK_MODELS``: ``preset=folder:tier,tier;preset=folder:tier`` (presets of
-``worker.generate.presets``; tiers ``exact`` and ``fp8``). ``FRAMEFLEET_SOAK_SIZES``:
+``worker.generate.model.presets``; tiers ``exact`` and ``fp8``). ``FRAMEFLEET_SOAK_SIZES``:
 ``preset=HxWxF,HxWxF;…``, the sizes each of its tiers is compiled for before the worker is
 ready (as ``FRAMEFLEET_WARMUP_GENERATE_SIZES`` does for the warm-up model): with a warm
 compile cache that is seconds, cold it is minutes a size.
@@ -48,7 +48,7 @@ def adopt_models(decoders: Any, text: str) -> dict[str, float]:
     """Build and adopt every model of ``text``; seconds per preset and tier."""
     from diffusers import WanPipeline
 
-    from worker.generate.presets import build_pipeline, save_configs
+    from worker.generate.model.presets import build_pipeline, save_configs
 
     device = decoders.device
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -80,8 +80,8 @@ def adopt_models(decoders: Any, text: str) -> dict[str, float]:
 
 def _compile_sizes(decoders: Any, preset: str, folder: Path, tiers: list[str],
                    dtype: torch.dtype) -> None:
-    from worker.generate.folder import read_model
-    from worker.generate.warm import compile_size, parse_video_sizes
+    from worker.generate.model.warm import compile_size, parse_video_sizes
+    from worker.generate.request.folder import read_model
 
     sizes = dict(item.split("=", 1) for item in
                  filter(None, os.environ.get("FRAMEFLEET_SOAK_SIZES", "").split(";")))

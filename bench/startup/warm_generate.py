@@ -1,7 +1,7 @@
 """Worker start with the generation model: process start → ready, per tier, with a breakdown.
 
 A fresh Python process does what a worker's pool process does for ``FRAMEFLEET_WARMUP_MODEL``
-(``worker.generate.warm``): import, make the model resident at each tier (exact; fp8:
+(``worker.generate.model.warm``): import, make the model resident at each tier (exact; fp8:
 quantised), and compile the transformer for one size by running one denoise step, with
 torch.compile's caches in ``FRAMEFLEET_COMPILE_CACHE_DIR``. Run after ``generate/generate.py`` at
 the same size and cache folder, the compile is warm (a restarted worker); on an empty folder it
@@ -35,11 +35,11 @@ def child(model: str, size: str, tiers: list[str]) -> None:
     import torch
 
     from producer.errors import InvalidJobError
-    from worker.generate.cache import ModelCache
-    from worker.generate.folder import read_model
-    from worker.generate.presets import build_pipeline, save_configs
-    from worker.generate.tiers import check_tier
-    from worker.generate.warm import compile_size
+    from worker.generate.model.cache import ModelCache
+    from worker.generate.model.presets import build_pipeline, save_configs
+    from worker.generate.model.warm import compile_size
+    from worker.generate.request.folder import read_model
+    from worker.generate.tier.tiers import check_tier
     from worker.lifecycle.warmup import use_compile_cache
 
     use_compile_cache(os.environ.get("FRAMEFLEET_COMPILE_CACHE_DIR"))

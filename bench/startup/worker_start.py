@@ -46,7 +46,7 @@ def write_folder(folder: Path, preset: str, device: str) -> int:
     import torch
     from safetensors.torch import save_file
 
-    from worker.generate.presets import build_pipeline, save_configs
+    from worker.generate.model.presets import build_pipeline, save_configs
 
     pipe = build_pipeline(preset, device="meta")
     save_configs(pipe, folder)

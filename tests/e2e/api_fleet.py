@@ -22,7 +22,7 @@ import redis
 
 from tests.gateway import GatewayProcess, Key, write_keys, write_models
 from tests.services import S3Server, WorkerProcess
-from worker.generate.tiny import write_tiny
+from worker.generate.model.tiny import write_tiny
 
 #: Seconds per pattern chunk (4 frames): a 40-latent-frame job runs ~6 s.
 CHUNK_S = 0.15

@@ -15,11 +15,11 @@ from safetensors.torch import load_file
 
 from producer.settings import Settings
 from producer.wire.spec import GenerateSpec, JobSpec, OutputSpec, VideoSpec
-from worker.generate.cache import ModelCache
-from worker.generate.denoise import generator, job_pipeline
-from worker.generate.folder import read_model
+from worker.generate.denoise.loop import generator, job_pipeline
 from worker.generate.handoff import vae_latents
-from worker.generate.presets import build_pipeline, save_configs
+from worker.generate.model.cache import ModelCache
+from worker.generate.model.presets import build_pipeline, save_configs
+from worker.generate.request.folder import read_model
 from worker.inputs.image import load_image
 from worker.run import DecoderCache, Run, run_job
 

@@ -14,9 +14,9 @@ import torch
 
 from producer.settings import Settings
 from producer.wire.spec import GenerateSpec, JobSpec, OutputSpec, VideoSpec
-from worker.generate.cache import ModelCache
-from worker.generate.presets import build_pipeline, save_configs
-from worker.generate.preview import Previews, Shot
+from worker.generate.denoise.preview import Previews, Shot
+from worker.generate.model.cache import ModelCache
+from worker.generate.model.presets import build_pipeline, save_configs
 from worker.run import DecoderCache, Run, run_job
 
 pytestmark = [

@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 
 from producer.settings import Settings
 from producer.wire.spec import GenerateSpec, JobResult, JobSpec, OutputSpec, VideoSpec
-from worker.generate.cache import ModelCache
-from worker.generate.presets import PRESETS, Preset, build_pipeline, save_configs
+from worker.generate.model.cache import ModelCache
+from worker.generate.model.presets import PRESETS, Preset, build_pipeline, save_configs
 from worker.run import DecoderCache, Run, run_job
 
 pytestmark = [

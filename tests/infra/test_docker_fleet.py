@@ -197,7 +197,7 @@ def test_a_tiny_generate_job(fleet: Fleet, tmp_path: Path) -> None:
     # Given a tiny random Wan pipeline saved in the workers' shared home (their file root)
     model = "/home/framefleet/models/tiny"
     fleet.docker_run("exec", fleet.container("worker-cpu0"), "python", "-c",
-                     "from worker.generate.presets import build_pipeline; "
+                     "from worker.generate.model.presets import build_pipeline; "
                      f"build_pipeline('tiny', seed=0).save_pretrained('{model}')", timeout=600)
     # When a prompt is submitted against it
     generate = GenerateSpec(model=f"file://{model}", prompt="a red fox in the snow", height=32,

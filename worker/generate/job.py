@@ -1,4 +1,7 @@
-"""A generate job's first stages: check the request, encode the prompt, denoise, hand off.
+"""A generate job's first stages, in the order of ``worker/generate/``'s rooms: check the request
+(``request``), find or load the model (``model``), read its images and LoRAs and encode the
+prompt (``conditions``), denoise under the job's tier and step cache (``tier``, ``denoise``),
+hand the latents off (``handoff``).
 
 Called by the runner in place of loading latents; the returned latents stay on the device and
 go straight into ``decoder.stream`` (the streamed decoder wraps the same pipeline's VAE).
@@ -23,16 +26,15 @@ from producer.errors import JobCancelled, NonFiniteOutput
 from producer.settings import Settings
 from producer.wire.spec import GenerateFacts, GenerateSpec, Progress
 from worker.devices import nonfinite, out_of_memory
-from worker.gate import TRACE
-from worker.generate.cache import ModelCache, Resident, module_bytes
-from worker.generate.conditions import Conditions, adapters_on, read_conditions
-from worker.generate.denoise import denoise
-from worker.generate.folder import ModelInfo, check_request, model_folder, read_model
+from worker.generate.conditions.read import Conditions, read_conditions
+from worker.generate.conditions.text import encode_prompt
+from worker.generate.denoise.loop import denoise
+from worker.generate.denoise.preview import Previews
 from worker.generate.handoff import vae_latents
-from worker.generate.preview import Previews
-from worker.generate.stepcache import check_cache, step_cache
-from worker.generate.text import encode_prompt
-from worker.generate.tiers import check_tier, size_stance, transformers_of
+from worker.generate.model.cache import ModelCache, Resident, module_bytes
+from worker.generate.request.check import check_job
+from worker.generate.request.folder import ModelInfo
+from worker.generate.tier.stance import job_stance
 from worker.memory import check_memory
 
 
@@ -72,10 +74,7 @@ def generate_latents(
     """Validate against the model folder, load (or reuse) the model, read the job's images and
     LoRAs, encode, denoise (making ``previews``, if given)."""
     t0 = time.perf_counter()
-    info = read_model(model_folder(gen.model, settings))
-    check_request(gen, info, settings)
-    check_tier(gen.tier, models.device)
-    check_cache(gen.cache, info.experts)
+    info = check_job(gen, models.device, settings)
     check_memory(settings, f"before loading {info.path.name}")  # a load can take many GiB
     entry = models.get(info.path, models.resolve_dtype(gen.dtype), gen.tier, info.pipeline)
     if lean:
@@ -116,15 +115,7 @@ def _denoise(models: ModelCache, entry: Resident, info: ModelInfo, gen: Generate
              job_id: str, previews: Previews | None = None) -> tuple[torch.Tensor, bool]:
     """The denoise with the job's tier (compiled or not), step cache and adapters; the
     latents in VAE space and whether the transformer ran compiled."""
-    # image channels (Wan I2V 14B) change the transformer's inputs: its own compiled size
-    size = (gen.num_frames, gen.height, gen.width, info.image_input if cond.i2v else "text")
-    adapters_loaded = entry.adapters is not None and entry.adapters.any()
-    # TRACE: no background decode build traces while compiled blocks run (``worker.gate``)
-    with TRACE.work(), size_stance(entry.sizes, entry.compiled, size, models.compiled_sizes,
-                     eager=adapters_loaded,
-                     transformers=tuple(transformers_of(entry.pipe))) as compiled, \
-            step_cache(entry.pipe, gen.cache, gen.num_inference_steps), \
-            adapters_on(entry, cond):
+    with job_stance(models, entry, info, gen, cond) as compiled:
         latents, stopped = denoise(entry.pipe, gen, info, positive, negative, step, cancelled,
                                    images=cond.call, previews=previews)
     if stopped:

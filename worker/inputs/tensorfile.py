@@ -1,11 +1,11 @@
 """The one rule for weights a worker loads: safetensors only, judged by the content.
 
 Decoder weights (``worker/inputs/weights.py``), the files of a generate model folder
-(``worker/generate/loader.py``) and LoRA adapters (``worker/generate/adapters.py``) all go
-through :func:`check_head`: a pickle or a zip checkpoint (what ``torch.save`` writes) is
-refused whatever its name, and a file that claims to be safetensors must start like one (an
-8-byte little-endian header length that fits the file, then a JSON object). Unpickling a file
-can run code; nothing here ever does.
+(``worker/generate/request/loader.py``) and LoRA adapters
+(``worker/generate/conditions/adapters.py``) all go through :func:`check_head`: a pickle or a zip
+checkpoint (what ``torch.save`` writes) is refused whatever its name, and a file that claims to be
+safetensors must start like one (an 8-byte little-endian header length that fits the file, then a
+JSON object). Unpickling a file can run code; nothing here ever does.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ def main_started_at() -> float:
 
 def model_phases(model: dict[str, Any]) -> dict[str, float]:
     """``read``, ``cast_move``, ``prepare`` and ``compile_cache`` summed over the warm-up
-    model's tiers (``worker.generate.warm.describe``)."""
+    model's tiers (``worker.generate.model.warm.describe``)."""
     out = {"read": 0.0, "cast_move": 0.0, "prepare": 0.0, "compile_cache": 0.0}
     for tier in model.values():
         if not isinstance(tier, dict):

@@ -56,9 +56,9 @@ def parse_sizes(text: str) -> list[tuple[int, int]]:
 
 def _warm_model(decoders: DecoderCache, settings: Settings) -> dict[str, Any]:
     """``FRAMEFLEET_WARMUP_MODEL`` resident at its tiers and compiled at its sizes
-    (``worker.generate.warm``). A bad folder fails the jobs that name it, not the worker."""
+    (``worker.generate.model.warm``). A bad folder fails the jobs that name it, not the worker."""
     from producer.errors import FramefleetError
-    from worker.generate.warm import describe, warm_up
+    from worker.generate.model.warm import describe, warm_up
 
     try:
         return describe(warm_up(decoders.models, settings))
@@ -69,7 +69,7 @@ def _warm_model(decoders: DecoderCache, settings: Settings) -> dict[str, Any]:
 
 def warm_up(decoders: DecoderCache, settings: Settings,
             phases: dict[str, float] | None = None, started: float | None = None) -> WarmupState:
-    """Load and compile ``FRAMEFLEET_WARMUP_MODEL`` (``worker.generate.warm``), build and warm
+    """Load and compile ``FRAMEFLEET_WARMUP_MODEL`` (``worker.generate.model.warm``), build and warm
     up ``FRAMEFLEET_WARMUP_DECODER`` at every warm-up size, then report ready. Without either
     the worker is ready at once. A size whose graph could not be captured (logged by the graph
     cache) stays eager: ready, its entry says ``graph: false``. Holds the process's capture

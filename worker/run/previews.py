@@ -1,6 +1,6 @@
 """A generate run's previews: encoded, stored and announced on a writer thread of their own.
 
-The device's part (``worker.generate.preview``) offers each preview as it is made, after a
+The device's part (``worker.generate.denoise.preview``) offers each preview as it is made, after a
 denoise step. ``offer`` never blocks: a preview that finds the writer's queue full is dropped
 (the next one comes). The writer waits for the preview's copy to reach the host (on its event
 alone), encodes the clip (``worker.pipeline.clip``: the latent grid, ``SCALE`` times larger, one
@@ -25,7 +25,7 @@ import time
 from types import TracebackType
 
 from producer.wire.spec import PREVIEW_LATEST, PreviewInfo, preview_name
-from worker.generate.preview import Previews, Shot
+from worker.generate.denoise.preview import Previews, Shot
 from worker.pipeline.clip import encode_clip
 from worker.run.run import Run
 from worker.stores.storage import JobOutput

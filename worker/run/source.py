@@ -16,7 +16,7 @@ import torch
 from producer.wire.spec import GenerateFacts, GenerateSpec, InputSpec
 from worker.decoders.base import ChunkDecoder
 from worker.generate import generate_latents
-from worker.generate.preview import Previews
+from worker.generate.denoise.preview import Previews
 from worker.inputs.latents import load_latents
 from worker.run.decoders import DecoderCache
 from worker.run.run import Run

@@ -14,7 +14,7 @@ loader must take it as it is:
   model), ``tokenizer.json`` (its Unigram form, what the fast tokenizer reads),
   ``tokenizer_config.json`` and ``special_tokens_map.json``; both are built here, tiny.
 
-Each layout is a preset of ``worker.generate.presets`` (the architecture in miniature) with
+Each layout is a preset of ``worker.generate.model.presets`` (the architecture in miniature) with
 the published file structure around it. Nothing is downloaded.
 """
 
@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from worker.generate.presets import build_pipeline
+from worker.generate.model.presets import build_pipeline
 
 F32, BF16 = torch.float32, torch.bfloat16
 #: Weight file stems per library.

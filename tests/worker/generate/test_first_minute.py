@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.generate.folder import read_model
+from worker.generate.request.folder import read_model
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -25,7 +25,7 @@ from producer.wire.spec import (
     parse_spec,
 )
 from tests.worker.generate.tiny import reference_latents, tiny_generate, without_transformer
-from worker.generate.cache import ModelCache
+from worker.generate.model.cache import ModelCache
 from worker.pipeline.encode import read_frames_rgb
 from worker.run import DecoderCache, Run, default_decoders, run_job
 

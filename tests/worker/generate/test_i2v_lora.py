@@ -142,7 +142,7 @@ def test_bad_loras_fail_and_leave_the_base_exact(tiny_model: Path, i2v_model: Pa
 
 
 def test_adapters_beyond_the_budget_are_unloaded(tiny_model: Path, tmp_path: Path) -> None:
-    from worker.generate.adapters import _evict
+    from worker.generate.conditions.adapters import _evict
 
     paths = [make_lora(tiny_model, tmp_path / f"l{i}.safetensors", seed=i) for i in range(3)]
     decoders = default_decoders(SETTINGS)

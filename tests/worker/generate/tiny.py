@@ -9,10 +9,10 @@ from typing import Any
 import torch
 
 from producer.wire.spec import GenerateSpec
-from worker.generate.denoise import generator
+from worker.generate.conditions.text import MAX_SEQUENCE_LENGTH
+from worker.generate.denoise.loop import generator
 from worker.generate.handoff import vae_latents
-from worker.generate.presets import build_pipeline
-from worker.generate.text import MAX_SEQUENCE_LENGTH
+from worker.generate.model.presets import build_pipeline
 
 
 def _dtype(dtype: torch.dtype | None) -> dict[str, object]:

@@ -15,11 +15,17 @@ import torch
 
 from producer.settings import Settings
 from tests.worker.generate.tiny import tiny_generate
-from worker.generate.denoise import denoise, job_pipeline
-from worker.generate.folder import read_model
-from worker.generate.latent_rgb import WAN21_BIAS, WAN21_RGB, WAN22_BIAS, WAN22_RGB, rgb_factors
-from worker.generate.preview import Previews, Shot, flow_scheduler, watch_x0
-from worker.generate.text import encode_prompt
+from worker.generate.conditions.text import encode_prompt
+from worker.generate.denoise.latent_rgb import (
+    WAN21_BIAS,
+    WAN21_RGB,
+    WAN22_BIAS,
+    WAN22_RGB,
+    rgb_factors,
+)
+from worker.generate.denoise.loop import denoise, job_pipeline
+from worker.generate.denoise.preview import Previews, Shot, flow_scheduler, watch_x0
+from worker.generate.request.folder import read_model
 
 SETTINGS = Settings(device="cpu", max_denoise_steps=50, file_roots=tempfile.gettempdir())
 
@@ -70,7 +76,7 @@ def _run(pipe: Any, gen: Any, positive: torch.Tensor, negative: torch.Tensor | N
     """One denoise of ``pipe`` with ``watch`` on its scheduler (None: as without previews)."""
     from diffusers import FlowMatchEulerDiscreteScheduler
 
-    from worker.generate.denoise import generator
+    from worker.generate.denoise.loop import generator
 
     info = read_model(Path(gen.model.removeprefix("file://")))
     run = job_pipeline(pipe, gen, info)

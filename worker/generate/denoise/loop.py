@@ -4,7 +4,7 @@ framefleet adds only what a fleet job needs around it: a fresh scheduler per job
 model's config, with the spec's flow shift), the spec's boundary between two experts, a seeded
 ``torch.Generator``, and ``callback_on_step_end`` for progress and cooperative cancellation
 (diffusers' ``_interrupt`` flag: the remaining steps are skipped); with previews, a watch on
-the job's scheduler that reads the x0 estimate (``worker.generate.preview``). The sampler is
+the job's scheduler that reads the x0 estimate (``worker.generate.denoise.preview``). The sampler is
 diffusers'.
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from producer.wire.spec import GenerateSpec
-from worker.generate.folder import ModelInfo
-from worker.generate.preview import Previews, attach
+from worker.generate.denoise.preview import Previews, attach
+from worker.generate.request.folder import ModelInfo
 
 
 def job_pipeline(pipe: Any, gen: GenerateSpec, info: ModelInfo, i2v: bool = False) -> Any:

@@ -19,10 +19,10 @@ import torch
 
 from producer.settings import Settings
 from producer.wire.spec import GenerateSpec
-from worker.generate.cache import ModelCache
-from worker.generate.denoise import denoise
-from worker.generate.folder import check_request, model_folder, read_model
-from worker.generate.text import encode_prompt
+from worker.generate.conditions.text import encode_prompt
+from worker.generate.denoise.loop import denoise
+from worker.generate.model.cache import ModelCache
+from worker.generate.request.folder import check_request, model_folder, read_model
 
 PREFIX = "MagCache Calibration Results: "
 

@@ -9,7 +9,7 @@ after a step (x0), projected to a small RGB clip without the VAE, on its way to 
   job's own scheduler, before the step runs, and never changes the step: the latents are bit
   for bit those of a run without previews. (UniPC computes the same x0 inside its step, as
   its ``model_outputs[-1]``; the tests hold the two together.)
-- **RGB.** One 3×C matrix and bias per latent format (``worker.generate.latent_rgb``), one
+- **RGB.** One 3×C matrix and bias per latent format (``worker.generate.denoise.latent_rgb``), one
   small matmul on x0 in the transformer's (normalised) space, to uint8 (T, h, w, 3): one pixel
   per latent cell. The writer upsamples it while it encodes (``worker.pipeline.clip``).
 - **To the host.** The clip is copied non-blocking into one of a few pinned buffers and an
@@ -34,8 +34,8 @@ import numpy as np
 import torch
 
 from producer.wire.spec import GenerateSpec
-from worker.generate.folder import ModelInfo
-from worker.generate.latent_rgb import rgb_factors
+from worker.generate.denoise.latent_rgb import rgb_factors
+from worker.generate.request.folder import ModelInfo
 
 log = logging.getLogger(__name__)
 #: Pinned buffers per job: previews on their way to (or in) the writer at once.

@@ -6,15 +6,15 @@ seconds to minutes, a job should not pay it. Entries are charged the bytes of th
 buffers on the device; beyond ``budget_bytes`` the least recently used are dropped. A model
 alone larger than the budget is refused (a fatal error naming ``generate.model``).
 
-Entries are keyed on the folder, the dtype and the tier (``worker.generate.tiers``): an fp8
+Entries are keyed on the folder, the dtype and the tier (``worker.generate.tier.tiers``): an fp8
 copy and an exact copy of one model are two residents under the one budget, and a job gets the
 copy of its own tier, never the other. On CUDA each resident's transformer blocks are compiled
 (``FRAMEFLEET_COMPILED_SIZES`` sizes at most per resident).
 
 With ``offload_text_encoder`` the text encoder (UMT5-XXL: 5.7 B parameters, 11.4 GB in bf16)
 lives on the host between jobs and is charged nothing: a job moves it to the GPU to encode
-its prompt and back afterwards (``worker/generate/text.py``). The decoder of a generate job
-wraps the pipeline's own VAE, so it costs no second copy.
+its prompt and back afterwards (``worker/generate/conditions/text.py``). The decoder of a
+generate job wraps the pipeline's own VAE, so it costs no second copy.
 """
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ from typing import Any
 import torch
 
 from producer.errors import InvalidJobError
-from worker.generate import fastload, loader
-from worker.generate.loader import recheck
-from worker.generate.tiers import allow_recompiles, prepare
+from worker.generate.model import fastload
+from worker.generate.request import loader
+from worker.generate.request.loader import recheck
+from worker.generate.tier.tiers import allow_recompiles, prepare
 
 log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -71,7 +72,7 @@ class Resident:
     compiled: bool = False  # the transformer's blocks are compiled (CUDA)
     sizes: list[Any] = field(default_factory=list)  # the sizes compiled so far, oldest first
     prepare_s: float = 0.0  # quantising and wrapping for compile (not compiling: first use)
-    adapters: Any = None  # worker.generate.adapters.Adapters, once a job named a LoRA
+    adapters: Any = None  # worker.generate.conditions.adapters.Adapters, once a job named a LoRA
     decoders: dict[bool, Any] = field(default_factory=dict)  # tiled? → decoder over pipe.vae
 
 
@@ -85,7 +86,7 @@ class ModelCache:
     ) -> None:
         """``compiled_sizes``: sizes each resident's transformer keeps compiled (CUDA only;
         0: the transformer always runs eager). ``load_method``: ``fast``
-        (``worker.generate.fastload``) or ``diffusers`` (``from_pretrained``, then moved)."""
+        (``worker.generate.model.fastload``) or ``diffusers`` (``from_pretrained``, then moved)."""
         self.device = device
         self.load_method = load_method
         self.load_threads = load_threads

@@ -17,10 +17,10 @@ from producer.settings import Settings
 from producer.wire.spec import DecoderSpec
 from tests.worker.generate.attacks import ATTACKS, attacked
 from tests.worker.generate.tiny import as_git_clone, without
-from worker.generate.cache import ModelCache
-from worker.generate.folder import model_folder, read_model
-from worker.generate.limits import check_config
-from worker.generate.presets import PRESETS, build_pipeline, save_configs
+from worker.generate.model.cache import ModelCache
+from worker.generate.model.presets import PRESETS, build_pipeline, save_configs
+from worker.generate.request.folder import model_folder, read_model
+from worker.generate.request.limits import check_config
 from worker.inputs.weights import resolve_weights
 
 
@@ -250,7 +250,7 @@ def test_a_missing_tokenizer_is_named(tiny_model: Path, place: tuple[Path, Path,
 def test_the_random_weights_marker_is_read_like_any_file_of_the_folder(
     tiny_model: Path, place: tuple[Path, Path, Settings]
 ) -> None:
-    from worker.generate.tiny import RANDOM_MARKER
+    from worker.generate.model.tiny import RANDOM_MARKER
 
     roots, outside, settings = place
     model = Path(shutil.copytree(tiny_model, roots / "m"))

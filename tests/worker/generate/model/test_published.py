@@ -21,9 +21,9 @@ from producer.wire.spec import JobSpec, OutputSpec, VideoSpec
 from tests.worker.generate.published import PUBLISHED, write_published
 from tests.worker.generate.tiny import reference_i2v_latents, reference_latents, tiny_generate
 from worker import quiet
-from worker.generate.cache import ModelCache
-from worker.generate.fastload import MODELS, load_pipeline
-from worker.generate.folder import model_folder
+from worker.generate.model.cache import ModelCache
+from worker.generate.model.fastload import MODELS, load_pipeline
+from worker.generate.request.folder import model_folder
 from worker.inputs.image import load_image
 from worker.run import Run, default_decoders, run_job
 

@@ -6,11 +6,11 @@ it on the job's transformers for the denoise only, and always disables it afterw
 the job fails or is cancelled), with the hooks' state reset: the resident model a later job
 gets has no hook and no state left. A job that asked for no cache never gets one.
 
-Every cache here hooks whole blocks, around their compiled ``forward`` (``worker.generate.tiers``),
-so a cached job keeps the compiled blocks. TaylorSeer therefore runs in diffusers' lite mode
-(whole blocks skipped, the output projection predicted): its full mode hooks modules whose
-names fully match ``blocks.*attn``, and Wan's are ``attn1``/``attn2``, so on Wan it would hook
-nothing and cache nothing.
+Every cache here hooks whole blocks, around their compiled ``forward``
+(``worker.generate.tier.tiers``), so a cached job keeps the compiled blocks. TaylorSeer therefore
+runs in diffusers' lite mode (whole blocks skipped, the output projection predicted): its full mode
+hooks modules whose names fully match ``blocks.*attn``, and Wan's are ``attn1``/``attn2``, so on Wan
+it would hook nothing and cache nothing.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 from producer.errors import InvalidJobError
 from producer.wire.generation import CacheSpec, FirstBlockCache, MagCache, TaylorSeerCache
-from worker.generate.tiers import transformers_of
+from worker.generate.tier.tiers import transformers_of
 
 
 def check_cache(cache: CacheSpec | None, experts: int) -> None:

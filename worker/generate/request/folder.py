@@ -17,8 +17,8 @@ from urllib.parse import urlparse
 from producer.errors import InvalidJobError
 from producer.settings import Settings, get_settings
 from producer.wire.spec import GenerateSpec
-from worker.generate.loader import approve, read_config
-from worker.generate.tiny import RANDOM_MARKER
+from worker.generate.model.tiny import RANDOM_MARKER
+from worker.generate.request.loader import approve, read_config
 from worker.inputs.tree import Entry
 from worker.stores.paths import file_roots, local_folder
 from worker.stores.storage import locate
@@ -34,8 +34,8 @@ def model_folder(uri: str, settings: Settings | None = None) -> Path:
     With ``settings`` (a job's folder) the path must lie under ``FRAMEFLEET_FILE_ROOTS``
     (``worker.stores.paths``: one refusal whether or not it exists); without (the operator's
     ``FRAMEFLEET_WARMUP_MODEL``) it is taken as configured. Either way everything it holds is
-    checked (``worker.generate.loader``: regular files, bounded configs, safetensors weights,
-    config limits; with settings, every file and folder symlink under the roots) before any
+    checked (``worker.generate.request.loader``: regular files, bounded configs, safetensors
+    weights, config limits; with settings, every file and folder symlink under the roots) before any
     model is loaded. Returns the folder with its symlinks resolved.
     """
     parsed = urlparse(uri)

@@ -16,7 +16,7 @@ tensor and dtype): floating tensors in the job's dtype except what the model kee
 
 Every tensor a shard is read for is the one the index maps to it; a tensor the index names
 that its shard lacks, or a model tensor no file provides, is a fatal ``InvalidJobError``
-naming the file. The folder has been checked (``worker.generate.loader``) just before.
+naming the file. The folder has been checked (``worker.generate.request.loader``) just before.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from producer.errors import InvalidJobError
-from worker.generate.loader import FIELD, WEIGHTS
+from worker.generate.request.loader import FIELD, WEIGHTS
 
 log = logging.getLogger(__name__)
 #: Components built from a config and loaded from weights (the rest load with their library).

@@ -2,7 +2,7 @@
 random LoRA that fits it: everything the README's first-minute examples use, no download.
 
 The folder carries :data:`RANDOM_MARKER`, which the model folder reader
-(``worker.generate.folder.read_model``) finds, so every job on it says ``random weights:
+(``worker.generate.request.folder.read_model``) finds, so every job on it says ``random weights:
 noise`` in its manifest, its result, the CLI and the API, as a job on ``decoder.weights
 "random"`` does.
 """
@@ -24,7 +24,7 @@ def write_tiny(path: Path, layout: str, seed: int = 0, lora: Path | None = None)
     """Write the pipeline (``layout``: t2v, ti2v or i2v), its marker and, with ``lora``, a
     random LoRA for its transformer; returns the preset's name."""
     from worker import quiet
-    from worker.generate.presets import LAYOUTS, build_pipeline
+    from worker.generate.model.presets import LAYOUTS, build_pipeline
 
     quiet.progress_bars_off()
     if path.exists() and any(path.iterdir()):

@@ -21,10 +21,10 @@ from producer.errors import InvalidJobError
 from producer.settings import Settings
 from producer.wire.spec import GenerateSpec
 from worker.gate import TRACE
-from worker.generate.cache import ModelCache, Resident
-from worker.generate.denoise import denoise
-from worker.generate.folder import ModelInfo, model_folder, read_model
-from worker.generate.tiers import check_tier, size_stance, transformers_of
+from worker.generate.denoise.loop import denoise
+from worker.generate.model.cache import ModelCache, Resident
+from worker.generate.request.folder import ModelInfo, model_folder, read_model
+from worker.generate.tier.tiers import check_tier, size_stance, transformers_of
 
 log = logging.getLogger(__name__)
 

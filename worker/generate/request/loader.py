@@ -12,7 +12,7 @@
   indexes) are read without blocking and counted against ``FRAMEFLEET_MAX_MODEL_CONFIG_BYTES``;
 - each model component has safetensors weights (one file or a sharded index whose shards are
   plain names inside its folder, with no ``.safetensors`` file beside them it does not
-  name), and its config is within the limits of ``worker.generate.limits``; every other
+  name), and its config is within the limits of ``worker.generate.request.limits``; every other
   component ``model_index.json`` names has its folder (the tokenizer's with
   ``tokenizer.json`` or ``spiece.model``), so a missing one is named.
 
@@ -35,7 +35,7 @@ from typing import Any
 
 from producer.errors import InvalidJobError
 from producer.settings import Settings, get_settings
-from worker.generate.limits import KINDS, check_config
+from worker.generate.request.limits import KINDS, check_config
 from worker.inputs.tensorfile import (
     HEAD,
     check_head,

@@ -14,9 +14,9 @@ from typing import Any
 
 from producer.settings import Settings
 from producer.wire.spec import GenerateSpec, ImageFacts, LoraFacts
-from worker.generate import adapters
-from worker.generate.cache import Resident
-from worker.generate.folder import ModelInfo
+from worker.generate.conditions import adapters
+from worker.generate.model.cache import Resident
+from worker.generate.request.folder import ModelInfo
 from worker.inputs.image import JobImage, load_image
 
 

@@ -16,7 +16,7 @@ from torchao.quantization.quant_primitives import (  # noqa: E402
     _quantize_affine_float8,
 )
 
-from worker.generate.tiers import FP8_ACTIVATION_LB, fp8_config, fp8_linear  # noqa: E402
+from worker.generate.tier.tiers import FP8_ACTIVATION_LB, fp8_config, fp8_linear  # noqa: E402
 
 
 def _quantised(x: torch.Tensor, lb: float | None) -> torch.Tensor:

@@ -17,7 +17,7 @@ from tests.worker.generate.tiny import tiny_generate
 from worker.lifecycle.warmup import warm_up
 from worker.run import Run, default_decoders, run_job
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 def test_warm_up_model_per_tier_before_ready(tiny_model: Path, tmp_path: Path) -> None:

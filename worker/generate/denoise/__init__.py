@@ -1,0 +1,1 @@
+"""The denoise stage: the pipeline's denoise loop with latent output, and its previews."""
