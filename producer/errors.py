@@ -53,6 +53,10 @@ class InvalidJobError(FatalJobError, ValueError):
     """The job spec or its input is invalid; the message names the field or file."""
 
 
+class InputTooLarge(InvalidJobError):
+    """An input over the byte limit it was read under; the message names the field and file."""
+
+
 class InputNotFoundError(FatalJobError, FileNotFoundError):
     """The latents object named by ``input.uri`` does not exist."""
 

@@ -103,6 +103,20 @@ def check_memory(settings: Settings, where: str) -> None:
     )
 
 
+def room_bytes(settings: Settings) -> int | None:
+    """What this process may still grow by before the guard's limit, or None when it is off."""
+    limit = limit_mib(settings)
+    return None if limit is None else max(0, limit * MIB - rss_bytes())
+
+
+def over_room(settings: Settings, what: str, room: int) -> FatalJobError:
+    """The refusal of an input that would take this process past the limit once read."""
+    return FatalJobError(
+        f"{what} is over what this worker may hold: reading it would take its memory past "
+        f"FRAMEFLEET_MAX_RSS_MIB={limit_mib(settings)} (RSS {rss_bytes() / MIB:.0f} MiB, room "
+        f"for a {room} byte input); refused before it was read")
+
+
 def track(models: Any) -> None:
     """Let ``recover`` evict the resident models of ``models`` (a ``ModelCache``)."""
     _caches.add(models)

@@ -12,9 +12,9 @@ run at least ``--minutes`` and ``--jobs`` jobs, and checks every end:
 - no non-finite output reported as SUCCESS (a SUCCESS whose latents are not finite counts);
 - per job: queue wait, GPU-seconds, denoise and decode seconds, cost; GPU memory (torch's
   allocated and reserved, scraped from the worker's /metrics after each job);
-- the worker's main process never dies, and its pool process only where a job was meant to
-  replace it (the job over the memory limit: Celery replaces a pool process still over the
-  limit after its job).
+- the worker's main process never dies, and its pool process at most where a job was meant to
+  push it (the job over the memory limit: its latents are refused before they are read, so
+  the pool process normally stays).
 
 Writes ``soak-<device>.json`` and ``.md`` under ``--out`` and prints a short table. ``--tiny``
 runs the same on the CPU with the tiny presets (fp8 rows skipped: no float8 units), for CI and

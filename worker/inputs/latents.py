@@ -12,10 +12,11 @@ import io
 import numpy as np
 import torch
 
-from producer.errors import InvalidJobError
+from producer.errors import InputTooLarge, InvalidJobError
 from producer.settings import Settings
 from producer.wire.spec import InputSpec
 from worker.decoders.base import SPATIAL_RATIO, frames_for_latents
+from worker.memory import over_room, room_bytes
 from worker.stores.storage import read_uri
 
 FLOAT_DTYPES = {torch.float16, torch.bfloat16, torch.float32, torch.float64}
@@ -94,6 +95,22 @@ def check_latents(
     return latents
 
 
+#: A latents file is held about three times while it is parsed: the bytes read, the array
+#: ``np.load`` makes of them, the float32 tensor.
+PARSE_COPIES = 3
+
+
 def load_latents(spec: InputSpec, channels: int, settings: Settings) -> torch.Tensor:
-    data = read_uri(spec.uri, settings.max_input_bytes, settings, field="input.uri")
+    """The job's latents, read under ``FRAMEFLEET_MAX_INPUT_BYTES`` and, when the memory guard
+    is on, under what this process may still hold: a file too big for it is refused before it
+    is read (a fatal error naming ``input.uri`` and the limit), not read into the OOM killer."""
+    room = room_bytes(settings)
+    cap = settings.max_input_bytes
+    if room is None or room // PARSE_COPIES >= cap:
+        data = read_uri(spec.uri, cap, settings, field="input.uri")
+    else:
+        try:
+            data = read_uri(spec.uri, room // PARSE_COPIES, settings, field="input.uri")
+        except InputTooLarge:
+            raise over_room(settings, f"input.uri: {spec.uri}", room // PARSE_COPIES) from None
     return check_latents(parse_latents(data, spec), spec, channels, settings)

@@ -22,7 +22,13 @@ import os
 import stat
 from pathlib import Path
 
-from producer.errors import FatalJobError, InputNotFoundError, InvalidJobError, PathRefusedError
+from producer.errors import (
+    FatalJobError,
+    InputNotFoundError,
+    InputTooLarge,
+    InvalidJobError,
+    PathRefusedError,
+)
 from producer.settings import Settings
 
 CHUNK = 1024**2
@@ -100,7 +106,7 @@ def read_bounded(fd: int, max_bytes: int, field: str, uri: str) -> bytes:
             return b"".join(chunks)
         total += len(chunk)
         if total > max_bytes:
-            raise InvalidJobError(f"{field}: {uri} is over the {max_bytes} byte limit")
+            raise InputTooLarge(f"{field}: {uri} is over the {max_bytes} byte limit")
         chunks.append(chunk)
 
 
@@ -115,8 +121,8 @@ def read_local(path: str | os.PathLike[str], max_bytes: int, settings: Settings,
     try:
         info = _check_fd(fd, settings, field, uri)
         if info.st_size > max_bytes:
-            raise InvalidJobError(f"{field}: {uri} is {info.st_size} bytes, over the "
-                                  f"{max_bytes} byte limit")
+            raise InputTooLarge(f"{field}: {uri} is {info.st_size} bytes, over the "
+                                f"{max_bytes} byte limit")
         try:
             return read_bounded(fd, max_bytes, field, uri)
         except OSError as e:

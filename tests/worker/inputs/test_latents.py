@@ -117,3 +117,30 @@ def test_oversized_file(tmp_path: Path) -> None:
     small = Settings(max_input_bytes=1024, file_roots=str(tmp_path))
     with pytest.raises(InvalidJobError, match="over the 1024"):
         load_latents(InputSpec(uri=path.as_uri()), 16, small)
+
+
+def test_a_file_bigger_than_the_memory_left_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    # Given a memory limit 30 MiB above what this process holds, and 64 MiB of latents (a
+    # sparse file: nothing is written)
+    from producer.errors import FatalJobError
+    from worker.memory import MIB, rss_bytes
+
+    big = tmp_path / "big.npy"
+    np.lib.format.open_memmap(big, mode="w+", dtype=np.float32, shape=(16, 4, 512, 512)).flush()
+    small = tmp_path / "small.npy"
+    np.save(small, np.zeros((16, 2, 8, 8), np.float32))
+    limit = rss_bytes() // MIB + 30
+    settings = Settings(**{**LIMITS, "max_input_bytes": 2 * 1024**3},  # type: ignore[arg-type]
+                        file_roots=str(tmp_path), max_rss_mib=limit)
+    before = rss_bytes()
+    # When the job's latents are read, then it fails naming the input and the limit, having
+    # read none of it (a fatal error: another try would meet the same limit)
+    with pytest.raises(FatalJobError) as refused:
+        load_latents(InputSpec(uri=big.as_uri()), 16, settings)
+    message = str(refused.value)
+    assert not isinstance(refused.value, InvalidJobError)
+    assert f"input.uri: {big.as_uri()}" in message and f"FRAMEFLEET_MAX_RSS_MIB={limit}" in message
+    assert "refused before it was read" in message
+    assert rss_bytes() - before < 16 * MIB
+    # and a file within what is left loads under the same limit
+    assert load_latents(InputSpec(uri=small.as_uri()), 16, settings).shape == (16, 2, 8, 8)

@@ -23,6 +23,7 @@ from botocore.exceptions import (
 from producer.errors import (
     FatalJobError,
     InputNotFoundError,
+    InputTooLarge,
     InvalidJobError,
     RetryableError,
     StorageConfigError,
@@ -208,6 +209,25 @@ def test_s3_oversized_object_is_refused_before_it_is_read(s3_store: StoreFactory
     store.put_bytes("big.npy", b"x" * 2048, "application/octet-stream")
     with pytest.raises(InvalidJobError, match="is 2048 bytes, over 1024"):
         store.get_bytes("big.npy", max_bytes=1024)
+
+
+def test_s3_read_is_bounded_even_when_the_object_grows_after_its_head(
+    s3_store: StoreFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an object replaced by a bigger one between the HEAD and the GET (the HEAD's answer
+    # is the old object's), and an empty object
+    store = s3_store()
+    store.put_bytes("grown.npy", b"x" * 4096, "application/octet-stream")
+    store.put_bytes("empty.npy", b"", "application/octet-stream")
+    head = store.client.head_object
+    monkeypatch.setattr(store.client, "head_object",
+                        lambda **kw: {**head(**kw), "ContentLength": 10}
+                        if kw["Key"] == "grown.npy" else head(**kw))
+    # Then the GET reads one byte past the limit at most, and refuses
+    with pytest.raises(InputTooLarge, match="grown.npy is over 1024 bytes"):
+        store.get_bytes("grown.npy", max_bytes=1024)
+    # and an empty object reads as empty (a range of it would be a 416)
+    assert store.get_bytes("empty.npy", max_bytes=1024) == b""
 
 
 def test_s3_403_on_head_means_absent(s3_store: StoreFactory, s3: S3Server) -> None:
