@@ -143,6 +143,25 @@ SHIMS = {
             if [ "$n" -ge 2 ]; then echo Terminated; else echo InService; fi ;;
           *) exit 22 ;;
         esac""",
+    # The model volume: `nvme id-ctrl --vendor-specific DEV` shows the device name EBS was
+    # given for each pair dev=name of $FAKE_NVME_NAMES, padded as EBS pads it; blkid sees XFS
+    # and lsblk the volume id (the NVMe serial); nothing is mounted yet.
+    "nvme": """
+        dev="${@: -1}"
+        echo "vs[]:"
+        for pair in $FAKE_NVME_NAMES; do
+          if [ "${pair%%=*}" = "${dev##*/}" ]; then
+            printf '0000: 2f 64 65 76 2f 73 64 6d 20 20 20 20 20 20 20 20 "/dev/%-8s"\n' \
+              "${pair#*=}"
+            exit 0
+          fi
+        done
+        echo '0000: 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 "................"'""",
+    "blkid": 'case "$*" in *TYPE*) echo xfs ;; *) exit 2 ;; esac',
+    "lsblk": "echo vol0123456789abcdef1",
+    "mountpoint": "exit 1",
+    "mount": "",
+    "dd": "",  # reads nothing: the calls say which files were read through
     "hostname": "echo ip-10-0-1-23",
     "systemctl": "",
     "chown": "",  # the tests need not run as root
@@ -154,12 +173,14 @@ SHIMS = {
 def run(
     script: str, tmp: Path, gpus: int = 0, lifecycle: str = "on-demand", ps: str = "",
     api_keys: str = "", warming: int = 0, not_ready: str = "", ready_wait_s: int | None = None,
+    nvme_names: str = "",
 ) -> tuple[subprocess.CompletedProcess[str], list[list[str]]]:
     """Run ``script`` with bash, the stand-ins first on PATH; return it and the calls made.
 
     ``warming``: healthchecks each worker container fails before it passes; ``not_ready``:
     container names that never pass; ``ready_wait_s``: the boot script's wait for ready
-    (unset: its own, from the ready hook's timeout and the uptime)."""
+    (unset: its own, from the ready hook's timeout and the uptime); ``nvme_names``:
+    ``nvme1n1=sdm ...``, the EBS device name in each NVMe device's vendor data."""
     bin_dir, root, log = tmp / "bin", tmp / "root", tmp / "calls.log"
     bin_dir.mkdir(parents=True, exist_ok=True)
     root.mkdir(exist_ok=True)
@@ -174,7 +195,8 @@ def run(
     (tmp / "script.sh").write_text(script)
     env = dict(PATH=f"{bin_dir}:/usr/bin:/bin", FRAMEFLEET_ROOT=str(root), HOME=str(tmp))
     fakes = dict(FAKE_LOG=str(log), FAKE_GPUS=str(gpus), FAKE_LIFECYCLE=lifecycle,
-                 FAKE_API_KEYS=api_keys, FAKE_WARMING=str(warming), FAKE_NOT_READY=not_ready)
+                 FAKE_API_KEYS=api_keys, FAKE_WARMING=str(warming), FAKE_NOT_READY=not_ready,
+                 FAKE_NVME_NAMES=nvme_names)
     if ready_wait_s is not None:
         env["FRAMEFLEET_READY_WAIT_S"] = str(ready_wait_s)
     done = sh("bash", str(tmp / "script.sh"), env={**env, **fakes, "FAKE_DOCKER_PS": ps})

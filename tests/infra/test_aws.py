@@ -239,6 +239,11 @@ def test_rendered_scripts_pass_shellcheck(tmp_path: Path) -> None:
     assert boot.returncode == 0, boot.stderr
     scripts = {
         "worker": user_data("WorkerLaunchTemplate"),
+        # its model volume branch, with the parameters' values spliced in
+        "worker-models": user_data(
+            "WorkerLaunchTemplate", ModelSnapshotId="snap-0123456789abcdef0",
+            ModelWarmupFolder="Wan2.2-TI2V-5B-Diffusers", WarmupGenerateSizes="704x1280x121",
+        ),
         "exporter": user_data("ExporterLaunchTemplate"),
         "drain": (tmp_path / "root/usr/local/bin/framefleet-drain").read_text(),
     }
