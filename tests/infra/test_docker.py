@@ -21,6 +21,7 @@ from producer.cli.cost import PLOT_MISSING
 from producer.ports import DEFAULT_METRICS_PORT, metrics_port_for
 from tests.infra.k8s_render import settings_of
 from tests.require import require_binary
+from worker.lifecycle.poolwatch import WARM_START_S
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
@@ -138,6 +139,10 @@ def test_worker_image_is_pinned_cuda_non_root_with_healthcheck() -> None:
     final = dict(final_stage(DOCKER / "Dockerfile.worker"))
     assert final["USER"] not in {"root", "0"}
     assert final["HEALTHCHECK"].endswith('CMD ["framefleet", "healthcheck"]')
+    # Its start period allows a cold start with a warm-up: longer than the worker's own bound,
+    # which gives up first and says why.
+    (start_period,) = re.findall(r"--start-period=(\d+)s\b", final["HEALTHCHECK"])
+    assert int(start_period) > WARM_START_S
     assert final["ENTRYPOINT"] == '["framefleet"]'
     assert final["CMD"].startswith('["worker"')
     assert "video" in final["ENV"]  # NVENC needs the driver's video capability
