@@ -55,7 +55,10 @@ def write_folder(folder: Path, preset: str, device: str) -> int:
     for name, (dtype_name, count) in LAYOUT.items():
         dtype = getattr(torch, dtype_name)
         module = getattr(pipe, name)
-        state = module.state_dict()  # tied weights once
+        # tied weights once: keep_vars gives the parameters themselves (state_dict()'s
+        # detached copies are new objects each, and a tie written twice with different
+        # random values is left untied by transformers, tied by the fast path)
+        state = module.state_dict(keep_vars=True)
         seen: set[int] = set()
         shapes = {}
         for key, t in state.items():
