@@ -5,19 +5,28 @@ Writes random weights at real size in the published Wan2.2-TI2V-5B layout and dt
 one file, tokenizer, scheduler; about 31 GB) to ``--folder`` on local disk, then times, each in
 a fresh process:
 
-- diffusers: ``WanPipeline.from_pretrained(folder, dtype=bfloat16)`` then ``.to(device)``;
+- the load methods of ``load_methods.py``: diffusers' ``from_pretrained(dtype=bfloat16)`` then
+  ``.to(device)``, its ``device_map=device``, the worker's fast path at each of
+  ``--threads-list``, and ``fastsafetensors`` where installed: seconds to the models on the
+  device, peak host RSS, and a digest of every tensor against diffusers'; the fastest
+  bit-identical one, after a dropped page cache, is the "chosen" line, with the reason;
 - framefleet: the worker's start path (imports, the decoder cache, the warm-up with the folder
   as ``FRAMEFLEET_WARMUP_MODEL``, load method fast) to ready, then one job to its end: the
-  phases of ``framefleet_worker_start_seconds``. In one process without Celery or a broker:
-  the pool process's own start, not the broker connection.
+  phases of ``framefleet_worker_start_seconds``, against the diffusers row above. In one
+  process without Celery or a broker: the pool process's own start, not the broker
+  connection (``--no-start`` leaves it out).
 
 Each once with the page cache warm (just written) and once after ``echo 3 >
 /proc/sys/vm/drop_caches`` where the machine allows it (the results say whether it did).
-Writes ``worker-start-<device>.json`` and ``.md`` to ``--out``.
+Writes ``worker-start-<device>.json`` and ``.md`` to ``--out``. ``--methods`` picks the load
+methods (``all``, ``none`` or a list: ``diffusers,fast:8,fastsafetensors``), so that a device
+run stays bounded; diffusers always runs with the start rows (their baseline) and is the
+reference of exactness: without it no method is chosen.
 
 ``--tiny``: the same on the CPU with the layout in miniature (CI runs it; nothing measured).
 
     python bench/startup/worker_start.py --folder /mnt/local/wan5b --out bench/results
+    python bench/startup/worker_start.py --folder /mnt/local/wan5b --no-start --threads-list 4,16
 """
 
 from __future__ import annotations
@@ -34,6 +43,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from bench.startup import load_methods  # noqa: E402  (the root is on the path now)
 
 #: component → (stored dtype, shards), as the published 5B folder has them
 LAYOUT = {"transformer": ("float32", 5), "text_encoder": ("bfloat16", 3), "vae": ("float32", 1)}
@@ -55,7 +66,10 @@ def write_folder(folder: Path, preset: str, device: str) -> int:
     for name, (dtype_name, count) in LAYOUT.items():
         dtype = getattr(torch, dtype_name)
         module = getattr(pipe, name)
-        state = module.state_dict()  # tied weights once
+        # tied weights once: keep_vars gives the parameters themselves (state_dict()'s
+        # detached copies are new objects each, and a tie written twice with different
+        # random values is left untied by transformers, tied by the fast path)
+        state = module.state_dict(keep_vars=True)
         seen: set[int] = set()
         shapes = {}
         for key, t in state.items():
@@ -94,37 +108,12 @@ def write_folder(folder: Path, preset: str, device: str) -> int:
     return total
 
 
-def drop_caches() -> bool:
-    """Empty the page cache where this process may (root, a writable /proc/sys)."""
-    try:
-        subprocess.run(["sync"], check=True)
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        return True
-    except OSError:
-        return False
-
-
-def _child(mode: str, folder: str, device: str, started: float, tiny: bool) -> dict[str, Any]:
-    """Runs in a fresh process: one way of loading, timed."""
-    out: dict[str, Any] = {"mode": mode}
-    import torch  # counted as imports
-
-    if mode == "diffusers":
-        import diffusers
-
-        out["imports_s"] = time.time() - started
-        t = time.perf_counter()
-        pipe = diffusers.WanPipeline.from_pretrained(folder, dtype=torch.bfloat16)
-        out["from_pretrained_s"] = time.perf_counter() - t
-        t = time.perf_counter()
-        pipe.to(device)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        out["to_device_s"] = time.perf_counter() - t
-        out["weights_to_device_s"] = out["from_pretrained_s"] + out["to_device_s"]
-        out["total_s"] = time.time() - started
-        return out
+def _child(folder: str, device: str, started: float, tiny: bool) -> dict[str, Any]:
+    """Runs in a fresh process: the worker's start to ready, then its first job, timed."""
+    out: dict[str, Any] = {"mode": "framefleet"}
     import tempfile
+
+    import torch  # noqa: F401  (counted as imports)
 
     from producer.settings import Settings
     from producer.wire.spec import GenerateSpec, JobSpec, OutputSpec, VideoSpec
@@ -154,23 +143,25 @@ def _child(mode: str, folder: str, device: str, started: float, tiny: bool) -> d
     return out
 
 
-def run_child(mode: str, folder: Path, device: str, tiny: bool) -> dict[str, Any]:
+def run_child(folder: Path, device: str, tiny: bool) -> dict[str, Any]:
     started = time.time()
-    cmd = [sys.executable, __file__, "--child", mode, "--folder", str(folder), "--device",
-           device, "--started", repr(started), *(["--tiny"] if tiny else [])]
+    cmd = [sys.executable, __file__, "--child", "framefleet", "--folder", str(folder),
+           "--device", device, "--started", repr(started), *(["--tiny"] if tiny else [])]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=3600)
     if done.returncode != 0:
-        raise SystemExit(f"{mode} run failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        raise SystemExit(f"framefleet run failed:\n{done.stdout[-3000:]}\n"
+                         f"{done.stderr[-3000:]}")
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 def table(doc: dict[str, Any]) -> str:
     lines = [f"# Worker start, {doc['device']}", "", f"`{doc['command']}`, {doc['date']}; "
              f"{doc['bytes'] / 1e9:.1f} GB written in {doc['write_s']:.1f} s; page cache "
-             f"dropped: {doc['dropped_caches']}", "",
-             "| page cache | diffusers from_pretrained | .to(device) | diffusers weights | "
-             "framefleet weights | ready | first job end | framefleet phases |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"dropped: {doc['dropped_caches']}", ""]
+    if doc["runs"]:
+        lines += ["| page cache | diffusers from_pretrained | .to(device) | diffusers weights | "
+                  "framefleet weights | ready | first job end | framefleet phases |",
+                  "|---|---|---|---|---|---|---|---|"]
     for run in doc["runs"]:
         d, f = run["diffusers"], run["framefleet"]
         phases = ", ".join(f"{k} {v:.1f}" for k, v in f["phases"].items() if k != "total")
@@ -178,6 +169,8 @@ def table(doc: dict[str, Any]) -> str:
                      f"{d['to_device_s']:.1f} s | {d['weights_to_device_s']:.1f} s | "
                      f"{f['weights_to_device_s']:.1f} s | {f['ready_s']:.1f} s | "
                      f"{f['first_job_end_s']:.1f} s | {phases} |")
+    if doc.get("load_methods"):
+        lines += ["", load_methods.table(doc["load_methods"]).rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 
@@ -187,6 +180,15 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     ap.add_argument("--tiny", action="store_true", help="CPU, the layout in miniature")
     ap.add_argument("--device", default=None)
+    ap.add_argument("--methods", default="all",
+                    help="load methods to compare: all, none, or a comma list of "
+                         f"{', '.join(load_methods.METHODS)}, fast:N (diffusers is the "
+                         "reference of exactness and the start rows' baseline: it runs "
+                         "whenever the start rows do)")
+    ap.add_argument("--threads-list", default=",".join(map(str, load_methods.THREADS)),
+                    help="thread counts of the fast method (default %(default)s)")
+    ap.add_argument("--no-start", action="store_true",
+                    help="skip the worker's start to its first job (the load methods only)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--started", type=float, default=0.0, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -194,9 +196,15 @@ def main() -> None:
 
     device = args.device or ("cpu" if args.tiny else "cuda")
     if args.child:
-        result = _child(args.child, str(args.folder), device, args.started, args.tiny)
-        print(json.dumps(result))
+        print(json.dumps(_child(str(args.folder), device, args.started, args.tiny)))
         return
+    threads = [int(n) for n in args.threads_list.split(",") if n.strip()]
+    methods = [] if args.methods == "none" else load_methods.parse_methods(args.methods,
+                                                                            threads)
+    if not args.no_start and "diffusers" not in methods:
+        methods.insert(0, "diffusers")
+    if not methods:
+        raise SystemExit("--methods none with --no-start: nothing to run")
     import tempfile
 
     folder = args.folder or Path(tempfile.mkdtemp()) / "wan22-ti2v-5b"
@@ -210,14 +218,18 @@ def main() -> None:
     if device == "cuda":
         doc["device"] = device_name("cuda")
     caches = [("warm", False)] + ([] if args.tiny else [("cold", True)])
-    doc["dropped_caches"] = False
-    for cache, drop in caches:
-        run: dict[str, Any] = {"cache": cache}
-        for mode in ("diffusers", "framefleet"):
-            if drop:
-                run[f"{mode}_dropped"] = dropped = drop_caches()
-                doc["dropped_caches"] = doc["dropped_caches"] or dropped
-            run[mode] = run_child(mode, folder, device, args.tiny)
+    doc["load_methods"] = compared = load_methods.compare(folder, device, methods, caches)
+    rows = compared["rows"]
+    doc["dropped_caches"] = any(r.get("dropped") for r in rows)
+    for cache, drop in [] if args.no_start else caches:
+        run: dict[str, Any] = {"cache": cache, "diffusers": next(
+            r for r in rows if r["cache"] == cache and r["method"] == "diffusers")}
+        if run["diffusers"]["status"] != "ok":
+            raise SystemExit(f"diffusers {cache}: {run['diffusers']['status']}")
+        if drop:
+            run["framefleet_dropped"] = dropped = load_methods.drop_caches()
+            doc["dropped_caches"] = doc["dropped_caches"] or dropped
+        run["framefleet"] = run_child(folder, device, args.tiny)
         doc["runs"].append(run)
     name = "worker-start-" + ("tiny" if args.tiny else "h200" if "H200" in doc["device"]
                               else device)
