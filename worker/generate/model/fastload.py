@@ -136,10 +136,25 @@ def _assign(model: Any, tensors: dict[str, torch.Tensor], component: str) -> Non
             log.warning("%s: %s: unexpected tensor %s ignored", FIELD, component, key)
     if hasattr(model, "tie_weights"):
         model.tie_weights()
+        _untie_given(model, tensors)
     empty = [n for n, p in model.named_parameters() if p.is_meta]
     if empty:
         raise InvalidJobError(f"{FIELD}: {component}: no weights file holds {empty[0]!r} "
                               f"({len(empty)} tensors missing)")
+
+
+def _untie_given(model: Any, tensors: dict[str, torch.Tensor]) -> None:
+    """Tying fills only what the checkpoint left out, as ``from_pretrained`` does: a tied name
+    the checkpoint gives a value of its own (both sides stored, different) keeps that value in
+    a tensor of its own."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    for key, tensor in tensors.items():
+        param = params.get(key)
+        if param is None or param.data_ptr() == tensor.data_ptr() or torch.equal(param, tensor):
+            continue
+        module_name, _, leaf = key.rpartition(".")
+        model.get_submodule(module_name)._parameters[leaf] = torch.nn.Parameter(
+            tensor, requires_grad=False)
 
 
 def load_pipeline(folder: Path, pipeline: str, dtype: torch.dtype, device: torch.device,

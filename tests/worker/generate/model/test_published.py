@@ -77,6 +77,33 @@ def test_the_fast_path_loads_what_diffusers_loads(published: dict[str, Path], na
                                    for c in layout.components)
 
 
+def test_a_tie_the_checkpoint_stores_twice_with_two_values_stays_untied(
+    published: dict[str, Path], tmp_path: Path
+) -> None:
+    import diffusers
+
+    # Given a text encoder whose checkpoint holds both sides of its tied embedding, different
+    folder = tmp_path / "two-embeddings"
+    shutil.copytree(published["Wan2.1-T2V-1.3B"], folder)
+    te = folder / "text_encoder"
+    index = json.loads((te / "model.safetensors.index.json").read_text())
+    shard = index["weight_map"]["shared.weight"]
+    state = load_file(te / shard)
+    state["encoder.embed_tokens.weight"] = state["shared.weight"] + 1
+    save_file(state, te / shard, metadata={"format": "pt"})
+    index["weight_map"]["encoder.embed_tokens.weight"] = shard
+    (te / "model.safetensors.index.json").write_text(json.dumps(index))
+    # When both paths load it
+    ref = diffusers.WanPipeline.from_pretrained(str(folder), **quiet.dtype_kwargs(torch.bfloat16))
+    pipe, _ = load_pipeline(folder, "WanPipeline", torch.bfloat16, torch.device("cpu"), 2)
+    # Then each side keeps its stored value, untied, as from_pretrained leaves them
+    for loaded in (ref.text_encoder, pipe.text_encoder):
+        assert loaded.shared.weight is not loaded.encoder.embed_tokens.weight
+    assert torch.equal(pipe.text_encoder.shared.weight, ref.text_encoder.shared.weight)
+    assert torch.equal(pipe.text_encoder.encoder.embed_tokens.weight,
+                       ref.text_encoder.encoder.embed_tokens.weight)
+
+
 @pytest.mark.parametrize("name", list(PUBLISHED))
 def test_a_job_on_each_published_layout_equals_diffusers(
     published: dict[str, Path], images: dict[str, Path], tmp_path: Path, name: str
