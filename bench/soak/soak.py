@@ -27,6 +27,7 @@ for checking the script before device time is spent.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -193,7 +194,8 @@ def main() -> int:
         soak.run()
         doc = soak_check.report(soak.records, args, ready_s, worker, soak.elapsed(), log)
     finally:
-        os.killpg(worker.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):  # a worker that never started is gone
+            os.killpg(worker.pid, signal.SIGTERM)
         try:
             worker.wait(timeout=60)
         except subprocess.TimeoutExpired:

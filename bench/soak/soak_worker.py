@@ -95,9 +95,9 @@ def _compile_sizes(decoders: Any, preset: str, folder: Path, tiers: list[str],
                      time.perf_counter() - t0)
 
 
-def _soak_warm_up(decoders: Any, settings: Any) -> Any:
+def _soak_warm_up(decoders: Any, settings: Any, *args: Any, **kwargs: Any) -> Any:
     adopt_models(decoders, os.environ.get("FRAMEFLEET_SOAK_MODELS", ""))
-    return _warm_up(decoders, settings)
+    return _warm_up(decoders, settings, *args, **kwargs)  # the start's phases and clock
 
 
 warmup.warm_up = _soak_warm_up  # type: ignore[assignment]
