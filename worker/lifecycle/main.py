@@ -24,6 +24,7 @@ from celery.signals import (
     worker_process_shutdown,
     worker_ready,
     worker_shutdown,
+    worker_shutting_down,
 )
 
 from producer.app import make_app
@@ -149,6 +150,15 @@ def _start_spot_watcher(sender: Any = None, **_: Any) -> None:
 
     _watcher = SpotWatcher(settings.imds_url, settings.spot_poll_s, on_notice)
     _watcher.start()
+
+
+@worker_shutting_down.connect
+def _stop_pool_watch(**_: Any) -> None:
+    """From the start of a shutdown (worker_shutdown comes after the pool stopped): a pool
+    process that ends now, or one Celery starts while it shuts down, ends with the worker and
+    is no failed start."""
+    if _pool_watch is not None:
+        _pool_watch.stopped.set()
 
 
 @worker_shutdown.connect

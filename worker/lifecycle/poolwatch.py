@@ -59,17 +59,19 @@ def start_timeout(settings: Settings) -> float:
 class _Child:
     pid: int
     born: float
+    start: str | None  # its start time, read while it lived: its readiness file's "start"
     up: bool = False
     killed: bool = False
 
 
-def _is_up(folder: Path, pid: int) -> bool:
-    """Whether pool process ``pid`` wrote itself ready (its readiness file)."""
+def _is_up(folder: Path, child: _Child) -> bool:
+    """Whether pool process ``child`` wrote itself ready (its readiness file)."""
     try:
-        state = json.loads((folder / f"{pid}.json").read_text())
+        state = json.loads((folder / f"{child.pid}.json").read_text())
     except (OSError, ValueError):
         return False
-    return bool(state.get("ready")) and state.get("start") == process_start_time(pid)
+    return (bool(state.get("ready")) and child.start is not None
+            and state.get("start") == child.start)
 
 
 class PoolWatch(threading.Thread):
@@ -103,10 +105,10 @@ class PoolWatch(threading.Thread):
         codes = {p.pid: p.exitcode for p in procs if p.pid and p.exitcode is not None}
         now = time.monotonic()
         for pid in alive - set(self._children):
-            self._children[pid] = _Child(pid, now)
+            self._children[pid] = _Child(pid, now, process_start_time(pid))
         for pid in alive:
             child = self._children[pid]
-            if not child.up and _is_up(self.folder, pid):
+            if not child.up and _is_up(self.folder, child):
                 child.up = True
                 self.failures = 0
             elif not child.up and not child.killed and now - child.born > self.timeout_s:
@@ -118,6 +120,11 @@ class PoolWatch(threading.Thread):
                 _kill(pid)
         for pid in [pid for pid in self._children if pid not in alive]:
             child = self._children.pop(pid)
+            if not child.up and _is_up(self.folder, child):
+                # Up since the last look, then ended (stopped with the worker, say): a start
+                # that succeeded, not one that failed.
+                child.up = True
+                self.failures = 0
             if child.up:
                 continue
             self.failures += 1
