@@ -90,16 +90,22 @@ def test_previews_in_order_to_the_receivers_that_ask(
         handle = client.submit(asked)
         lines = _lines(handle)
         result = handle.wait(timeout=120)
-        got = rx.wait(11, timeout=30)
-        # Then the receiver got the ten previews in step order, then the success
+        assert result.manifest.generate is not None
+        published = result.manifest.generate.previews
+        got = rx.wait(published + 1, timeout=30)
+        # Then the receiver got each stored preview in step order, then the success. A preview
+        # that finds the writer two behind is dropped (the next one comes): on a busy machine
+        # the tiny model's steps outrun the encode and upload, so not all ten need be there
         events = _events(rx, "/hook/asked")
-        assert [e["event"] for e in events] == ["preview"] * 10 + ["succeeded"], got
+        assert [e["event"] for e in events] == ["preview"] * published + ["succeeded"], got
         shown = [e["data"]["preview"] for e in events[:-1]]
-        assert [p["step"] for p in shown] == list(range(10, 101, 10))
+        steps = [p["step"] for p in shown]
+        assert published >= 2 and steps == sorted(set(steps)), steps
+        assert all(step % 10 == 0 and 10 <= step <= 100 for step in steps), steps
         # each stored under the job's output, decoding at the size and frame count it states
         prefix = f"s3://{s3_bucket}/out/e2e/asked/previews/"
         assert _keys(s3, s3_bucket, "asked") == ["latest.mp4", *(
-            f"step-{n:04d}.mp4" for n in range(10, 101, 10))]
+            f"step-{n:04d}.mp4" for n in steps)]
         for p in shown:
             assert p["uri"] == f"{prefix}step-{p['step']:04d}.mp4"
             assert p["latest_uri"] == f"{prefix}latest.mp4"
@@ -107,20 +113,18 @@ def test_previews_in_order_to_the_receivers_that_ask(
             assert len(frames) == p["frames"] == 3
             assert frames[0].shape == (p["height"], p["width"], 3) == (16, 24, 3)
         assert _get(s3, s3_bucket, "out/e2e/asked/previews/latest.mp4") == _get(
-            s3, s3_bucket, "out/e2e/asked/previews/step-0100.mp4")
+            s3, s3_bucket, f"out/e2e/asked/previews/step-{steps[-1]:04d}.mp4")
         # the status line named them while it denoised, and the manifest counts them
         assert any(line.startswith("denoise ") and f", preview at {prefix}step-00" in line
                    for line in lines), lines
-        assert result.manifest.generate is not None
-        assert (result.manifest.generate.preview_every, result.manifest.generate.previews) == (
-            10, 10)
+        assert result.manifest.generate.preview_every == 10
         assert result.timings.preview_s > 0
 
         # A receiver that did not ask gets no previews, though the job made them
         silent = _spec("silent", s3_bucket, model, num_inference_steps=10, preview={"every": 5},
                        notify=NotifySpec(urls=(rx.url("/hook/silent"),)))
         client.submit(silent).wait(timeout=120)
-        rx.wait(12, timeout=30)
+        rx.wait(published + 2, timeout=30)
         assert [e["event"] for e in _events(rx, "/hook/silent")] == ["succeeded"]
         assert _keys(s3, s3_bucket, "silent") == ["latest.mp4", "step-0005.mp4", "step-0010.mp4"]
 
