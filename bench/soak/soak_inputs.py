@@ -81,13 +81,15 @@ def prepare(work: Path, tiny: bool) -> tuple[Setup, dict[str, str]]:
                   ("wan2.1-vae", _latents(work / "d1.npy", (16, 2, 6, 4), 1), 5)]
         sizes: dict[str, Any] = {"big_sizes": [(64, 64, 9), (32, 64, 9)],
                                  "small_sizes": [(32, 48, 9), (48, 32, 9)],
-                                 "steps": 3, "long_steps": 12, "tiers": ["exact", "cache"]}
+                                 "steps": 3, "long_steps": 12, "cancel_steps": 900,
+                                 "tiers": ["exact", "cache"]}
     else:
         decode = [("wan2.2-vae", _latents(work / "d0.npy", (48, 9, 24, 40), 0), 33),
                   ("wan2.1-vae", _latents(work / "d1.npy", (16, 9, 60, 104), 1), 33)]
         sizes = {"big_sizes": [(480, 832, 49), (704, 1280, 33)],
                  "small_sizes": [(480, 832, 33), (320, 576, 33)],
-                 "steps": 8, "long_steps": 20, "tiers": ["exact", "fp8", "cache", "fp8+cache"]}
+                 "steps": 8, "long_steps": 20, "cancel_steps": 80,
+                 "tiers": ["exact", "fp8", "cache", "fp8+cache"]}
     setup = Setup(big=big, small=small, out=(work / "out").as_uri(), image=image, loras=loras,
                   hostile=hostile, hog=work / "hog.npy", decode_inputs=decode, **sizes)
     limit = LIMIT_MIB["tiny" if tiny else "gpu"]

@@ -54,6 +54,7 @@ class Setup:
     small_sizes: list[tuple[int, int, int]]
     steps: int
     long_steps: int
+    cancel_steps: int  # the cancelled job's: it must still denoise when the cancel comes
     tiers: list[str]  # of exact, fp8, cache, fp8+cache
 
 
@@ -105,7 +106,7 @@ def round_items(s: Setup, r: int) -> list[Item]:
                           behind_denoise=n == 0))
     items.append(t2v(s.big, "5b", s.big_sizes[1], "exact", seed=1000 + r))  # after the decodes
     # a cancel during a denoise; a hostile folder; once, a job over the memory limit
-    cancel = _gen(s, s.big, s.big_sizes[0], "exact", s.long_steps * 4, seed=99)
+    cancel = _gen(s, s.big, s.big_sizes[0], "exact", s.cancel_steps, seed=99)
     items.append(Item(_job(s, f"r{r}-cancel", cancel), "cancel", expect="cancelled"))
     hostile = _gen(s, s.hostile, s.big_sizes[0], "exact", s.steps)
     items.append(Item(_job(s, f"r{r}-hostile", hostile), "hostile",

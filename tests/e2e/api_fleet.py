@@ -26,6 +26,8 @@ from worker.generate.model.tiny import write_tiny
 
 #: Seconds per pattern chunk (4 frames): a 40-latent-frame job runs ~6 s.
 CHUNK_S = 0.15
+#: A generate step's pace: 400 steps of the tiny model last 20 s, many reads of the event stream.
+STEP_S = 0.05
 
 
 class PacedWorker(WorkerProcess):
@@ -88,7 +90,7 @@ def api_fleet(tmp_path_factory: pytest.TempPathFactory, redis_url: str,
         **common, "FRAMEFLEET_DEVICE": "cpu", "OMP_NUM_THREADS": "1",
         "FRAMEFLEET_METRICS_PORT": "0", "FRAMEFLEET_FILE_ROOTS": str(tmp),
         "FRAMEFLEET_WARMUP_MODEL": str(model), "FRAMEFLEET_MAX_DENOISE_STEPS": "1000",
-        "FRAMEFLEET_TEST_CHUNK_S": str(CHUNK_S)})
+        "FRAMEFLEET_TEST_CHUNK_S": str(CHUNK_S), "FRAMEFLEET_TEST_STEP_S": str(STEP_S)})
     gateway = GatewayProcess(tmp, {
         **common, "FRAMEFLEET_API_KEYS_FILE": str(tmp / "keys.toml"),
         "FRAMEFLEET_API_MODELS_FILE": str(models),
