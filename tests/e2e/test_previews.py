@@ -37,7 +37,10 @@ def fleet(redis_url: str, monkeypatch: pytest.MonkeyPatch, worker_factory: Any) 
 
 
 def _env(model: Path, **extra: str) -> dict[str, str]:
-    return {"FRAMEFLEET_DEVICE": "cpu", "OMP_NUM_THREADS": "1",
+    # The tiny model's steps take milliseconds (100 in 0.6 s on a CI machine): paced, the
+    # denoise lasts long enough for the status polls and the previews' writer to see each step
+    return {"FRAMEFLEET_TEST_APP": "tests.e2e.paced_worker", "FRAMEFLEET_TEST_STEP_S": "0.02",
+            "FRAMEFLEET_DEVICE": "cpu", "OMP_NUM_THREADS": "1",
             "FRAMEFLEET_FILE_ROOTS": str(model.parent), "FRAMEFLEET_WARMUP_MODEL": str(model),
             "FRAMEFLEET_MAX_DENOISE_STEPS": "2000", **extra}
 

@@ -17,7 +17,8 @@ class WorkerProcess(_Process):
     """A real ``celery -A worker.lifecycle.main worker`` subprocess consuming the ``video`` queue.
 
     Runs from the repository root with ``os.environ`` plus ``env``; stdout and stderr go to
-    ``<logdir>/<name>.log``. The nodename is ``<name>@<host>``.
+    ``<logdir>/<name>.log``. The nodename is ``<name>@<host>``. ``FRAMEFLEET_TEST_APP`` in
+    ``env`` names another app module (a test's worker, such as ``tests.e2e.paced_worker``).
     """
 
     # Celery's warm shutdown: SIGTERM to the main process only, which lets the running job
@@ -37,7 +38,8 @@ class WorkerProcess(_Process):
     def argv(self) -> list[str]:
         """The command line."""
         return [
-            sys.executable, "-m", "celery", "-A", WORKER_APP, "worker",
+            sys.executable, "-m", "celery", "-A", self.env.get("FRAMEFLEET_TEST_APP", WORKER_APP),
+            "worker",
             "-Q", self.queue,
             "-c", "1",
             "--prefetch-multiplier", "1",
