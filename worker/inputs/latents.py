@@ -98,6 +98,9 @@ def check_latents(
 #: A latents file is held about three times while it is parsed: the bytes read, the array
 #: ``np.load`` makes of them, the float32 tensor.
 PARSE_COPIES = 3
+#: A file this small is read whatever the room left: it cannot send the process to the OOM
+#: killer, and the guard's own polls stop a process that is over its limit already.
+READ_FLOOR = 64 * 2**20
 
 
 def load_latents(spec: InputSpec, channels: int, settings: Settings) -> torch.Tensor:
@@ -106,11 +109,12 @@ def load_latents(spec: InputSpec, channels: int, settings: Settings) -> torch.Te
     is read (a fatal error naming ``input.uri`` and the limit), not read into the OOM killer."""
     room = room_bytes(settings)
     cap = settings.max_input_bytes
-    if room is None or room // PARSE_COPIES >= cap:
+    held = cap if room is None else max(room // PARSE_COPIES, READ_FLOOR)
+    if held >= cap:
         data = read_uri(spec.uri, cap, settings, field="input.uri")
     else:
         try:
-            data = read_uri(spec.uri, room // PARSE_COPIES, settings, field="input.uri")
+            data = read_uri(spec.uri, held, settings, field="input.uri")
         except InputTooLarge:
-            raise over_room(settings, f"input.uri: {spec.uri}", room // PARSE_COPIES) from None
+            raise over_room(settings, f"input.uri: {spec.uri}", held) from None
     return check_latents(parse_latents(data, spec), spec, channels, settings)

@@ -120,13 +120,13 @@ def test_oversized_file(tmp_path: Path) -> None:
 
 
 def test_a_file_bigger_than_the_memory_left_is_refused_before_it_is_read(tmp_path: Path) -> None:
-    # Given a memory limit 30 MiB above what this process holds, and 64 MiB of latents (a
+    # Given a memory limit 30 MiB above what this process holds, and 256 MiB of latents (a
     # sparse file: nothing is written)
     from producer.errors import FatalJobError
     from worker.memory import MIB, rss_bytes
 
     big = tmp_path / "big.npy"
-    np.lib.format.open_memmap(big, mode="w+", dtype=np.float32, shape=(16, 4, 512, 512)).flush()
+    np.lib.format.open_memmap(big, mode="w+", dtype=np.float32, shape=(16, 16, 512, 512)).flush()
     small = tmp_path / "small.npy"
     np.save(small, np.zeros((16, 2, 8, 8), np.float32))
     limit = rss_bytes() // MIB + 30
