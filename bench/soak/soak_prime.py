@@ -2,7 +2,7 @@
 
 A cold compile of one transformer size costs minutes on one core (2.5-4 min a size for the 5B
 on the H200), and the soak's worker compiles its sizes one after the other: 6 sizes and tiers
-would take most of a device session before the first job. The compile cache
+would take 15-25 minutes before the first job. The compile cache
 (``FRAMEFLEET_COMPILE_CACHE_DIR``: inductor's FX-graph and autograd caches, Triton's kernels)
 is keyed by the graph, not the weights, so separate processes that build the same random-weight
 model and compile one (preset, tier, size) each fill it for every later process: the soak's
