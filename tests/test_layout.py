@@ -48,9 +48,9 @@ def test_no_function_of_the_run_path_is_over_60_lines() -> None:
 #: top package's name stands for its ``__init__`` alone.
 WORKER_FLOORS = [
     # the base modules: start-up noise and label values; then the package itself, devices, the
-    # graph gate, the memory guard a run polls, the Prometheus series
+    # device owner, the memory guard a run polls, the Prometheus series
     ["worker.quiet", "worker.labels"],
-    ["worker", "worker.devices", "worker.gate", "worker.memory", "worker.metrics"],
+    ["worker", "worker.devices", "worker.owner", "worker.memory", "worker.metrics"],
     ["worker.decoders", "worker.stores"],
     ["worker.pipeline", "worker.inputs"],
     ["worker.sinks", "worker.generate"],

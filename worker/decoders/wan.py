@@ -137,7 +137,7 @@ class WanDecoder:
     def warmup(self, latent_h: int, latent_w: int) -> None:
         """(CUDA) compile and capture the steady-state graph for this size, then one short
         decode through it, so the first job pays no first-call costs. The first chunk's graph
-        is left building in the background (``graphs.wait()`` waits for it)."""
+        is queued as a build (``graphs.wait()``, outside a job, waits for it)."""
         if self.graphs is not None:
             self.graphs.prepare(self.graph_key(latent_h, latent_w))
         z = torch.randn((self.latent_channels, 2, latent_h, latent_w))

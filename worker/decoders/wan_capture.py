@@ -4,8 +4,8 @@ compiled functions a capture replays (see ``wan_graph`` for when graphs are buil
 Stream assumptions: everything here runs on the builds' own ``side`` stream; the compiled
 calls before a capture (compilation, autotuning and cuDNN's algorithm search, none of which may
 run while capturing) execute there, and the capture records kernels without running them. The
-capture itself waits for its turn at the process's ``worker.gate.GATE``: a job thread's
-synchronisation during a capture would break both.
+builds run only while no job holds the device (``worker.owner``): nothing else in the process
+works on the device during a capture, whose synchronisations it would break.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from typing import Any
 import torch
 
 from worker.decoders.wan_step import CACHE_T, Caches, WanStep
-from worker.gate import GATE
 
 #: (batch, latent channels, latent h, latent w, dtype)
 Key = tuple[int, int, int, int, torch.dtype]
@@ -97,11 +96,11 @@ def capture(
     phases["warm"], t = time.perf_counter() - t, time.perf_counter()
     del warm
     graph = torch.cuda.CUDAGraph()
-    # The gate: no other thread works on the device while the capture is open (its
-    # synchronisations would break it, and it them: ``worker.gate``). thread_local: calls
-    # that stay allowed meanwhile (another thread's cudaMalloc, an event wait) do not
-    # invalidate it; the allocator sends only this stream's allocations to the graph's pool.
-    with GATE.capture(), torch.inference_mode(), torch.cuda.graph(
+    # The caller owns the device (``worker.owner``): no other thread works on it while the
+    # capture is open. thread_local: calls that stay allowed meanwhile (a writer's event
+    # wait, a cudaMalloc elsewhere) do not invalidate it; the allocator sends only this
+    # stream's allocations to the graph's pool.
+    with torch.inference_mode(), torch.cuda.graph(
             graph, pool=pool, stream=side, capture_error_mode="thread_local"):
         out = run(z, caches)
     side.synchronize()

@@ -10,24 +10,25 @@ The compiled step runs on its own copy of the decoder weights in ``channels_last
 on an H200 at 720p: 88 ms per chunk against 127 ms contiguous), while the eager step keeps the
 contiguous weights (eager channels-last is slower: 272 ms against 188 ms).
 
-Graphs are built at worker warm-up (``prepare``) or, for a size first seen in a job, in a
-background thread while that job decodes eagerly (``prepare_later``): a new resolution never
-stalls a job on compilation. At most ``capacity`` graphs are kept (least recently used goes);
-each holds its own memory pool, about one eager chunk's working set.
+Graphs are built at worker warm-up (``prepare``, in the job thread) or, for a size first seen in
+a job, as a build of the process's device owner (``prepare_later``, ``worker.owner``): that job
+decodes eagerly, and the build runs once no job holds the device, so a new resolution never
+stalls a job on compilation and a build never runs beside a job. At most ``capacity`` graphs are
+kept (least recently used goes); each holds its own memory pool, about one eager chunk's working
+set.
 
 The first chunk of a job (no history, one frame out) has other shapes: with ``first_chunk``
-it gets a graph of its own, compiled and captured in the background once the steady graph of
-its size exists (never delaying a steady build, so never the worker's readiness). It writes the
-history straight into the steady graph's inputs and shares that graph's memory pool (the two
-are replayed one after the other on one stream, never at once). Until it exists, a job's first
-chunk runs eagerly and its history is copied in (``load``).
+it gets a graph of its own, built as the next build once the steady graph of its size exists
+(queued behind the steady builds a warm-up asks for in a row, so never delaying the worker's
+readiness). It writes the history straight into the steady graph's inputs and shares that
+graph's memory pool (the two are replayed one after the other on one stream, never at once).
+Until it exists, a job's first chunk runs eagerly and its history is copied in (``load``).
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -45,7 +46,7 @@ from worker.decoders.wan_capture import (
     steady_caches,
 )
 from worker.decoders.wan_step import Caches, WanStep, set_memory_format
-from worker.gate import GATE, TRACE
+from worker.owner import DEVICE, DeviceOwner
 
 __all__ = ["TUNING", "ChunkGraph", "ChunkGraphs", "Key", "steady_caches"]
 
@@ -58,18 +59,20 @@ class ChunkGraphs:
         self, step: WanStep, device: torch.device, *, capacity: int = 2, compile: bool = True,
         memory_format: torch.memory_format = torch.contiguous_format,
         options: dict[str, Any] | None = None, fused_history: bool = False,
-        first_chunk: bool = False,
+        first_chunk: bool = False, owner: DeviceOwner | None = None,
     ) -> None:
         """``options``: inductor options (``torch.compile(options=...)``); ``fused_history``:
         the compiled code writes the next history into the graph's inputs itself (one pass,
         fused with its producers) instead of a copy after the step; ``first_chunk``: also
-        build each size's first-chunk graph, in the background, once its steady graph exists."""
+        build each size's first-chunk graph, as a build, once its steady graph exists;
+        ``owner``: the device owner builds go through (the process's ``DEVICE``)."""
         self.step = step
         self.device = device
         self.capacity = capacity
         self.memory_format = memory_format
         self.fused_history = fused_history
         self.first_chunk = first_chunk
+        self.owner = owner if owner is not None else DEVICE
         self._fn: Callable[..., Any] = advance_fn(step) if fused_history else step.__call__
         self._first_fn: Callable[[torch.Tensor, Caches], torch.Tensor] = first_chunk_fn(step)
         if compile:
@@ -85,16 +88,11 @@ class ChunkGraphs:
                                      options=dict(options or {}) or None)
             self._first_fn = torch.compile(self._first_fn, fullgraph=True, dynamic=False,
                                            options=dict(options or {}) or None)
+        # Read and written only by the thread that holds the device (a job or the builder),
+        # one at a time (``worker.owner``): no lock of their own.
         self._graphs: OrderedDict[Key, ChunkGraph] = OrderedDict()
         self._failed: set[Key] = set()
-        self._pending: set[Key] = set()
         self._first_failed: set[Key] = set()
-        self._first_pending: set[Key] = set()
-        self._builders: list[threading.Thread] = []
-        self._lock = threading.Lock()  # guards the dicts and sets above and the counters
-        self._build_lock = threading.Lock()  # one compile/capture at a time
-        self._steady_asked = 0  # steady builds waiting for or holding the build lock
-        self._steady_done_at = 0.0  # monotonic time the last steady build ended
         self._side: torch.cuda.Stream | None = None  # builds' own stream, made once
 
     @classmethod
@@ -109,43 +107,29 @@ class ChunkGraphs:
                    **opts)
 
     def get(self, key: Key) -> ChunkGraph | None:
-        with self._lock:
-            graph = self._graphs.get(key)
-            if graph is not None:
-                self._graphs.move_to_end(key)
-            return graph
+        graph = self._graphs.get(key)
+        if graph is not None:
+            self._graphs.move_to_end(key)
+        return graph
 
     def prepare(self, key: Key) -> ChunkGraph | None:
-        """Compile and capture ``key`` now (blocking); None if it cannot be captured.
-
-        One build at a time (a second caller for the same key waits and gets its graph):
-        two captures at once, or a capture while another thread compiles, break each other.
-        """
+        """Compile and capture ``key`` now, in this thread, holding the device (blocking);
+        None if it cannot be captured. Its first-chunk graph is queued as a build."""
         if self.capacity <= 0:
             return None
-        with self._lock:
-            self._steady_asked += 1
-        try:
-            graph = self._prepare_steady(key)
-        finally:
-            with self._lock:
-                self._steady_asked -= 1
-                self._steady_done_at = time.monotonic()
-        if graph is not None and self.first_chunk:
-            self._first_later(key)
+        with self.owner.job("decode graph build"):
+            return self._prepare(key)
+
+    def _prepare(self, key: Key) -> ChunkGraph | None:
+        """``prepare`` by a thread that holds the device already (a job, or the builder)."""
+        graph = self._prepare_steady(key)
+        if graph is not None and self.first_chunk and graph.first is None \
+                and key not in self._first_failed:
+            self.owner.submit(f"decode-first-graph-{self._name(key)}",
+                              lambda: self._build_first(key))
         return graph
 
     def _prepare_steady(self, key: Key) -> ChunkGraph | None:
-        # Parked while waiting: a background build holding the lock may be waiting for this
-        # thread to leave the gate to capture.
-        with GATE.parked(), TRACE.parked():
-            self._build_lock.acquire()
-        try:
-            return self._prepare_steady_locked(key)
-        finally:
-            self._build_lock.release()
-
-    def _prepare_steady_locked(self, key: Key) -> ChunkGraph | None:
         if key in self._failed:
             return None
         graph = self.get(key)
@@ -153,116 +137,53 @@ class ChunkGraphs:
             return graph
         t0 = time.perf_counter()
         try:
-            with TRACE.capture():  # never while a job runs compiled code (worker.gate)
-                graph = self._capture(key)
+            graph = self._capture(key)
         except Exception:  # a graph is an optimisation: the eager step stays correct
             log.exception("decode graph for %s not captured; this size stays eager", key)
             self._failed.add(key)
             return None
         graph.build_s = time.perf_counter() - t0
         log.info("decode graph for %s built in %.1f s", key, graph.build_s)
-        with self._lock:
-            self._graphs[key] = graph
-            while len(self._graphs) > self.capacity:
-                self._graphs.popitem(last=False)
+        self._graphs[key] = graph
+        while len(self._graphs) > self.capacity:
+            self._graphs.popitem(last=False)
         return graph
 
-    def prepare_later(self, key: Key) -> threading.Thread | None:
-        """``prepare`` in a background thread (once per key); the caller decodes eagerly."""
-        with self._lock:
-            if self.capacity <= 0 or key in self._pending or key in self._failed \
-                    or key in self._graphs:
-                return None
-            self._pending.add(key)
+    def prepare_later(self, key: Key) -> bool:
+        """Queue ``prepare`` as a build (once per key; the caller decodes eagerly): it runs
+        once no job holds the device. False if nothing was queued."""
+        if self.capacity <= 0 or key in self._failed or key in self._graphs:
+            return False
+        return self.owner.submit(f"decode-graph-{self._name(key)}", lambda: self._prepare(key))
 
-        def build() -> None:
-            try:
-                self.prepare(key)
-            finally:
-                with self._lock:
-                    self._pending.discard(key)
+    def wait(self, timeout: float | None = None) -> bool:
+        """Until every queued build is done, first-chunk graphs included (tests, benchmarks,
+        between jobs); ``timeout``: seconds in all. Never call it while holding the device."""
+        return self.owner.drain(timeout)
 
-        return self._start(build, f"decode-graph-{key[2]}x{key[3]}")
-
-    def _start(self, target: Callable[[], None], name: str) -> threading.Thread:
-        thread = threading.Thread(target=target, name=name, daemon=True)
-        with self._lock:  # started under the lock: ``wait`` never sees it not yet alive
-            self._builders = [t for t in self._builders if t.is_alive()]
-            thread.start()
-            self._builders.append(thread)
-        return thread
-
-    def wait(self, timeout: float | None = None) -> None:
-        """Until every background build is done, first-chunk graphs included (tests,
-        benchmarks); ``timeout``: seconds in all."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            with self._lock:
-                alive = [t for t in self._builders if t.is_alive()]
-            if not alive:
-                return
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return
-            with GATE.parked(), TRACE.parked():  # the build may be waiting for this thread
-                alive[0].join(left)
-
-    def _first_later(self, key: Key) -> threading.Thread | None:
-        """Build ``key``'s first-chunk graph in the background (once per key)."""
-        with self._lock:
-            graph = self._graphs.get(key)
-            if graph is None or graph.first is not None or key in self._first_pending \
-                    or key in self._first_failed:
-                return None
-            self._first_pending.add(key)
-
-        def build() -> None:
-            try:
-                self._build_first(key)
-            finally:
-                with self._lock:
-                    self._first_pending.discard(key)
-
-        return self._start(build, f"decode-first-graph-{key[2]}x{key[3]}")
-
-    #: Seconds a first-chunk build waits after the last steady build: a warm-up of several
-    #: sizes asks for the next steady graph right after the previous one, and that one must
-    #: not queue behind a first-chunk compile (it decides when the worker is ready).
-    SETTLE_S = 2.0
+    def _name(self, key: Key) -> str:
+        """A build's name: one per graph cache (a process may have several decoders) and key."""
+        b, c, h, w, dtype = key
+        return f"{id(self):x}-{b}x{c}x{h}x{w}-{str(dtype).removeprefix('torch.')}"
 
     def _build_first(self, key: Key) -> None:
-        while True:
-            with self._lock:
-                wait = self._steady_asked > 0 or \
-                    time.monotonic() - self._steady_done_at < self.SETTLE_S
-            if wait:
-                time.sleep(0.1)
-                continue
-            with self._build_lock:
-                with self._lock:
-                    if self._steady_asked > 0:
-                        continue  # a steady build asked meanwhile: it goes first
-                    graph = self._graphs.get(key)
-                if graph is None:  # evicted meanwhile
-                    return
-                t0 = time.perf_counter()
-                try:
-                    with TRACE.capture():
-                        first = self._capture_first(key, graph)
-                except Exception:  # an optimisation: the eager first chunk stays correct
-                    log.exception("first-chunk graph for %s not captured; it stays eager", key)
-                    with self._lock:
-                        self._first_failed.add(key)
-                    return
-                first.build_s = time.perf_counter() - t0
-                log.info("first-chunk graph for %s built in %.1f s", key, first.build_s)
-                graph.first = first  # one reference assignment: a job reads it once
-                return
+        graph = self._graphs.get(key)
+        if graph is None or graph.first is not None or key in self._first_failed:
+            return  # evicted meanwhile, or built already
+        t0 = time.perf_counter()
+        try:
+            first = self._capture_first(key, graph)
+        except Exception:  # an optimisation: the eager first chunk stays correct
+            log.exception("first-chunk graph for %s not captured; it stays eager", key)
+            self._first_failed.add(key)
+            return
+        first.build_s = time.perf_counter() - t0
+        log.info("first-chunk graph for %s built in %.1f s", key, first.build_s)
+        graph.first = first
 
     def _capture(self, key: Key) -> ChunkGraph:
-        # All of it on a stream of its own: a background build must not queue behind (or
-        # in front of) the job decoding on the compute stream meanwhile. One stream for every
-        # build: the allocator caches freed blocks per stream.
+        # All of it on a stream of its own, made once: the allocator caches freed blocks per
+        # stream, and the build's working set is given back after the capture (``capture``).
         if self._side is None:
             self._side = torch.cuda.Stream(self.device)
         side = self._side
@@ -278,8 +199,8 @@ class ChunkGraphs:
 
     def _capture_first(self, key: Key, steady: ChunkGraph) -> ChunkGraph:
         """The first chunk at ``key``, captured into ``steady``'s pool, writing its history
-        into ``steady.caches``. A job may be replaying ``steady`` meanwhile: the compiled
-        calls before the capture write a scratch history (a capture itself runs nothing)."""
+        into ``steady.caches``. The compiled calls before the capture write a scratch history
+        (a capture itself runs nothing): ``steady.caches`` may hold a job's history later."""
         side = self._side
         assert side is not None, "the steady graph's build made the stream"
         side.wait_stream(torch.cuda.current_stream(self.device))

@@ -40,6 +40,7 @@ from worker.lifecycle.launcher import CONFIG_EXIT, check_credentials
 from worker.lifecycle.poolwatch import POOL_START_EXIT, PoolWatch, start_timeout
 from worker.lifecycle.spot import SpotWatcher
 from worker.memory import limit_mib
+from worker.owner import DEVICE
 from worker.sinks.webhooks import close_process_notifier
 
 log = logging.getLogger(__name__)
@@ -194,6 +195,13 @@ def _stop_recovery(**_: Any) -> None:
 def _flush_webhooks(**_: Any) -> None:
     """Give queued webhook deliveries a few seconds before the pool process exits."""
     close_process_notifier(timeout=5.0)
+
+
+@worker_process_shutdown.connect
+def _stop_builds(**_: Any) -> None:
+    """Drop queued device builds and join the builder before the pool process exits: a
+    thread left compiling or capturing at interpreter exit can abort the process."""
+    DEVICE.close(timeout=30.0)
 
 
 @task_revoked.connect

@@ -73,14 +73,14 @@ def warm_up(decoders: DecoderCache, settings: Settings,
     up ``FRAMEFLEET_WARMUP_DECODER`` at every warm-up size, then report ready. Without either
     the worker is ready at once. A size whose graph could not be captured (logged by the graph
     cache) stays eager: ready, its entry says ``graph: false``. Holds the process's capture
-    gate (``worker.gate``): first-chunk graphs build in the background meanwhile.
+    device as a job (``worker.owner``): first-chunk graphs are queued as builds and run after it.
 
     The start's phases (``worker.lifecycle.startphases``: ``phases`` holds those before the
     warm-up, ``started`` is the process start, epoch seconds) are published before ready.
     """
-    from worker.gate import GATE
+    from worker.owner import DEVICE
 
-    with GATE.work():
+    with DEVICE.job("warm-up"):
         return _warm_up(decoders, settings, dict(phases or {}), started)
 
 

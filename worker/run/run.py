@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING
 
 from producer.settings import Settings, get_settings
 from producer.wire.spec import CostReport, JobSpec, PreviewInfo, Progress, SegmentInfo
-from worker.gate import GATE
 
 if TYPE_CHECKING:
     from worker.sinks.hls import LivePlaylist
@@ -70,9 +69,6 @@ class Run:
             hook(progress)
 
     def cancelled(self) -> bool:
-        # Between steps and chunks the run has only queued kernels in flight: the moment a
-        # waiting background graph capture may go (``worker.gate``).
-        GATE.yield_point()
         for guard in self.guards:
             guard()
         return any(check() for check in self.cancel_checks)

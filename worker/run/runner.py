@@ -19,8 +19,8 @@ from producer.errors import JobCancelled, NonFiniteOutput
 from producer.wire.spec import JobResult, JobSpec, Progress
 from worker.decoders.base import frames_for_latents
 from worker.devices import out_of_memory, worker_info
-from worker.gate import GATE
 from worker.generate.job import tier_name
+from worker.owner import DEVICE
 from worker.pipeline import PipelineReport, run_pipeline
 from worker.run.decoders import DecoderCache
 from worker.run.finish import finish, reused_output
@@ -38,8 +38,8 @@ def run_job(spec: JobSpec, decoders: DecoderCache, run: Run | None = None) -> Jo
         run = Run(spec)
     elif run.spec is not spec:
         raise ValueError(f"run_job: the run is of job {run.spec.job_id}, not {spec.job_id}")
-    # The run works on the device: background graph captures wait for its yield points.
-    with GATE.work():
+    # The run owns the device: no background build starts until it ends (``worker.owner``).
+    with DEVICE.job(f"run {spec.job_id}"):
         return _run(spec, decoders, run)
 
 

@@ -4,7 +4,6 @@ the graph cache builds it. The capture itself runs in tests/gpu."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 
@@ -15,6 +14,7 @@ from worker.decoders.wan import WanDecoder, build_vae
 from worker.decoders.wan_capture import advance_fn, first_chunk_fn
 from worker.decoders.wan_graph import ChunkGraph, ChunkGraphs
 from worker.decoders.wan_step import WanStep
+from worker.owner import DeviceOwner
 
 
 def _eager(step: WanStep, z: torch.Tensor) -> torch.Tensor:
@@ -107,27 +107,25 @@ def test_stream_hands_the_history_from_the_first_chunk_to_the_steady_graph(
 
 
 class _RecordingGraphs(ChunkGraphs):
-    """The cache's bookkeeping without CUDA: captures are recorded (steady, then first)."""
-
-    SETTLE_S = 0.2
+    """The cache's bookkeeping without CUDA: captures are recorded (steady, then first), on a
+    device owner of its own."""
 
     def __init__(self, first_delay: float = 0.0, fail_first: bool = False) -> None:
         super().__init__(WanStep(build_vae("tiny")), torch.device("cpu"), capacity=2,
-                         compile=False, first_chunk=True)
+                         compile=False, first_chunk=True, owner=DeviceOwner())
         self.log: list[tuple[str, object]] = []
         self.first_delay = first_delay
         self.fail_first = fail_first
-        self._log_lock = threading.Lock()
 
     def _capture(self, key):  # type: ignore[no-untyped-def]
-        with self._log_lock:
-            self.log.append(("steady", key))
+        assert self.owner.holds()
+        self.log.append(("steady", key))
         empty = torch.empty(0)
         return ChunkGraph(graph=None, z=empty, caches=[], out=empty, build_s=0.0)  # type: ignore[arg-type]
 
     def _capture_first(self, key, steady):  # type: ignore[no-untyped-def]
-        with self._log_lock:
-            self.log.append(("first", key))
+        assert self.owner.holds()
+        self.log.append(("first", key))
         time.sleep(self.first_delay)
         if self.fail_first:
             raise RuntimeError("capture failed")
@@ -139,28 +137,29 @@ def _key(h: int) -> tuple[int, int, int, int, torch.dtype]:
     return (1, 16, h, h, torch.bfloat16)
 
 
-def test_first_chunk_graph_follows_its_steady_graph_in_the_background() -> None:
+def test_first_chunk_graph_follows_its_steady_graph_as_a_build() -> None:
     graphs = _RecordingGraphs()
     steady = graphs.prepare(_key(4))
-    assert steady is not None and steady.first is None  # prepare returns before it
-    graphs.wait(timeout=30)
-    assert steady.first is not None
+    assert graphs.wait(timeout=30)
+    assert steady is not None and steady.first is not None
     assert graphs.log == [("steady", _key(4)), ("first", _key(4))]
     graphs.prepare(_key(4))
     graphs.wait(timeout=30)
     assert graphs.log == [("steady", _key(4)), ("first", _key(4))]  # built once
 
 
-def test_steady_builds_asked_for_in_a_row_go_before_first_chunk_graphs() -> None:
-    # A warm-up of two sizes asks for the second steady graph right after the first: it must
-    # not wait behind the first size's first-chunk compile (readiness waits for it).
+def test_steady_builds_of_a_warm_up_go_before_first_chunk_graphs() -> None:
+    # A warm-up of two sizes holds the device as a job: the first-chunk builds it queues wait
+    # for its end, so the second steady graph (readiness waits for it) never queues behind one.
     graphs = _RecordingGraphs()
-    graphs.prepare(_key(4))
-    time.sleep(0.05)  # the warm-up's short decode
-    graphs.prepare(_key(6))
+    with graphs.owner.job("warm-up"):
+        steady = graphs.prepare(_key(4))
+        time.sleep(0.05)  # the warm-up's short decode
+        graphs.prepare(_key(6))
+        assert steady is not None and steady.first is None  # queued, not built
     graphs.wait(timeout=30)
-    assert graphs.log[:2] == [("steady", _key(4)), ("steady", _key(6))]
-    assert sorted(graphs.log[2:], key=str) == [("first", _key(4)), ("first", _key(6))]
+    assert graphs.log == [("steady", _key(4)), ("steady", _key(6)),
+                          ("first", _key(4)), ("first", _key(6))]
 
 
 def test_failed_first_chunk_graph_stays_eager_and_is_not_retried() -> None:
@@ -173,9 +172,9 @@ def test_failed_first_chunk_graph_stays_eager_and_is_not_retried() -> None:
     assert graphs.log.count(("first", _key(4))) == 1
 
 
-def test_wait_includes_first_chunk_builds_started_by_a_background_steady_build() -> None:
+def test_wait_includes_first_chunk_builds_queued_by_a_background_steady_build() -> None:
     graphs = _RecordingGraphs(first_delay=0.3)
-    graphs.prepare_later(_key(4))
+    assert graphs.prepare_later(_key(4))
     graphs.wait(timeout=30)
     graph = graphs.get(_key(4))
     assert graph is not None and graph.first is not None

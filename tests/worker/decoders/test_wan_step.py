@@ -9,6 +9,7 @@ from worker.decoders.wan import WanDecoder, build_vae
 from worker.decoders.wan_capture import advance_fn
 from worker.decoders.wan_graph import ChunkGraph, ChunkGraphs, _DecoderWeights
 from worker.decoders.wan_step import CACHE_T, WanStep, subpixel_conv, subpixel_kernel, supports
+from worker.owner import DeviceOwner
 
 
 def _decode(step: WanStep, z: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -165,7 +166,7 @@ def test_cpu_decoder_has_no_graphs_and_zero_capacity_prepares_nothing() -> None:
     assert WanDecoder(vae, "cpu", graphs=2).graphs is None
     graphs = ChunkGraphs(WanStep(vae), torch.device("cpu"), capacity=0, compile=False)
     assert graphs.prepare((1, 16, 4, 4, torch.float32)) is None
-    assert graphs.prepare_later((1, 16, 4, 4, torch.float32)) is None
+    assert not graphs.prepare_later((1, 16, 4, 4, torch.float32))
 
 
 class _RecordingGraphs(ChunkGraphs):
@@ -174,11 +175,12 @@ class _RecordingGraphs(ChunkGraphs):
 
     def __init__(self, capacity: int, fail: tuple[object, ...] = ()) -> None:
         super().__init__(WanStep(build_vae("tiny")), torch.device("cpu"), capacity=capacity,
-                         compile=False)
+                         compile=False, owner=DeviceOwner())
         self.built: list[object] = []
         self.fail = fail
 
     def _capture(self, key):  # type: ignore[no-untyped-def]
+        assert self.owner.holds()  # a build owns the device
         self.built.append(key)
         if key in self.fail:
             raise RuntimeError("capture failed")
@@ -204,14 +206,16 @@ def test_graph_cache_builds_once_and_evicts_least_recently_used() -> None:
 def test_failed_capture_leaves_the_size_eager_and_is_not_retried() -> None:
     graphs = _RecordingGraphs(capacity=2, fail=(_key(4),))
     assert graphs.prepare(_key(4)) is None
-    assert graphs.prepare(_key(4)) is None and graphs.prepare_later(_key(4)) is None
+    assert graphs.prepare(_key(4)) is None and not graphs.prepare_later(_key(4))
     assert graphs.built == [_key(4)]
 
 
 def test_background_build_starts_once_per_size() -> None:
     graphs = _RecordingGraphs(capacity=2)
-    assert graphs.prepare_later(_key(4)) is not None
-    assert graphs.prepare_later(_key(4)) is None  # pending (or already built): no second build
+    with graphs.owner.job():  # a job meets the size: the build waits for its end
+        assert graphs.prepare_later(_key(4))
+        assert not graphs.prepare_later(_key(4))  # queued: no second build
+        assert graphs.built == []
     graphs.wait(timeout=30)
-    assert graphs.prepare_later(_key(4)) is None
+    assert not graphs.prepare_later(_key(4))  # built
     assert graphs.get(_key(4)) is not None and graphs.built == [_key(4)]

@@ -14,7 +14,7 @@ after a step (x0), projected to a small RGB clip without the VAE, on its way to 
   per latent cell. The writer upsamples it while it encodes (``worker.pipeline.clip``).
 - **To the host.** The clip is copied non-blocking into one of a few pinned buffers and an
   event is recorded after it; the writer thread waits on that event alone. The job thread never
-  waits on the device for a preview (no device-wide synchronisation: ``worker.gate``); when
+  waits on the device for a preview (a device-wide synchronisation would stall the denoise); when
   every buffer is still in use, that preview is skipped and the next one comes.
 
 A preview that cannot be made (no factors for the format, an error) never stops the denoise:

@@ -20,7 +20,6 @@ import torch
 from producer.errors import InvalidJobError
 from producer.settings import Settings
 from producer.wire.spec import GenerateSpec
-from worker.gate import TRACE
 from worker.generate.denoise.loop import denoise
 from worker.generate.model.cache import ModelCache, Resident
 from worker.generate.request.folder import ModelInfo, model_folder, read_model
@@ -61,7 +60,7 @@ def compile_size(models: ModelCache, entry: Resident, info: ModelInfo, height: i
     dtype = entry.pipe.transformer.dtype
     embeds = torch.zeros(1, 512, text_dim, dtype=dtype, device=models.device)
     key = (frames, height, width, info.pipeline)
-    with TRACE.work(), size_stance(entry.sizes, entry.compiled, key, models.compiled_sizes,
+    with size_stance(entry.sizes, entry.compiled, key, models.compiled_sizes,
                                    transformers=tuple(transformers_of(entry.pipe))) as compiled:
         latents, _ = denoise(entry.pipe, gen, info, embeds, None, lambda *_: None,
                              lambda: False)
