@@ -31,7 +31,8 @@ import copy
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -81,9 +82,6 @@ class ChunkGraphs:
             # its default limit of 8, further sizes would quietly run uncompiled.
             dynamo = torch._dynamo.config
             dynamo.recompile_limit = max(dynamo.recompile_limit, 64)
-            # cuDNN times its algorithms once per conv shape (at the warm-up before capture)
-            # and the graph keeps the fastest; eager decoding is unaffected in speed (measured).
-            torch.backends.cudnn.benchmark = True
             self._fn = torch.compile(self._fn, fullgraph=True, dynamic=False,
                                      options=dict(options or {}) or None)
             self._first_fn = torch.compile(self._first_fn, fullgraph=True, dynamic=False,
@@ -182,6 +180,10 @@ class ChunkGraphs:
         graph.first = first
 
     def _capture(self, key: Key) -> ChunkGraph:
+        with _cudnn_search():
+            return self._capture_searched(key)
+
+    def _capture_searched(self, key: Key) -> ChunkGraph:
         # All of it on a stream of its own, made once: the allocator caches freed blocks per
         # stream, and the build's working set is given back after the capture (``capture``).
         if self._side is None:
@@ -206,8 +208,9 @@ class ChunkGraphs:
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             z = static_latent(key, self.device, self.memory_format)
-        graph, out, phases = capture(self._first_fn, z, steady.caches, side, scratch=True,
-                                     pool=steady.graph.pool())
+        with _cudnn_search():
+            graph, out, phases = capture(self._first_fn, z, steady.caches, side, scratch=True,
+                                         pool=steady.graph.pool())
         return ChunkGraph(graph, z, steady.caches, out, 0.0, phases)
 
     def _run(self, z: torch.Tensor, caches: Caches) -> torch.Tensor:
@@ -219,6 +222,21 @@ class ChunkGraphs:
         for static, fresh in zip(caches, new, strict=True):
             static.copy_(fresh)
         return out
+
+
+@contextmanager
+def _cudnn_search() -> Iterator[None]:
+    """cuDNN times its algorithms for each conv shape met in the block (the calls before a
+    capture) and the graph keeps the fastest. Only in a build: switched on for the whole
+    process, it made a job's eager decode at a size new to the process search at every conv
+    shape (seconds per clip), for no steady-state gain (eager speed measured the same). A
+    build never overlaps a job (``worker.owner``), so no job sees the flag on."""
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = before
 
 
 #: Settings of the worker's graphs (measured on an H200: bench/results/decode-notes.md): the

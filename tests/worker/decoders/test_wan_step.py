@@ -219,3 +219,29 @@ def test_background_build_starts_once_per_size() -> None:
     graphs.wait(timeout=30)
     assert not graphs.prepare_later(_key(4))  # built
     assert graphs.get(_key(4)) is not None and graphs.built == [_key(4)]
+
+
+class _FlagGraphs(ChunkGraphs):
+    """Records cuDNN's benchmark flag as a build sees it."""
+
+    def __init__(self) -> None:
+        super().__init__(WanStep(build_vae("tiny")), torch.device("cpu"), capacity=2,
+                         compile=False, owner=DeviceOwner())
+        self.seen: list[bool] = []
+
+    def _capture_searched(self, key):  # type: ignore[no-untyped-def]
+        self.seen.append(torch.backends.cudnn.benchmark)
+        empty = torch.empty(0)
+        return ChunkGraph(graph=None, z=empty, caches=[], out=empty, build_s=0.0)  # type: ignore[arg-type]
+
+
+def test_cudnn_searches_algorithms_only_inside_a_build() -> None:
+    # A job's eager decode at a size new to the process must not time every conv's algorithms
+    # (the soak's first job at a new size spent 14.5 s decoding); a build's calls before its
+    # capture must (the graph keeps the fastest).
+    assert torch.backends.cudnn.benchmark is False
+    graphs = _FlagGraphs()
+    assert torch.backends.cudnn.benchmark is False  # making the cache does not switch it on
+    graphs.prepare(_key(4))
+    assert graphs.seen == [True]
+    assert torch.backends.cudnn.benchmark is False
