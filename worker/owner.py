@@ -6,7 +6,9 @@ Two kinds of device work happen in a worker process:
   ``with DEVICE.job("run"):``;
 - a **build**: work that only makes later jobs faster (a decode size's graph: compile, warm,
   capture). It is queued with ``DEVICE.submit(name, fn)`` and runs on the owner's one builder
-  thread, one build at a time, only while no job holds or waits for the device.
+  thread, one build at a time, only while no job holds or waits for the device, and only once
+  the device has been idle for ``idle_s`` (``FRAMEFLEET_BUILD_IDLE_S``): a queue that hands the
+  worker its next job at once keeps the worker on jobs, and the builds run when it drains.
 
 The rule, which makes the design deadlock-free by construction: at any moment at most one thread
 works on the device, and it is either the job thread or the builder. A job that arrives during a
@@ -53,7 +55,10 @@ class OwnerStats:
 class DeviceOwner:
     """Hands the device to one job or one build at a time; jobs go first."""
 
-    def __init__(self) -> None:
+    def __init__(self, idle_s: float = 0.0) -> None:
+        """``idle_s``: seconds without a job before a build may start."""
+        self.idle_s = idle_s
+        self._last_job_end = float("-inf")  # monotonic
         self._cond = threading.Condition()
         self._holder: int | None = None  # the thread ident of the job holding the device
         self._depth = 0  # ``job`` nests on its holder's thread
@@ -96,6 +101,7 @@ class DeviceOwner:
                 self._depth -= 1
                 if not self._depth:
                     self._holder, self._what = None, ""
+                    self._last_job_end = time.monotonic()
                     self._cond.notify_all()
 
     def holds(self) -> bool:
@@ -124,12 +130,17 @@ class DeviceOwner:
             self._cond.notify_all()
             return True
 
+    def _build_in(self) -> float | None:
+        """Seconds until the next build may start (0: now); None: not before a change."""
+        if not self._queue or self._holder is not None or self._jobs_waiting:
+            return None
+        return max(0.0, self._last_job_end + self.idle_s - time.monotonic())
+
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and (not self._queue or self._holder is not None
-                                            or self._jobs_waiting):
-                    self._cond.wait()
+                while not self._closed and (wait := self._build_in()) != 0:
+                    self._cond.wait(wait)
                 if self._closed:
                     return
                 name, fn = self._queue.popleft()
@@ -198,7 +209,7 @@ class DeviceOwner:
     def _after_fork(self) -> None:
         """A forked child starts with a fresh owner: the parent's builder thread and lock
         state do not exist there."""
-        self.__init__()  # type: ignore[misc]
+        self.__init__(self.idle_s)  # type: ignore[misc]
 
 
 #: The process's owner: every job and every build of this process goes through it.

@@ -69,6 +69,12 @@ class WorkerSettings(BaseModel):
         "timed out) after which the worker stops with exit status 75 so that its "
         "supervisor restarts it, instead of Celery replacing the child for ever",
     )
+    build_idle_s: float = Field(
+        default=2.0, ge=0, le=3600,
+        description="seconds a worker process must have had no job before a background "
+        "build (a new decode size's graph) starts: a job that arrives during a build waits "
+        "for it, so builds wait for a gap in the queue; 0: right after each job",
+    )
     decode_graphs: int = Field(
         default=2, ge=0, le=16,
         description="CUDA: compiled, graph-captured decode sizes kept per decoder; 0: eager",

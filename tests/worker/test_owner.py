@@ -185,3 +185,20 @@ def test_close_drops_queued_builds_and_joins_the_builder() -> None:
     assert ran == [] and not builder.is_alive()
     assert not owner.submit("b", lambda: None)  # closed
     assert "nobody" in owner.describe()
+
+
+def test_a_build_waits_for_the_device_to_be_idle_that_long() -> None:
+    # Given a worker whose queue hands it jobs back to back
+    owner = DeviceOwner(idle_s=0.3)
+    started: list[float] = []
+    with owner.job():
+        owner.submit("size", lambda: started.append(time.monotonic()))
+    ended = time.monotonic()
+    time.sleep(0.1)
+    with owner.job():  # the next job, within the idle time: no build ran in between
+        assert started == []
+    ended = time.monotonic()
+    # When the queue drains, Then the build runs once the device was idle for idle_s
+    assert owner.drain(5)
+    assert started and started[0] - ended >= 0.3
+    assert owner.stats.job_waits == 0

@@ -99,6 +99,7 @@ def _init_process(**_: Any) -> None:
 
 def _start_process(settings: Settings) -> None:
     hook = time.time()
+    DEVICE.idle_s = settings.build_idle_s
     started = startphases.main_started_at()
     decoders = tasks.init_decoders(settings)
     try:
