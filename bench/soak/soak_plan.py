@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.generate.gen_specs import bench_id
 from producer.wire.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec, VideoSpec
 
 PROMPT = "a red fox runs through deep snow at dawn, cinematic, detailed fur"
@@ -68,7 +69,7 @@ def _gen(s: Setup, model: Path, size: tuple[int, int, int], tier: str, steps: in
 
 
 def _job(s: Setup, job_id: str, gen: dict[str, Any]) -> JobSpec:
-    return JobSpec.model_validate({"job_id": job_id, "tenant": "soak", "generate": gen,
+    return JobSpec.model_validate({"job_id": bench_id(job_id), "tenant": "soak", "generate": gen,
                                    "output": {"uri": s.out}, "video": {"segment_frames": 24}})
 
 
