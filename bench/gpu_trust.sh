@@ -42,6 +42,9 @@ export TRITON_CACHE_DIR=$FRAMEFLEET_COMPILE_CACHE_DIR/triton
   python3 -c "import torch, diffusers, torchao, av, celery; print('torch', torch.__version__,
 'diffusers', diffusers.__version__, 'torchao', torchao.__version__, 'av', av.__version__,
 'celery', celery.__version__)"
+  # torchao picks its fused rowwise kernels (mslk) only where that package is installed, and
+  # its quantize kernel only without an activation floor: the fp8 rows depend on which ran
+  python3 -c "import importlib.util as u; print('mslk installed:', u.find_spec('mslk') is not None)"
 } 2>&1 | tee "$OUT/env-$STAGE.txt"
 
 case "$STAGE" in

@@ -11,7 +11,9 @@ the tier's. A Wan transformer at dims torchao quantises (multiples of 16), bf16:
   exact tier's (the floor adds no recompile, no guard failure);
 - the floor is one ``clamp_min`` per quantised linear in the traced ATen graph (with its two
   dtype casts: clamp computes in float32), against the same config without it; every other op
-  count is equal, the matrix products stay ``_scaled_mm`` (the rowwise kernel), one a linear.
+  count is equal, the matrix products stay ``_scaled_mm`` (the rowwise kernel), one a linear;
+- inductor's generated code has the same kernels with and without it: the clamp is fused into
+  the activation's amax/quantize kernel, no extra kernel, no extra pass over the activations.
 """
 
 from __future__ import annotations
@@ -137,3 +139,38 @@ def test_the_floor_is_one_clamp_per_linear_in_the_compiled_graph() -> None:
     assert not bare.ops() - floored.ops()  # nothing else changed, nothing removed
     assert len(floored.graphs) == len(bare.graphs)
     assert not torch.isfinite(out_bare).all()  # and without it, the padded rows are NaN
+
+
+def test_inductor_fuses_the_floor_into_the_quantize_kernel() -> None:
+    """Inductor's own code (CPU): with and without the floor, the same kernels, one fused
+    amax-clamp-divide-cast kernel per linear's activations, and the same ``_scaled_mm`` calls.
+    The floor is no extra kernel and no extra pass over the activations."""
+    import re
+
+    from torch._inductor.utils import run_and_get_code
+    from torchao.quantization import (
+        Float8DynamicActivationFloat8WeightConfig,
+        PerRow,
+        quantize_,
+    )
+
+    x = torch.randn(4, 16, 64, dtype=torch.bfloat16)
+    x[:, 8:] = 0
+    kernels = {}
+    bare = Float8DynamicActivationFloat8WeightConfig(granularity=PerRow())
+    for name, config in [("floor", tiers.fp8_config()), ("bare", bare)]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(),
+                                    torch.nn.Linear(128, 64)).to(torch.bfloat16)
+        quantize_(model, config)
+        torch._dynamo.reset()
+        with torch.no_grad():
+            out, codes = run_and_get_code(torch.compile(model, fullgraph=True), x)
+        code = "\n".join(codes)
+        kernels[name] = (re.findall(r"^(\w*fused\w*) = ", code, re.M),
+                         sorted(re.findall(r"extern_kernels\.\w+", code)))
+        assert torch.isfinite(out).all() == (name == "floor")
+    fused, calls = kernels["floor"]
+    assert kernels["bare"] == (fused, calls)
+    assert len(fused) == 2 and all("amax" in k and "clamp" in k for k in fused)
+    assert calls == ["extern_kernels._scaled_mm"] * 2
