@@ -19,16 +19,20 @@ from tests.require import require_binary
 ROOT = Path(__file__).resolve().parents[2]
 
 
+#: bench/gpu_trust.sh's STAGE=soak options at tiny size (and --redis-server, --redis-lib: the
+#: latter names a folder of no libraries here).
+DEVICE_OPTIONS = ["--minutes", "0", "--max-minutes", "6", "--jobs", "14", "--warm-sizes", "none",
+                  "--budget-s", "780"]
+
+
 @pytest.mark.timeout(900)
 def test_bench_soak_tiny(tmp_path: Path) -> None:
     redis_server = require_binary("redis-server", "redis-server")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        # bench/gpu_trust.sh's STAGE=soak options (its --redis-lib: no libraries needed here)
-        [sys.executable, str(ROOT / "bench" / "soak" / "soak.py"), "--tiny", "--minutes", "0",
-         "--max-minutes", "6", "--jobs", "14", "--redis-server", redis_server,
-         "--redis-lib", str(tmp_path), "--warm-sizes", "none", "--budget-s", "780",
-         "--json", "soak.json", "--out", str(tmp_path)],
+        [sys.executable, str(ROOT / "bench" / "soak" / "soak.py"), "--tiny", *DEVICE_OPTIONS,
+         "--redis-server", redis_server, "--redis-lib", str(tmp_path), "--json", "soak.json",
+         "--out", str(tmp_path)],
         env=env, capture_output=True, text=True, timeout=840, check=False)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     doc = json.loads((tmp_path / "soak.json").read_text())
