@@ -217,52 +217,55 @@ def bench_model(args: argparse.Namespace, name: str, device: torch.device, dtype
     err = forward_error(m.pipe.transformer, m.pipe.transformer, m.size, m.info, device)
     doc["checks"].append({"model": name, "tier": "exact", "forward_rel_l2": err})
     doc["failed"] |= err > 2e-2
-    # exact and cache at every step count first (cheap), then fp8 (its first call quantises
-    # and compiles: minutes), so a tight budget drops the costliest rows, not the most
+    # --order tiers: exact and cache at every step count first (cheap), then fp8 (its first
+    # call quantises and compiles: minutes), so a tight budget drops the costliest rows, not the
+    # most; --order steps: every tier at the first step count, then the next
     bases: dict[int, dict[str, Any]] = {}
     refs: dict[int, dict[str, Any]] = {}
-    for tier_pass in (["exact", "cache"], ["fp8", "fp8+cache"]):
-        for steps in args.steps:
-            for tier in [t for t in tier_pass if t in tiers]:
-                if steps not in bases and not _baseline(args, m, steps, bases, budget):
-                    break
-                if tier in refused:
-                    refuse(m, tier, steps, doc)
-                    continue
-                est = EST["ff_fixed"] + EST["ff_step"] * steps
-                if tier.startswith("fp8") and m.fp8 is None:
-                    est += EST["fp8_prepare"]
-                if not budget.fits(f"{name} {steps} steps {tier}", est):
-                    continue
-                if tier.startswith("fp8") and m.fp8 is None:
-                    prep = m.add_fp8()
-                    ferr = forward_error(m.pipe.transformer, m.fp8.pipe.transformer, m.size,
-                                         m.info, device)
-                    doc["checks"].append({"model": name, "tier": "fp8", "forward_rel_l2": ferr,
-                                          "prepare_s": prep})
-                try:
-                    row = run_tier(m, tier, steps, bases[steps], refs.get(steps))
-                except NonFiniteOutput as e:  # the guard stopped the job: a row that says so
-                    doc["failed"] = True
-                    save({**m.meta, "steps": steps, "tier": tier, "nonfinite": str(e)},
-                         "nonfinite")
-                    continue
-                if "_ref" in row:
-                    refs[steps] = row.pop("_ref")
-                latents = row.pop("_latents")
-                if args.previews and budget.fits(f"{name} {steps} steps {tier} previews", est):
-                    every = {"every": args.previews}
-                    spec = job(m.work, m.name, gen_spec(m.folder, m.size, steps, tier,
-                                                        preview=every),
-                               f"{tier}-{steps}-pv{args.previews}")
-                    row["previews"] = gen_previews.measure(m, spec, row, latents, Path(args.out),
-                                                           Path(args.json).stem)
-                row["diffusers"] = {k: v for k, v in bases[steps].items() if k != "latents"}
-                row["quality"]["forward_rel_l2"] = (doc["checks"][-1]["forward_rel_l2"]
-                                                    if tier.startswith("fp8") else err)
-                print(json.dumps({k: row[k] for k in ("model", "steps", "tier", "speedup",
-                                                      "denoise_s_per_step")}), flush=True)
-                save(row)
+    passes = (["exact", "cache"], ["fp8", "fp8+cache"])
+    plan = ([(steps, p) for steps in args.steps for p in passes] if args.order == "steps"
+            else [(steps, p) for p in passes for steps in args.steps])
+    for steps, tier_pass in plan:
+        for tier in [t for t in tier_pass if t in tiers]:
+            if steps not in bases and not _baseline(args, m, steps, bases, budget):
+                break
+            if tier in refused:
+                refuse(m, tier, steps, doc)
+                continue
+            est = EST["ff_fixed"] + EST["ff_step"] * steps
+            if tier.startswith("fp8") and m.fp8 is None:
+                est += EST["fp8_prepare"]
+            if not budget.fits(f"{name} {steps} steps {tier}", est):
+                continue
+            if tier.startswith("fp8") and m.fp8 is None:
+                prep = m.add_fp8()
+                ferr = forward_error(m.pipe.transformer, m.fp8.pipe.transformer, m.size,
+                                     m.info, device)
+                doc["checks"].append({"model": name, "tier": "fp8", "forward_rel_l2": ferr,
+                                      "prepare_s": prep})
+            try:
+                row = run_tier(m, tier, steps, bases[steps], refs.get(steps))
+            except NonFiniteOutput as e:  # the guard stopped the job: a row that says so
+                doc["failed"] = True
+                save({**m.meta, "steps": steps, "tier": tier, "nonfinite": str(e)},
+                     "nonfinite")
+                continue
+            if "_ref" in row:
+                refs[steps] = row.pop("_ref")
+            latents = row.pop("_latents")
+            if args.previews and budget.fits(f"{name} {steps} steps {tier} previews", est):
+                every = {"every": args.previews}
+                spec = job(m.work, m.name, gen_spec(m.folder, m.size, steps, tier,
+                                                    preview=every),
+                           f"{tier}-{steps}-pv{args.previews}")
+                row["previews"] = gen_previews.measure(m, spec, row, latents, Path(args.out),
+                                                       Path(args.json).stem)
+            row["diffusers"] = {k: v for k, v in bases[steps].items() if k != "latents"}
+            row["quality"]["forward_rel_l2"] = (doc["checks"][-1]["forward_rel_l2"]
+                                                if tier.startswith("fp8") else err)
+            print(json.dumps({k: row[k] for k in ("model", "steps", "tier", "speedup",
+                                                  "denoise_s_per_step")}), flush=True)
+            save(row)
     gen_extra.extras(args, m, doc, budget, save)
     del m
     gc.collect()
@@ -316,6 +319,9 @@ def parse_args() -> argparse.Namespace:
                     help="step counts (default 20,4; --tiny: 4)")
     ap.add_argument("--tiers", default="exact,fp8,cache,fp8+cache",
                     type=lambda s: s.split(","))
+    ap.add_argument("--order", choices=["tiers", "steps"], default="tiers",
+                    help="tiers: exact and cache at every step count, then fp8; steps: every "
+                    "tier at the first step count, then the next")
     ap.add_argument("--size", default=None, help="HxWxF for every model (default: its own)")
     ap.add_argument("--decode-graphs", type=int, default=0,
                     help="framefleet's compiled decode graphs (FRAMEFLEET_DECODE_GRAPHS)")

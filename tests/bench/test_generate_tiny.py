@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 #: ``STAGE=bench`` of bench/gpu_trust.sh, option for option (its budget: what a call leaves).
-DEVICE_BENCH = ["--steps", "20,4", "--tiers", "exact,cache,fp8,fp8+cache", "--decode-graphs", "1",
-                "--budget-s", "530", "--json", "denoise-tiny.json"]
+DEVICE_BENCH = ["--steps", "20,4", "--order", "steps", "--tiers", "exact,cache,fp8,fp8+cache",
+                "--decode-graphs", "1", "--budget-s", "530", "--json", "denoise-tiny.json"]
 
 
 def test_bench_generate_tiny(tmp_path: Path) -> None:
