@@ -68,15 +68,20 @@ from worker.run import DecoderCache
 EST = {"build": 40, "fp8_prepare": 180, "base_fixed": 14, "base_step": 2.3,
        "ff_fixed": 8, "ff_step": 2.0}
 
+#: --tiny's rows take about this share of the H200 estimates on a CI machine's CPU.
+TINY_EST_SCALE = 0.05
+
 
 class Budget:
     """Seconds left before ``deadline``; ``fits`` records what it refuses."""
 
-    def __init__(self, seconds: float | None, doc: dict[str, Any]) -> None:
+    def __init__(self, seconds: float | None, doc: dict[str, Any], scale: float = 1.0) -> None:
         self.deadline = None if seconds is None else time.monotonic() + seconds
         self.doc = doc
+        self.scale = scale  # of the H200 estimates (EST): --tiny's models are far smaller
 
     def fits(self, what: str, estimate: float) -> bool:
+        estimate *= self.scale
         if self.deadline is None or time.monotonic() + estimate < self.deadline:
             return True
         self.doc["skipped"].append({"what": what, "reason": f"budget: needs ~{estimate:.0f} s, "
@@ -139,8 +144,8 @@ def run_tier(m: Model, tier: str, steps: int, base: dict[str, Any],
                    m.decoders, m.settings)
     if m.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(m.device)
-    ff = framefleet(job(m.work, m.name, gen_spec(m.folder, m.size, steps, tier),
-                        f"{tier}-{steps}"), m.decoders, m.settings)
+    spec = job(m.work, m.name, gen_spec(m.folder, m.size, steps, tier), f"{tier}-{steps}")
+    ff = framefleet(spec, m.decoders, m.settings)
     peak = torch.cuda.max_memory_allocated(m.device) / 2**30 if m.device.type == "cuda" else 0
     latents, files = ff.pop("latents"), ff.pop("segment_files")
     quality: dict[str, Any] = {"vs_diffusers_rel_l2": rel_l2(latents, base["latents"])}
@@ -154,11 +159,29 @@ def run_tier(m: Model, tier: str, steps: int, base: dict[str, Any],
            "framefleet_wall_s": ff["wall_s"], "diffusers_wall_s": base["wall_s"],
            "speedup": base["wall_s"] / ff["wall_s"], "denoise_s_per_step": ff["denoise_s"] / steps,
            "quality": quality, "latents_identical_to_diffusers":
-           bool(torch.equal(latents, base["latents"])), "peak_gib": peak, "framefleet": ff}
+           bool(torch.equal(latents, base["latents"])), "peak_gib": peak, "job_id": spec.job_id,
+           "framefleet": ff}
     if tier == "exact":
         row["_ref"] = {"latents": latents, "files": files}
     row["_latents"] = latents
     return row
+
+
+def refuse(m: Model, tier: str, steps: int, doc: dict[str, Any]) -> None:
+    """A row this device cannot run (fp8 on the CPU): its job, built and validated as on the
+    GPU, goes through ``run_job`` to the worker's own tier check, and its refusal is recorded as
+    the row's skip reason. A job the worker does not refuse fails the run."""
+    spec = job(m.work, m.name, gen_spec(m.folder, m.size, steps, tier), f"{tier}-{steps}")
+    try:
+        framefleet(spec, m.decoders, m.settings)
+    except InvalidJobError as e:
+        doc["skipped"].append({"what": f"{m.name} {steps} steps {tier}", "job_id": spec.job_id,
+                               "reason": str(e)})
+        print(f"SKIP {m.name} {steps} steps {tier}: {e}", flush=True)
+        return
+    doc["failed"] = True
+    doc["skipped"].append({"what": f"{m.name} {steps} steps {tier}", "job_id": spec.job_id,
+                           "reason": "NOT refused: the worker ran a tier its device lacks"})
 
 
 def _baseline(args: argparse.Namespace, m: Model, steps: int, bases: dict[int, Any],
@@ -182,11 +205,10 @@ def bench_model(args: argparse.Namespace, name: str, device: torch.device, dtype
     tiers = list(args.tiers)
     try:
         check_tier("fp8", device)
-    except InvalidJobError as e:
-        for tier in [t for t in tiers if t.startswith("fp8")]:
-            tiers.remove(tier)
-            doc["skipped"].append({"what": f"{name} {tier}", "reason": str(e)})
-    m = Model(args, name, device, dtype, work, tiers)
+        refused: list[str] = []
+    except InvalidJobError:  # the fp8 rows still go as far as the worker's own refusal
+        refused = [t for t in tiers if t.startswith("fp8")]
+    m = Model(args, name, device, dtype, work, [t for t in tiers if t not in refused])
     print(json.dumps(m.meta), flush=True)
     h, w, _ = m.size
     if args.decode_graphs and device.type == "cuda":  # as a worker's warm-up does
@@ -195,49 +217,55 @@ def bench_model(args: argparse.Namespace, name: str, device: torch.device, dtype
     err = forward_error(m.pipe.transformer, m.pipe.transformer, m.size, m.info, device)
     doc["checks"].append({"model": name, "tier": "exact", "forward_rel_l2": err})
     doc["failed"] |= err > 2e-2
-    # exact and cache at every step count first (cheap), then fp8 (its first call quantises
-    # and compiles: minutes), so a tight budget drops the costliest rows, not the most
+    # --order tiers: exact and cache at every step count first (cheap), then fp8 (its first
+    # call quantises and compiles: minutes), so a tight budget drops the costliest rows, not the
+    # most; --order steps: every tier at the first step count, then the next
     bases: dict[int, dict[str, Any]] = {}
     refs: dict[int, dict[str, Any]] = {}
-    for tier_pass in (["exact", "cache"], ["fp8", "fp8+cache"]):
-        for steps in args.steps:
-            for tier in [t for t in tier_pass if t in tiers]:
-                if steps not in bases and not _baseline(args, m, steps, bases, budget):
-                    break
-                est = EST["ff_fixed"] + EST["ff_step"] * steps
-                if tier.startswith("fp8") and m.fp8 is None:
-                    est += EST["fp8_prepare"]
-                if not budget.fits(f"{name} {steps} steps {tier}", est):
-                    continue
-                if tier.startswith("fp8") and m.fp8 is None:
-                    prep = m.add_fp8()
-                    ferr = forward_error(m.pipe.transformer, m.fp8.pipe.transformer, m.size,
-                                         m.info, device)
-                    doc["checks"].append({"model": name, "tier": "fp8", "forward_rel_l2": ferr,
-                                          "prepare_s": prep})
-                try:
-                    row = run_tier(m, tier, steps, bases[steps], refs.get(steps))
-                except NonFiniteOutput as e:  # the guard stopped the job: a row that says so
-                    doc["failed"] = True
-                    save({**m.meta, "steps": steps, "tier": tier, "nonfinite": str(e)},
-                         "nonfinite")
-                    continue
-                if "_ref" in row:
-                    refs[steps] = row.pop("_ref")
-                latents = row.pop("_latents")
-                if args.previews and budget.fits(f"{name} {steps} steps {tier} previews", est):
-                    every = {"every": args.previews}
-                    spec = job(m.work, m.name, gen_spec(m.folder, m.size, steps, tier,
-                                                        preview=every),
-                               f"{tier}-{steps}-pv{args.previews}")
-                    row["previews"] = gen_previews.measure(m, spec, row, latents, Path(args.out),
-                                                           Path(args.json).stem)
-                row["diffusers"] = {k: v for k, v in bases[steps].items() if k != "latents"}
-                row["quality"]["forward_rel_l2"] = (doc["checks"][-1]["forward_rel_l2"]
-                                                    if tier.startswith("fp8") else err)
-                print(json.dumps({k: row[k] for k in ("model", "steps", "tier", "speedup",
-                                                      "denoise_s_per_step")}), flush=True)
-                save(row)
+    passes = (["exact", "cache"], ["fp8", "fp8+cache"])
+    plan = ([(steps, p) for steps in args.steps for p in passes] if args.order == "steps"
+            else [(steps, p) for p in passes for steps in args.steps])
+    for steps, tier_pass in plan:
+        for tier in [t for t in tier_pass if t in tiers]:
+            if steps not in bases and not _baseline(args, m, steps, bases, budget):
+                break
+            if tier in refused:
+                refuse(m, tier, steps, doc)
+                continue
+            est = EST["ff_fixed"] + EST["ff_step"] * steps
+            if tier.startswith("fp8") and m.fp8 is None:
+                est += EST["fp8_prepare"]
+            if not budget.fits(f"{name} {steps} steps {tier}", est):
+                continue
+            if tier.startswith("fp8") and m.fp8 is None:
+                prep = m.add_fp8()
+                ferr = forward_error(m.pipe.transformer, m.fp8.pipe.transformer, m.size,
+                                     m.info, device)
+                doc["checks"].append({"model": name, "tier": "fp8", "forward_rel_l2": ferr,
+                                      "prepare_s": prep})
+            try:
+                row = run_tier(m, tier, steps, bases[steps], refs.get(steps))
+            except NonFiniteOutput as e:  # the guard stopped the job: a row that says so
+                doc["failed"] = True
+                save({**m.meta, "steps": steps, "tier": tier, "nonfinite": str(e)},
+                     "nonfinite")
+                continue
+            if "_ref" in row:
+                refs[steps] = row.pop("_ref")
+            latents = row.pop("_latents")
+            if args.previews and budget.fits(f"{name} {steps} steps {tier} previews", est):
+                every = {"every": args.previews}
+                spec = job(m.work, m.name, gen_spec(m.folder, m.size, steps, tier,
+                                                    preview=every),
+                           f"{tier}-{steps}-pv{args.previews}")
+                row["previews"] = gen_previews.measure(m, spec, row, latents, Path(args.out),
+                                                       Path(args.json).stem)
+            row["diffusers"] = {k: v for k, v in bases[steps].items() if k != "latents"}
+            row["quality"]["forward_rel_l2"] = (doc["checks"][-1]["forward_rel_l2"]
+                                                if tier.startswith("fp8") else err)
+            print(json.dumps({k: row[k] for k in ("model", "steps", "tier", "speedup",
+                                                  "denoise_s_per_step")}), flush=True)
+            save(row)
     gen_extra.extras(args, m, doc, budget, save)
     del m
     gc.collect()
@@ -287,9 +315,13 @@ def markdown(doc: dict[str, Any]) -> str:
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--models", default="wan2.2-ti2v-5b,wan2.1-t2v-1.3b")
-    ap.add_argument("--steps", default="20,4", type=lambda s: [int(v) for v in s.split(",")])
+    ap.add_argument("--steps", default=None, type=lambda s: [int(v) for v in s.split(",")],
+                    help="step counts (default 20,4; --tiny: 4)")
     ap.add_argument("--tiers", default="exact,fp8,cache,fp8+cache",
                     type=lambda s: s.split(","))
+    ap.add_argument("--order", choices=["tiers", "steps"], default="tiers",
+                    help="tiers: exact and cache at every step count, then fp8; steps: every "
+                    "tier at the first step count, then the next")
     ap.add_argument("--size", default=None, help="HxWxF for every model (default: its own)")
     ap.add_argument("--decode-graphs", type=int, default=0,
                     help="framefleet's compiled decode graphs (FRAMEFLEET_DECODE_GRAPHS)")
@@ -310,10 +342,11 @@ def parse_args() -> argparse.Namespace:
     if args.budget_s is None and os.environ.get("BUDGET"):
         args.budget_s = float(os.environ["BUDGET"])
     if args.tiny:  # the 1.3B and TI2V-5B layouts in miniature, the same code paths
-        args.models, args.steps = "tiny-ti2v,tiny", [4]
+        args.models, args.steps = "tiny-ti2v,tiny", args.steps or [4]
         args.image = args.image and "tiny-ti2v"
         args.lora = args.lora and "tiny-ti2v"
         args.image_steps = min(args.image_steps, 4)
+    args.steps = args.steps or [20, 4]
     return args
 
 
@@ -334,7 +367,7 @@ def main() -> int:
         "recommended_cache": RECOMMENDED_CACHE, "rows": [], "checks": [], "extras": [],
         "skipped": [], "nonfinite": [], "failed": False,
     }
-    budget = Budget(args.budget_s, doc)
+    budget = Budget(args.budget_s, doc, TINY_EST_SCALE if args.tiny else 1.0)
 
     def save(row: dict[str, Any] | None, key: str = "rows") -> None:
         if row is not None:

@@ -17,11 +17,14 @@ run at least ``--minutes`` and ``--jobs`` jobs, and checks every end:
   the pool process normally stays).
 
 Writes ``soak-<device>.json`` and ``.md`` under ``--out`` and prints a short table. ``--tiny``
-runs the same on the CPU with the tiny presets (fp8 rows skipped: no float8 units), for CI and
-for checking the script before device time is spent.
+runs the same on the CPU with the tiny presets and the GPU's tiers (the fp8 jobs are planned to
+end in the worker's refusal: no float8 units), for CI and for checking the script before device
+time is spent. ``--warm-sizes none`` starts the worker in seconds on a cold compile cache (its
+denoise then runs eager); ``--budget-s`` ends the run, drain included, within a device call.
 
   python bench/soak/soak.py --minutes 8 --jobs 40 --out bench/results          # on a CUDA host
   python bench/soak/soak.py --tiny --minutes 1 --jobs 12 --out /tmp/soak        # CPU
+  python bench/soak/soak.py --warm-sizes none --budget-s 550 --out DIR   # one 10-minute call
 """
 
 from __future__ import annotations
@@ -45,6 +48,10 @@ from bench.soak import soak_check, soak_inputs
 from bench.soak.soak_plan import Item, round_items
 from producer.client import Client
 from producer.errors import JobCancelled, JobFailed
+
+#: Seconds kept at the end of ``--budget-s`` for the jobs still queued (at most 3) to end and
+#: the worker and Redis to stop.
+DRAIN_S = 50.0
 
 
 def start_redis(binary: str, lib: str | None, folder: Path, port: int) -> subprocess.Popen[bytes]:
@@ -169,9 +176,17 @@ def main() -> int:
     ap.add_argument("--prime", action="store_true",
                     help="start the worker (compiling every size into the compile cache), "
                     "then stop: a later run on the same host starts in seconds")
+    ap.add_argument("--warm-sizes", choices=["all", "none"], default="all",
+                    help="all: the worker compiles every size before it is ready (minutes a "
+                    "size with a cold compile cache); none: it compiles nothing, its "
+                    "transformers run eager (FRAMEFLEET_COMPILED_SIZES=0): ready in seconds")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="seconds this script may run in all: after the worker's start, no "
+                    f"job is submitted later than the budget less {DRAIN_S:.0f} s (the drain)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--json", default=None, help="file name (default soak-<device>.json)")
     args = ap.parse_args()
+    started = time.monotonic()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="ff-soak-"))
@@ -179,13 +194,19 @@ def main() -> int:
     redis_proc = start_redis(args.redis_server, args.redis_lib, work, ports[0])
     url = f"redis://127.0.0.1:{ports[0]}/0"
     setup, env = soak_inputs.prepare(work, args.tiny)
+    if args.warm_sizes == "none":
+        env.update({"FRAMEFLEET_SOAK_SIZES": "", "FRAMEFLEET_COMPILED_SIZES": "0"})
     env.update({"FRAMEFLEET_BROKER_URL": url, "FRAMEFLEET_RESULT_BACKEND": url,
                 "FRAMEFLEET_METRICS_PORT": str(ports[1]), "PYTHONUNBUFFERED": "1"})
     log = out / "soak-worker.log"
     worker = start_worker(env, log)
     try:
         ready_s = soak_inputs.wait_ready(worker, log, f"http://127.0.0.1:{ports[1]}/metrics")
-        print(f"worker ready in {ready_s:.1f} s", flush=True)
+        print(f"worker ready in {ready_s:.1f} s (sizes warmed: {args.warm_sizes})", flush=True)
+        if args.budget_s is not None:  # the budget's end, less the last jobs' drain
+            cut = (args.budget_s - (time.monotonic() - started) - DRAIN_S) / 60
+            args.max_minutes = min(args.max_minutes, cut)
+            print(f"submitting for at most {args.max_minutes:.2f} minutes", flush=True)
         if args.prime:
             return 0
         soak_inputs.size_hog(setup, worker.pid, args.tiny)
@@ -193,6 +214,8 @@ def main() -> int:
         soak = Soak(client, setup, args, f"http://127.0.0.1:{ports[1]}/metrics", worker)
         soak.run()
         doc = soak_check.report(soak.records, args, ready_s, worker, soak.elapsed(), log)
+        # written before the teardown: a call's time limit may end that, not the results
+        soak_check.write(doc, out / (args.json or f"soak-{doc['device_short']}.json"))
     finally:
         with contextlib.suppress(ProcessLookupError):  # a worker that never started is gone
             os.killpg(worker.pid, signal.SIGTERM)
@@ -202,8 +225,6 @@ def main() -> int:
             os.killpg(worker.pid, signal.SIGKILL)
         redis_proc.terminate()
         redis_proc.wait(timeout=10)
-    name = args.json or f"soak-{doc['device_short']}.json"
-    soak_check.write(doc, out / name)
     shutil.rmtree(work, ignore_errors=True)
     return 0 if doc["passed"] else 1
 

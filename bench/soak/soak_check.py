@@ -193,7 +193,8 @@ def report(records: list[dict[str, Any]], args: Any, ready_s: float,
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "device": device, "device_short": "h200" if "H200" in device else "cpu",
         "torch": torch.__version__, "minutes": round(elapsed / 60, 2), "jobs": len(records),
-        "worker_ready_s": round(ready_s, 1), "worker_alive_at_end": alive,
+        "worker_ready_s": round(ready_s, 1), "warm_sizes": getattr(args, "warm_sizes", "all"),
+        "worker_alive_at_end": alive,
         "not_as_planned": [r["job"] for r in records if not r["as_planned"]],
         "nonfinite_or_bad_output_reported_as_success": bad_success,
         "groups": groups, "memory": memory, "deaths": deaths, "records": records,
@@ -224,7 +225,7 @@ def table(doc: dict[str, Any]) -> str:
 
 def write(doc: dict[str, Any], path: Path) -> None:
     write_json(path, doc)
-    summary = {k: doc[k] for k in ("device", "minutes", "jobs", "worker_ready_s",
+    summary = {k: doc[k] for k in ("device", "minutes", "jobs", "worker_ready_s", "warm_sizes",
                                    "worker_alive_at_end", "not_as_planned",
                                    "nonfinite_or_bad_output_reported_as_success", "memory",
                                    "deaths", "passed")}

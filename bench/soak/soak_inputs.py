@@ -82,7 +82,9 @@ def prepare(work: Path, tiny: bool) -> tuple[Setup, dict[str, str]]:
         sizes: dict[str, Any] = {"big_sizes": [(64, 64, 9), (32, 64, 9)],
                                  "small_sizes": [(32, 48, 9), (48, 32, 9)],
                                  "steps": 3, "long_steps": 12, "cancel_steps": 900,
-                                 "tiers": ["exact", "cache"]}
+                                 # the GPU's tiers: the fp8 jobs go to the worker's refusal
+                                 "tiers": ["exact", "fp8", "cache", "fp8+cache"],
+                                 "refused": ["fp8", "fp8+cache"]}
     else:
         decode = [("wan2.2-vae", _latents(work / "d0.npy", (48, 9, 24, 40), 0), 33),
                   ("wan2.1-vae", _latents(work / "d1.npy", (16, 9, 60, 104), 1), 33)]

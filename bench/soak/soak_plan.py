@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.generate.gen_specs import bench_id
 from producer.wire.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec, VideoSpec
 
 PROMPT = "a red fox runs through deep snow at dawn, cinematic, detailed fur"
@@ -56,6 +57,8 @@ class Setup:
     long_steps: int
     cancel_steps: int  # the cancelled job's: it must still denoise when the cancel comes
     tiers: list[str]  # of exact, fp8, cache, fp8+cache
+    #: Tiers this device lacks (fp8 on the CPU): their jobs are planned to be refused.
+    refused: list[str] = field(default_factory=list)
 
 
 def _gen(s: Setup, model: Path, size: tuple[int, int, int], tier: str, steps: int,
@@ -68,7 +71,7 @@ def _gen(s: Setup, model: Path, size: tuple[int, int, int], tier: str, steps: in
 
 
 def _job(s: Setup, job_id: str, gen: dict[str, Any]) -> JobSpec:
-    return JobSpec.model_validate({"job_id": job_id, "tenant": "soak", "generate": gen,
+    return JobSpec.model_validate({"job_id": bench_id(job_id), "tenant": "soak", "generate": gen,
                                    "output": {"uri": s.out}, "video": {"segment_frames": 24}})
 
 
@@ -79,7 +82,8 @@ def round_items(s: Setup, r: int) -> list[Item]:
     def t2v(model: Path, name: str, size: tuple[int, int, int], tier: str, **kw: Any) -> Item:
         gen = _gen(s, model, size, tier, s.steps, **kw)
         group = f"{name}-{size[0]}x{size[1]}x{size[2]}-{tier}-{kw.get('seed', 42)}"
-        return Item(_job(s, f"r{r}-{group}", gen), "t2v", group=group, frames=size[2],
+        expect = "failure:InvalidJobError" if tier in s.refused else "success"
+        return Item(_job(s, f"r{r}-{group}", gen), "t2v", expect, group=group, frames=size[2],
                     meta={"model": name, "tier": tier, "size": f"{size[1]}x{size[0]}x{size[2]}"})
 
     for i, size in enumerate(s.big_sizes):

@@ -16,6 +16,7 @@ embeddings), and the builds start a few seconds apart, so the parallel processes
   python bench/soak/soak_prime.py --out dir \
       --task wan2.2-ti2v-5b:exact:480x832x49 --task wan2.2-ti2v-5b:fp8:480x832x49 ...
   python bench/soak/soak_prime.py --out dir --soak --bench     # the soak's and the bench's sizes
+  python bench/soak/soak_prime.py --out dir --soak --bench --tiny   # the same on the CPU (CI)
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ SOAK = ["wan2.2-ti2v-5b:exact:480x832x49", "wan2.2-ti2v-5b:exact:704x1280x33",
 #: bench/generate/generate.py's default sizes: the 5B at 1280x704x121, the 1.3B at 832x480x81.
 BENCH = ["wan2.2-ti2v-5b:exact:704x1280x121", "wan2.2-ti2v-5b:fp8:704x1280x121",
          "wan2.1-t2v-1.3b:exact:480x832x81"]
+#: ``--tiny``: the same tasks on the tiny presets at the tiny soak's and bench's sizes.
+TINY_SOAK = ["tiny-ti2v:exact:64x64x9", "tiny-ti2v:exact:32x64x9", "tiny-ti2v:fp8:64x64x9",
+             "tiny-ti2v:fp8:32x64x9", "tiny:exact:32x48x9,48x32x9"]
+TINY_BENCH = ["tiny-ti2v:exact:64x64x9", "tiny-ti2v:fp8:64x64x9", "tiny:exact:32x48x9"]
 
 
 def run_task(task: str, device_name: str) -> dict[str, object]:
@@ -44,10 +49,12 @@ def run_task(task: str, device_name: str) -> dict[str, object]:
     On the CPU (the tiny presets, for the tests) the same steps run eager: nothing compiles."""
     import torch
 
+    from producer.errors import InvalidJobError
     from worker.generate.model.cache import ModelCache
     from worker.generate.model.presets import build_pipeline, save_configs
     from worker.generate.model.warm import compile_size, parse_video_sizes
     from worker.generate.request.folder import read_model
+    from worker.generate.tier.tiers import check_tier
     from worker.lifecycle.warmup import use_compile_cache
 
     use_compile_cache(os.environ.get("FRAMEFLEET_COMPILE_CACHE_DIR"))
@@ -63,6 +70,10 @@ def run_task(task: str, device_name: str) -> dict[str, object]:
     if cuda:
         torch.cuda.empty_cache()
     models = ModelCache(device, 2**40, offload_text_encoder=True, compiled_sizes=8)
+    try:  # the worker's own refusal of a tier this device lacks (fp8 on the CPU): a skip
+        check_tier(tier, device)
+    except InvalidJobError as e:
+        return {"task": task, "skipped": str(e)}
     entry = models.adopt(folder, pipe, tier)
     info = read_model(folder)
     times = {"build_s": round(time.perf_counter() - t0, 1)}
@@ -75,6 +86,20 @@ def run_task(task: str, device_name: str) -> dict[str, object]:
     return {"task": task, **times, "peak_gib": round(peak, 1)}
 
 
+def _refused(task: str, device: str) -> str | None:
+    """The worker's refusal of ``task``'s tier on ``device`` (fp8 on the CPU), or None."""
+    import torch
+
+    from producer.errors import InvalidJobError
+    from worker.generate.tier.tiers import check_tier
+
+    try:
+        check_tier(task.split(":")[1], torch.device(device))
+    except InvalidJobError as e:
+        return str(e)
+    return None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--task", action="append", default=[], help="preset:tier:HxWxF[,HxWxF]")
@@ -82,33 +107,47 @@ def main() -> int:
     ap.add_argument("--bench", action="store_true", help="generate/generate.py's default sizes")
     ap.add_argument("--stagger-s", type=float, default=12.0, help="between process starts")
     ap.add_argument("--compile-threads", default="3", help="TORCHINDUCTOR_COMPILE_THREADS each")
-    ap.add_argument("--device", default="cuda", help="cpu: the tiny presets' plumbing, eager")
+    ap.add_argument("--device", default=None,
+                    help="default cuda (--tiny: cpu, the tiny presets' plumbing, eager)")
+    ap.add_argument("--tiny", action="store_true",
+                    help="--soak and --bench on the tiny presets, on the CPU, no stagger (CI)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--one", help=argparse.SUPPRESS)  # a child: one task, JSON on stdout
     args = ap.parse_args()
     if args.one:
         print(json.dumps(run_task(args.one, args.device)), flush=True)
         return 0
-    tasks = args.task + (SOAK if args.soak else []) + (BENCH if args.bench else [])
+    args.device = args.device or ("cpu" if args.tiny else "cuda")
+    soak, bench = (TINY_SOAK, TINY_BENCH) if args.tiny else (SOAK, BENCH)
+    if args.tiny:
+        args.stagger_s = 0.0
+    tasks = args.task + (soak if args.soak else []) + (bench if args.bench else [])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": args.compile_threads}
     t0 = time.monotonic()
+    results, failed, skipped = [], 0, 0
     procs = []
     for i, task in enumerate(tasks):
-        if i:
+        refusal = _refused(task, args.device)
+        if refusal:  # no process for a tier this device lacks: the worker's reason, recorded
+            results.append({"task": task, "skipped": refusal})
+            skipped += 1
+            print(json.dumps(results[-1]), flush=True)
+            continue
+        if procs:
             time.sleep(args.stagger_s)
         log = (out / f"prime-{i}.log").open("w")
         procs.append((task, log, subprocess.Popen(
             [sys.executable, __file__, "--out", args.out, "--device", args.device, "--one", task],
             env=env, stdout=subprocess.PIPE, stderr=log, text=True)))
-    results, failed = [], 0
     for task, log, proc in procs:
         stdout, _ = proc.communicate()
         log.close()
         lines = stdout.strip().splitlines()
         if proc.returncode == 0 and lines:
             results.append(json.loads(lines[-1]))
+            skipped += "skipped" in results[-1]
         else:
             failed += 1
             results.append({"task": task, "error": f"exit {proc.returncode}"})
@@ -117,7 +156,8 @@ def main() -> int:
     from bench.report import write_json  # the repository root is on PYTHONPATH, as for worker
 
     write_json(out / "soak-prime.json", doc)
-    print(f"primed {len(tasks) - failed}/{len(tasks)} tasks in {doc['wall_s']} s", flush=True)
+    print(f"primed {len(tasks) - failed - skipped}/{len(tasks)} tasks in {doc['wall_s']} s"
+          + (f" ({skipped} skipped: a tier this device lacks)" if skipped else ""), flush=True)
     return 1 if failed else 0
 
 

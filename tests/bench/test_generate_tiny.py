@@ -1,7 +1,9 @@
 """bench/generate/generate.py --tiny runs on the CPU (the 1.3B and TI2V-5B layouts in
-miniature), the same code paths as on the GPU: the exact tier's latents equal diffusers', the
-cached tier is measured against it, fp8 is skipped with the reason, JSON and table written;
-``--previews`` measures each row again with previews and writes a preview frame as a PNG."""
+miniature) with the options the device runs use, the same code paths as on the GPU: the exact
+tier's latents equal diffusers', the cached tier is measured against it, the fp8 rows' jobs go
+to the worker's refusal (recorded with the reason), JSON and table written; ``--previews``
+measures each row again with previews and writes a preview frame as a PNG. Every job id a row
+can make is a valid ``JobSpec`` id."""
 
 from __future__ import annotations
 
@@ -14,20 +16,27 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+#: ``STAGE=bench`` of bench/gpu_trust.sh, option for option (its budget: what a call leaves).
+DEVICE_BENCH = ["--steps", "20,4", "--order", "steps", "--tiers", "exact,cache,fp8,fp8+cache",
+                "--decode-graphs", "1", "--budget-s", "530", "--json", "denoise-tiny.json"]
+
+
 def test_bench_generate_tiny(tmp_path: Path) -> None:
+    """The bench stage's command at tiny size: every row, the fp8 ones to the worker's refusal."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "generate" / "generate.py"), "--tiny", "--tiers",
-         "exact,fp8,cache", "--out", str(tmp_path)],
+        [sys.executable, str(ROOT / "bench" / "generate" / "generate.py"), "--tiny",
+         *DEVICE_BENCH, "--out", str(tmp_path)],
         env=env, capture_output=True, text=True, timeout=600, check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    doc = json.loads((tmp_path / "generate.json").read_text())
+    doc = json.loads((tmp_path / "denoise-tiny.json").read_text())
     assert {"command", "date", "device", "rows"} <= set(doc)
+    assert (tmp_path / "denoise-tiny.md").read_text().startswith("# Generate jobs")
     assert [(r["model"], r["steps"], r["tier"]) for r in doc["rows"]] == [
-        ("tiny-ti2v", 4, "exact"), ("tiny-ti2v", 4, "cache"), ("tiny", 4, "exact"),
-        ("tiny", 4, "cache")]
+        (m, s, t) for m in ("tiny-ti2v", "tiny") for s in (20, 4) for t in ("exact", "cache")]
     for row in doc["rows"]:
+        assert row["job_id"] == f"bench-{row['model']}-{row['tier']}-{row['steps']}"
         assert row["framefleet_wall_s"] > 0 and row["diffusers_wall_s"] > 0
         assert row["speedup"] == row["diffusers_wall_s"] / row["framefleet_wall_s"]
         assert row["denoise_s_per_step"] > 0
@@ -38,18 +47,24 @@ def test_bench_generate_tiny(tmp_path: Path) -> None:
             assert 0 < row["quality"]["latents_rel_l2"] < 1
             assert row["quality"]["frames_psnr_db"] > 10
     assert [c["forward_rel_l2"] for c in doc["checks"]] == [0.0, 0.0]
-    assert [s["what"] for s in doc["skipped"]] == ["tiny-ti2v fp8", "tiny fp8"]
+    # the fp8 rows: built, validated and sent through run_job to the worker's own refusal
+    assert [(s["what"], s["job_id"]) for s in doc["skipped"]] == [
+        (f"{m} {s} steps {t}", f"bench-{m}-{t.replace('+', '-')}-{s}")
+        for m in ("tiny-ti2v", "tiny") for s in (20, 4) for t in ("fp8", "fp8+cache")]
     assert all("generate.tier: fp8 needs a GPU" in s["reason"] for s in doc["skipped"])
-    assert "| tiny-ti2v | 64x64x9 | 4 | exact |" in done.stdout
+    assert not doc["failed"]
+    assert "| tiny-ti2v | 64x64x9 | 20 | exact |" in done.stdout
 
 
 def test_bench_generate_tiny_with_previews(tmp_path: Path) -> None:
+    """The previews device call (``--steps 20 --tiers exact --previews 2 --decode-graphs 1``)."""
     from PIL import Image
 
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "generate" / "generate.py"), "--tiny", "--tiers",
-         "exact", "--previews", "2", "--json", "pv.json", "--out", str(tmp_path)],
+         "exact", "--steps", "20", "--previews", "2", "--decode-graphs", "1", "--json", "pv.json",
+         "--out", str(tmp_path)],
         env=env, capture_output=True, text=True, timeout=600, check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
@@ -58,8 +73,8 @@ def test_bench_generate_tiny_with_previews(tmp_path: Path) -> None:
     assert [r["model"] for r in doc["rows"]] == list(sizes)
     for row in doc["rows"]:
         p = row["previews"]
-        # the same job with a preview every 2 of its 4 steps: two previews, the same latents
-        assert p["every"] == 2 and p["count"] == 2 and p["latents_identical"] is True
+        # the same job with a preview every 2 of its 20 steps: ten previews, the same latents
+        assert p["every"] == 2 and p["count"] == 10 and p["latents_identical"] is True
         assert p["denoise_s_off"] == row["framefleet"]["denoise_s"] and p["denoise_s_on"] > 0
         assert p["overhead_pct"] == (p["denoise_s_on"] - p["denoise_s_off"]) / p[
             "denoise_s_off"] * 100
@@ -73,4 +88,4 @@ def test_bench_generate_tiny_with_previews(tmp_path: Path) -> None:
             assert png.size == (w, h) and png.mode == "RGB"
         assert all(0 <= lo <= hi <= 255 for lo, hi in zip(p["png_range"]["min"],
                                                           p["png_range"]["max"], strict=True))
-    assert "| tiny | 4 | exact | 2 |" in (tmp_path / "pv.md").read_text()
+    assert "| tiny | 20 | exact | 2 |" in (tmp_path / "pv.md").read_text()

@@ -78,3 +78,32 @@ def test_queue_bench_runs_at_a_smoke_size(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     doc = json.loads(out.read_text())
     assert doc and out.with_suffix(".md").exists()
+
+
+#: Options a device call may use that ``--tiny`` stands for in CI (the models and device).
+TINY_STANDS_FOR = {"--models", "--device", "--folder"}
+
+
+def test_every_option_of_the_device_calls_runs_in_ci() -> None:
+    """Each ``python3 bench/...`` call of bench/gpu_trust.sh uses only options that a CI test
+    passes to the same script in its ``--tiny`` mode (tests/bench/): a device run meets no
+    option whose code path CI never took."""
+    import re
+
+    from tests.bench import test_generate_tiny, test_soak_tiny, test_worker_start_tiny
+
+    ci = {
+        "generate/generate.py": {*test_generate_tiny.DEVICE_BENCH, "--previews", "--out"},
+        "soak/soak.py": {*test_soak_tiny.DEVICE_OPTIONS, "--redis-server", "--redis-lib",
+                         "--out"},
+        "soak/soak_prime.py": {"--soak", "--bench", "--out"},
+        "startup/worker_start.py": {*test_worker_start_tiny.DEVICE_OPTIONS, "--out"},
+    }
+    text = (ROOT / "bench" / "gpu_trust.sh").read_text().replace("\\\n", " ")
+    calls = re.findall(r"python3 bench/(\S+\.py)([^\n]*)", text)
+    assert {script for script, _ in calls} >= {"generate/generate.py", "soak/soak.py",
+                                              "soak/soak_prime.py"}
+    for script, rest in calls:
+        used = set(re.findall(r"(?<!\S)--[a-z][a-z-]*", rest)) - TINY_STANDS_FOR
+        allowed = {o for o in ci[script] if o.startswith("--")}
+        assert used <= allowed, f"{script}: {sorted(used - allowed)} never run in CI"

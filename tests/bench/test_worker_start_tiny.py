@@ -1,7 +1,8 @@
 """bench/startup/worker_start.py --tiny runs on the CPU: the published TI2V-5B layout in miniature
 is written (sharded float32 transformer with its index, bfloat16 text encoder in 3 shards),
 loaded by diffusers and by the worker's start path to ready and a first job; each load method
-compared, with a digest of every tensor against diffusers'; JSON and tables written."""
+compared, with a digest of every tensor against diffusers'; JSON and tables written. With the
+device call's options; the worker's child must exit 0 (on the H200 it died at exit)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+#: The device call's options (bench/results: ``worker_start.py --folder DIR --methods
+#: diffusers,fast:16 --threads-list 16``).
+DEVICE_OPTIONS = ["--methods", "diffusers,fast:16", "--threads-list", "16"]
+
+
 def test_bench_worker_start_tiny(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     folder = tmp_path / "model" / "wan22-ti2v-5b"
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "startup" / "worker_start.py"), "--tiny", "--folder",
-         str(folder), "--out", str(tmp_path / "out"), "--threads-list", "1,4"],
+         str(folder), "--out", str(tmp_path / "out"), *DEVICE_OPTIONS],
         env=env, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     shards = sorted(p.name for p in (folder / "transformer").glob("*.safetensors"))
@@ -32,17 +38,14 @@ def test_bench_worker_start_tiny(tmp_path: Path) -> None:
     assert {"imports", "read", "cast_move", "compile_cache", "warmup", "total"} <= set(
         ff["phases"])
     assert 0 < ff["ready_s"] < ff["first_job_end_s"]
-    # a row per load method; each that ran has a digest, and the fast path's is diffusers'
+    # a row per load method asked for; each has a digest, and the fast path's is diffusers'
     rows = {r["method"]: r for r in doc["load_methods"]["rows"]}
-    assert list(rows) == ["diffusers", "device_map", "fast:1", "fast:4", "fastsafetensors"]
+    assert list(rows) == ["diffusers", "fast:16"]
     assert rows["diffusers"] == run["diffusers"]  # the start rows' baseline is that row
-    for method, row in rows.items():
-        if method == "fastsafetensors" and row["status"] == "not installed":
-            continue
+    for row in rows.values():
         assert row["status"] == "ok", row
-        assert len(row["digest"]) == 64 and isinstance(row["exact"], bool)
+        assert len(row["digest"]) == 64 and row["exact"] is True
         assert row["seconds"] > 0 and row["rss_peak_bytes"] > 0 and row["on_device"]
-    assert rows["diffusers"]["exact"] and rows["fast:1"]["exact"] and rows["fast:4"]["exact"]
     chosen = doc["load_methods"]["chosen"]
     assert rows[chosen["method"]]["exact"] and chosen["cache"] == "warm"
     table = (tmp_path / "out" / "worker-start-tiny.md").read_text()

@@ -107,14 +107,16 @@ def quantise_fp8(transformer: Any) -> None:
     quantize_(transformer, fp8_config(), filter_fn=fp8_linear)
 
 
-def compile_blocks(transformer: Any) -> int:
+def compile_blocks(transformer: Any, backend: Any = "inductor") -> int:
     """Compile the ``forward`` of every repeated block (see the module's docstring); returns
-    how many. Raises ``ValueError`` when the model names no repeated blocks."""
+    how many. Raises ``ValueError`` when the model names no repeated blocks. ``backend``: a
+    test's capturing backend (the worker's is inductor)."""
     names = set(getattr(transformer, "_repeated_blocks", None) or ())
     count = 0
     for module in transformer.modules():
         if type(module).__name__ in names:
-            compiled = torch.compile(module.forward, fullgraph=True, dynamic=False)
+            compiled = torch.compile(module.forward, fullgraph=True, dynamic=False,
+                                     backend=backend)
             module._framefleet_forwards = (module.forward, compiled)  # eager, compiled
             module.forward = compiled
             count += 1
