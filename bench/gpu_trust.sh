@@ -15,11 +15,11 @@
 #   STAGE=bench  bench/generate/generate.py: the 5B at 20 and 4 steps, tiers exact, cache, fp8,
 #                fp8+cache, against diffusers (denoise-h200-5b.json + .md: command, date, device)
 # and, when there is device time for them:
-#   STAGE=extra  the capture race with the gates off (informational), the 1.3B denoise rows
+#   STAGE=extra  the 1.3B denoise rows
 #   STAGE=prime  bench/soak/soak_prime.py: every soak and bench size compiled into the compile cache
 #                (cold: minutes a size), a process a task in parallel, so that a soak with
 #                SOAK_WARM=all and the bench rows start in seconds
-#   STAGE=race   the capture-race test alone, and the same race with the gates off
+#   STAGE=race   the capture-race test alone (builds against jobs, worker/owner.py)
 # Every script and option here also runs in CI at tiny size on the CPU (tests/bench/).
 # Usage, on a CUDA host from the repository root, wheels in .whl/ and Debian's redis-server
 # with its libraries in .redis/ (bench/README.md says how to make both):
@@ -58,22 +58,15 @@ tests)
   grep -E "(PASSED|FAILED|ERROR) " "$OUT/gpu-tests.log" | cut -c1-160
   ;;
 extra)
-  # the capture race without the gate, to show the test provokes it (informational)
-  timeout 100 python3 -m tests.gpu.capture_race --reps 20 --no-gate --time-limit-s 80 \
-    >"$OUT/capture-race-no-gate.json" 2>"$OUT/capture-race-no-gate.log"
-  tail -1 "$OUT/capture-race-no-gate.json"
   timeout $(( $(left) - 5 )) python3 bench/generate/generate.py --models wan2.1-t2v-1.3b --steps 20 \
     --tiers exact,cache --decode-graphs 1 --budget-s $(( $(left) - 15 )) \
     --json denoise-h200-1.3b.json --out "$OUT" >"$OUT/generate-1.3b.log" 2>&1
   echo "generate.py exit $?"; sed -n '/^| model/,$p' "$OUT/generate-1.3b.log"
   ;;
-race)  # the capture race alone, gated (the test) and not (the probe)
-  timeout $(( $(left) - 110 )) python3 -m pytest -m gpu --confcutdir=tests/gpu -p no:cacheprovider \
+race)  # the capture race alone: builds queued while jobs run (worker/owner.py)
+  timeout $(( $(left) - 10 )) python3 -m pytest -m gpu --confcutdir=tests/gpu -p no:cacheprovider \
     -v -rA -s --tb=short tests/gpu/test_gpu_capture_race.py >"$OUT/gpu-tests-race.log" 2>&1
   echo "pytest exit $?"; grep -E "PASSED|FAILED|broken|passed|failed" "$OUT/gpu-tests-race.log" | cut -c1-400
-  timeout $(( $(left) - 5 )) python3 -m tests.gpu.capture_race --reps 20 --no-gate \
-    --time-limit-s $(( $(left) - 30 )) >"$OUT/capture-race-no-gate.json" 2>"$OUT/capture-race-no-gate.log"
-  tail -1 "$OUT/capture-race-no-gate.json"
   ;;
 prime)  # every soak and bench size compiled into the compile cache, one process a task, in parallel
   timeout $(( $(left) - 5 )) python3 bench/soak/soak_prime.py --soak --bench --out "$OUT" \
