@@ -8,6 +8,7 @@ from producer.api import errors, ops, page, routes_jobs, routes_videos
 from producer.api.bodylimit import BodyLimit
 from producer.api.clientlimit import ClientLimit
 from producer.api.context import Gateway
+from producer.api.methods import Head
 from producer.client import Client
 from producer.settings import Settings, get_settings
 
@@ -27,7 +28,9 @@ def create_app(settings: Settings | None = None, client: Client | None = None) -
                   redoc_url=None)
     app.state.gateway = gateway
     errors.install(app)
-    # Innermost first: the client limit's 429s are counted, the body limit comes before both.
+    # Innermost first: a HEAD finds its GET route (methods.py); the client limit's 429s are
+    # counted, the body limit comes before both.
+    app.add_middleware(Head, routes=app.router.routes)  # the list the routers fill below
     app.add_middleware(ClientLimit, gateway=gateway)
     ops.install_metrics(app)
     app.add_middleware(BodyLimit, max_body=settings.api_max_body_bytes,

@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from producer.api.methods import allowed
 from producer.errors import (
     ApiRequestError,
     BrokerError,
@@ -96,5 +97,10 @@ def install(app: FastAPI) -> None:
     async def _http(request: Request, e: StarletteHTTPException) -> JSONResponse:
         code = CODES.get(e.status_code, "http_error")
         message = "no such route" if e.status_code == 404 else str(e.detail)
-        return respond(ApiRequestError(e.status_code, code, message,
-                                       headers=dict(e.headers or {})))
+        headers = dict(e.headers or {})
+        if e.status_code == 405:
+            # Every method of the path, not only the first route's (RFC 9110 §15.5.6).
+            methods = allowed(request.app.router.routes, request.scope)
+            headers["Allow"] = ", ".join(methods)
+            message = f"{request.method[:16]} is not allowed here; allowed: {', '.join(methods)}"
+        return respond(ApiRequestError(e.status_code, code, message, headers=headers))

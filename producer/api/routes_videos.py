@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Request, Response
@@ -27,6 +28,11 @@ _CREATE_BODY = {"content": {
 }, "required": True}
 
 
+#: The create request's integer fields, which a multipart form sends as their digits.
+_FORM_INTEGERS = frozenset({"seed", "steps"})
+_DIGITS = re.compile(r"[0-9]{1,20}")
+
+
 def _invalid(e: ValidationError) -> ApiRequestError:
     err = e.errors()[0]
     field = ".".join(str(p) for p in err["loc"]) or None
@@ -45,6 +51,8 @@ async def _read(request: Request, gw: Gateway) -> tuple[VideoCreate, bytes | Non
                 if key != "input_reference":
                     raise ApiRequestError(400, "invalid_value", f"{key}: unexpected file", key)
                 upload = await value.read()
+            elif key in _FORM_INTEGERS and _DIGITS.fullmatch(value):
+                fields[key] = int(value)  # a form's values are text; JSON's are typed
             else:
                 fields[key] = value
     else:
