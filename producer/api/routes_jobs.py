@@ -11,6 +11,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from producer.api.context import GatewayDep, TenantDep
+from producer.api.errors import RESPONSES
 from producer.api.events import job_events
 from producer.api.files import serve
 from producer.api.jsonbody import parse_json
@@ -19,7 +20,7 @@ from producer.api.streams import Slot
 from producer.api.submit import submit_job
 from producer.api.video import job_object
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=RESPONSES)
 _SPEC_DOC = ("A JobSpec (producer/wire/spec.py) without tenant and output, which the gateway sets; "
              "job_id is the key's own id; generate.model and decoder.weights are model names "
              "of the gateway's map; input URIs lie under the key's input prefix.")
