@@ -17,6 +17,7 @@ sends nothing beyond loopback.
 
 from __future__ import annotations
 
+import http.client
 import os
 from collections import Counter
 from typing import Any
@@ -33,7 +34,12 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from tests.e2e.api_fleet import ApiFleet, api_fleet  # noqa: F401 - api_fleet is the fixture
+from tests.e2e.api_fleet import (  # noqa: F401 - api_fleet is the fixture
+    ApiFleet,
+    api_fleet,
+    call,
+    post_json,
+)
 
 pytestmark = pytest.mark.e2e
 #: Generated requests per operation and mode: ten operations take about a minute on two cores.
@@ -58,38 +64,86 @@ def error_shape(ctx: CheckContext, response: Response, case: Any) -> bool | None
     return True
 
 
-def test_the_gateway_keeps_its_schema(api_fleet: ApiFleet) -> None:  # noqa: F811
-    schema = schemathesis.openapi.from_url(api_fleet.gateway.url + "/openapi.json")
-    headers = api_fleet.keys["acme"].headers
-    checks = [not_a_server_error, status_code_conformance, content_type_conformance,
-              response_schema_conformance, error_shape]
+def fuzz(operation: Any, mode: GenerationMode, headers: dict[str, str]) -> tuple[str, str | None]:
+    """``EXAMPLES`` generated requests of one operation in one mode: (the statuses seen, the
+    first failure or None)."""
+    statuses: Counter[int] = Counter()
     failures: list[str] = []
-    report: list[str] = []
+
+    @given(case=operation.as_strategy(generation_mode=mode))
+    @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck), phases=[Phase.generate])
+    def run(case: Any) -> None:
+        try:
+            response = case.call_and_validate(headers=headers, timeout=30, checks=CHECKS)
+            statuses[response.status_code] += 1
+        except (Exception, BaseExceptionGroup) as e:  # noqa: BLE001 - reported by the caller
+            if not failures:  # the first of an operation's failures is enough to read
+                failures.append(f"{' '.join(str(e).split())[:800]}\n  {case.as_curl_command()}")
+
+    run()
+    return str(dict(sorted(statuses.items()))), (failures[0] if failures else None)
+
+
+CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
+          response_schema_conformance, error_shape]
+
+
+def test_the_gateway_keeps_its_schema(api_fleet: ApiFleet) -> None:  # noqa: F811
     # Schemathesis's own pytest loader (from_fixture) does not run under pytest 9: its
     # strategies, driven by Hypothesis here, per operation and generation mode.
+    schema = schemathesis.openapi.from_url(api_fleet.gateway.url + "/openapi.json")
+    headers = api_fleet.keys["acme"].headers
+    report, failures = [], []
     for result in schema.get_all_operations():
         operation = result.ok()
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
-            statuses: Counter[int] = Counter()
-            found = [0]
-
-            @given(case=operation.as_strategy(generation_mode=mode))
-            @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-                      suppress_health_check=list(HealthCheck), phases=[Phase.generate])
-            def run(case: Any) -> None:
-                try:
-                    response = case.call_and_validate(headers=headers, timeout=30,
-                                                      checks=checks)
-                    statuses[response.status_code] += 1
-                except (Exception, BaseExceptionGroup) as e:  # noqa: BLE001 - reported below
-                    found[0] += 1
-                    if found[0] > 1:
-                        return  # the first of an operation's failures is enough to read
-                    failures.append(f"{operation.label} [{mode.value}]: "
-                                    f"{' '.join(str(e).split())[:600]}\n  {case.as_curl_command()}")
-
-            run()
-            report.append(f"{operation.label} [{mode.value}]: {dict(sorted(statuses.items()))}")
+            statuses, failure = fuzz(operation, mode, headers)
+            report.append(f"{operation.label} [{mode.value}]: {statuses}")
+            if failure:
+                failures.append(f"{operation.label} [{mode.value}]: {failure}")
     print("\n".join(report))
-    print(f"{len(report)} operation modes, {len(failures)} failures")
-    assert not failures, "\n".join(failures[:20])
+    print(f"{len(report)} operations x modes, {EXAMPLES} examples each, "
+          f"{len(failures)} failures")
+    assert len(report) == 20  # every operation of the schema, both ways
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("url", ["https://example.com/hook", "http://93.184.216.34/h",
+                                 "https://hooks.example.net:8443/x"])
+def test_a_public_webhook_is_refused_before_anything_is_sent(api_fleet: ApiFleet,  # noqa: F811
+                                                             url: str) -> None:
+    """What a fuzzed body may carry: the default allow-list (empty) refuses every webhook
+    host at submit, so no job exists whose worker would try to deliver one."""
+    key = api_fleet.keys["acme"]
+    status, body = post_json(api_fleet.gateway.url, "/v1/jobs", key, {
+        "job_id": "hook-1", "generate": {"model": "tiny", "prompt": "x", "width": 48,
+                                         "height": 32, "num_frames": 9,
+                                         "num_inference_steps": 2},
+        "notify": {"urls": [url]}})
+    assert status == 400, body
+    assert body["error"]["param"] == "notify.urls[0]", body
+    assert call(api_fleet.gateway.url, "/v1/jobs/hook-1", key)[0] == 404
+
+
+def test_head_through_uvicorn(api_fleet: ApiFleet) -> None:  # noqa: F811
+    """HEAD where GET is 200 (RFC 9110 §9.1), on the real server: same status and headers, no
+    body, and the connection carries on."""
+    key = api_fleet.keys["acme"].headers
+    conn = http.client.HTTPConnection("127.0.0.1", api_fleet.gateway.port, timeout=30)
+    try:
+        for path, headers in [("/", {}), ("/healthz", {}), ("/readyz", {}), ("/metrics", {}),
+                              ("/v1/videos", key)]:
+            conn.request("GET", path, headers=headers)
+            got = conn.getresponse()
+            got.read()
+            conn.request("HEAD", path, headers=headers)
+            head = conn.getresponse()
+            assert (got.status, head.status, head.read()) == (200, 200, b""), path
+            assert head.getheader("Content-Type") == got.getheader("Content-Type"), path
+        conn.request("PUT", "/v1/videos", headers=key)
+        r = conn.getresponse()
+        r.read()
+        assert (r.status, r.getheader("Allow")) == (405, "GET, HEAD, POST")
+    finally:
+        conn.close()
