@@ -140,7 +140,11 @@ def _models(gw: Gateway, data: dict[str, Any]) -> ModelEntry | None:
     entry = None
     gen = data.get("generate")
     if isinstance(gen, dict) and "model" in gen:
-        _, entry = gw.catalog.get(str(gen["model"]))  # 400 naming "model" if unknown
+        try:
+            _, entry = gw.catalog.get(str(gen["model"]))
+        except ApiRequestError as e:  # the native field is generate.model, not model
+            raise ApiRequestError(e.status, e.code, f"generate.model: {e.message}",
+                                  "generate.model") from None
         data["generate"] = {**gen, "model": entry.folder}
     decoder = data.get("decoder")
     weights = decoder.get("weights") if isinstance(decoder, dict) else None
