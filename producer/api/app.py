@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import FastAPI
 
 from producer.api import errors, ops, page, routes_jobs, routes_videos
@@ -40,4 +42,15 @@ def create_app(settings: Settings | None = None, client: Client | None = None) -
     app.include_router(routes_jobs.router)
     app.include_router(ops.router)
     app.include_router(page.router)
+    app.openapi = lambda: _with_spec_schemas(app)  # type: ignore[method-assign]
     return app
+
+
+def _with_spec_schemas(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema, plus the JobSpec parts that ``POST /v1/jobs``'s body refers to."""
+    if app.openapi_schema is None:
+        schema = FastAPI.openapi(app)
+        schema.setdefault("components", {}).setdefault("schemas", {}).update(
+            routes_jobs.spec_schemas()[1])
+        app.openapi_schema = schema
+    return app.openapi_schema
