@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import FastAPI
 
 from producer.api import errors, ops, page, routes_jobs, routes_videos
 from producer.api.bodylimit import BodyLimit
 from producer.api.clientlimit import ClientLimit
 from producer.api.context import Gateway
+from producer.api.methods import Head
 from producer.client import Client
 from producer.settings import Settings, get_settings
 
@@ -27,7 +30,9 @@ def create_app(settings: Settings | None = None, client: Client | None = None) -
                   redoc_url=None)
     app.state.gateway = gateway
     errors.install(app)
-    # Innermost first: the client limit's 429s are counted, the body limit comes before both.
+    # Innermost first: a HEAD finds its GET route (methods.py); the client limit's 429s are
+    # counted, the body limit comes before both.
+    app.add_middleware(Head, routes=app.router.routes)  # the list the routers fill below
     app.add_middleware(ClientLimit, gateway=gateway)
     ops.install_metrics(app)
     app.add_middleware(BodyLimit, max_body=settings.api_max_body_bytes,
@@ -37,4 +42,15 @@ def create_app(settings: Settings | None = None, client: Client | None = None) -
     app.include_router(routes_jobs.router)
     app.include_router(ops.router)
     app.include_router(page.router)
+    app.openapi = lambda: _with_spec_schemas(app)  # type: ignore[method-assign]
     return app
+
+
+def _with_spec_schemas(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema, plus the JobSpec parts that ``POST /v1/jobs``'s body refers to."""
+    if app.openapi_schema is None:
+        schema = FastAPI.openapi(app)
+        schema.setdefault("components", {}).setdefault("schemas", {}).update(
+            routes_jobs.spec_schemas()[1])
+        app.openapi_schema = schema
+    return app.openapi_schema

@@ -34,7 +34,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from producer.api.config import load
-from producer.errors import ApiRequestError
+from producer.errors import ApiRequestError, InvalidJobError
+from producer.wire.reach import Reach, check_reach
 
 SIZE_RE = re.compile(r"^([1-9][0-9]{0,4})x([1-9][0-9]{0,4})$")
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
@@ -142,13 +143,15 @@ class Fields:
     frames: str
     steps: str
     image: str
+    reach: tuple[str, str, str]  # width, height, frames against the model's positions
 
 
 #: ``POST /v1/videos``: size, seconds and steps, and the upload.
-VIDEO_FIELDS = Fields("size", "seconds", "steps", "input_reference")
+VIDEO_FIELDS = Fields("size", "seconds", "steps", "input_reference", ("size", "size", "seconds"))
 #: ``POST /v1/jobs``: the ``generate`` block of a JobSpec.
 NATIVE_FIELDS = Fields("generate.width", "generate.num_frames", "generate.num_inference_steps",
-                       "generate.image")
+                       "generate.image",
+                       ("generate.width", "generate.height", "generate.num_frames"))
 
 
 def _bad(param: str, message: str) -> ApiRequestError:
@@ -156,10 +159,11 @@ def _bad(param: str, message: str) -> ApiRequestError:
 
 
 def check_limits(entry: ModelEntry, width: int, height: int, frames: int, steps: int,
-                 image: bool, fields: Fields) -> None:
-    """The model's limits on one job: its sizes, pixels, duration, steps and whether it takes
-    an image. The one check of both APIs (``/v1/videos`` after :func:`shape`, ``/v1/jobs`` on
-    the parsed spec); a 400 names the request's own field."""
+                 image: bool, fields: Fields, reach: Reach | None = None) -> None:
+    """The model's limits on one job: its sizes, pixels, duration, steps, whether it takes
+    an image, and (``reach``: what its folder's configs say, where this host has it) how far
+    its positions reach. The one check of both APIs (``/v1/videos`` after :func:`shape`,
+    ``/v1/jobs`` on the parsed spec); a 400 names the request's own field."""
     limits, multiple, size = entry.limits, entry.size_multiple, f"{width}x{height}"
     if limits.sizes and size not in limits.sizes:
         raise _bad(fields.size, f"{size} is not one of this model's sizes: "
@@ -177,10 +181,16 @@ def check_limits(entry: ModelEntry, width: int, height: int, frames: int, steps:
         raise _bad(fields.steps, f"{steps} is not in [1, {limits.max_steps}]")
     if image and not entry.image_to_video:
         raise _bad(fields.image, "this model takes no input image")
+    if reach is not None:
+        try:
+            check_reach(reach, width, height, frames, fields.reach)
+        except InvalidJobError as e:
+            field = str(e).split(":", 1)[0]
+            raise ApiRequestError(400, "invalid_value", str(e), field) from None
 
 
 def shape(entry: ModelEntry, size: str | None, seconds: str | None,
-          steps: int | None, image: bool = False) -> Shape:
+          steps: int | None, image: bool = False, reach: Reach | None = None) -> Shape:
     """Map ``size``/``seconds``/``steps`` (None: the model's defaults) by its rules, then
     check them, and whether an ``image`` comes too, against its limits
     (:func:`check_limits`)."""
@@ -205,7 +215,7 @@ def shape(entry: ModelEntry, size: str | None, seconds: str | None,
                    f"so seconds must be a multiple of {step.normalize()}")
     n_steps = entry.steps if steps is None else steps
     frames = int(intervals) + 1
-    check_limits(entry, width, height, frames, n_steps, image, VIDEO_FIELDS)
+    check_limits(entry, width, height, frames, n_steps, image, VIDEO_FIELDS, reach)
     return Shape(width, height, frames, size, text, n_steps)
 
 

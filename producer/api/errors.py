@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from producer.api.methods import allowed
 from producer.errors import (
     ApiRequestError,
     BrokerError,
@@ -33,6 +34,34 @@ CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large",
          416: "range_not_satisfiable"}
 # "generate.num_frames: must be 4k+1" or "invalid job spec: time_limit_s: ...": the field.
 _FIELD = re.compile(r"^(?:invalid job spec: )?([A-Za-z_][\w.\[\]]*): ")
+
+
+#: The body of every error, as the schema documents it.
+ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object", "required": ["error"], "additionalProperties": False,
+    "properties": {"error": {
+        "type": "object", "required": ["message", "type", "param", "code"],
+        "additionalProperties": False,
+        "properties": {
+            "message": {"type": "string"},
+            "type": {"type": "string", "enum": ["invalid_request_error", "authentication_error",
+                                               "permission_error", "rate_limit_error",
+                                               "server_error"]},
+            "param": {"anyOf": [{"type": "string"}, {"type": "null"}],
+                      "description": "the field at fault (dotted path), or null"},
+            "code": {"type": "string"}}}},
+}
+_JSON_ERROR = {"application/json": {"schema": ERROR_SCHEMA}}
+#: The errors of every keyed route, in the schema: one JSON shape for any 4xx and 5xx, even on
+#: routes whose success is a stream or a file (and, as a 4XX range is documented, FastAPI adds
+#: no 422, which this gateway never sends).
+RESPONSES: dict[int | str, dict[str, Any]] = {
+    "4XX": {"content": _JSON_ERROR, "description": "the client's error: a 400 names the field "
+            "in param; 401 no or a wrong key; 404 no such id; 405 (Allow lists the methods); "
+            "409; 413; 416; 429 (Retry-After)"},
+    "5XX": {"content": _JSON_ERROR, "description": "the fleet's error (503: its Redis or store "
+            "does not answer)"},
+}
 
 
 def error_type(status: int) -> str:
@@ -96,5 +125,12 @@ def install(app: FastAPI) -> None:
     async def _http(request: Request, e: StarletteHTTPException) -> JSONResponse:
         code = CODES.get(e.status_code, "http_error")
         message = "no such route" if e.status_code == 404 else str(e.detail)
-        return respond(ApiRequestError(e.status_code, code, message,
-                                       headers=dict(e.headers or {})))
+        headers, param = dict(e.headers or {}), None
+        if e.status_code == 400:
+            param = "body"  # Starlette's own 400s: a form it cannot parse
+        if e.status_code == 405:
+            # Every method of the path, not only the first route's (RFC 9110 §15.5.6).
+            methods = allowed(request.app.router.routes, request.scope)
+            headers["Allow"] = ", ".join(methods)
+            message = f"{request.method[:16]} is not allowed here; allowed: {', '.join(methods)}"
+        return respond(ApiRequestError(e.status_code, code, message, param, headers))

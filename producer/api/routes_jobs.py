@@ -11,6 +11,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from producer.api.context import GatewayDep, TenantDep
+from producer.api.errors import RESPONSES
 from producer.api.events import job_events
 from producer.api.files import serve
 from producer.api.jsonbody import parse_json
@@ -18,16 +19,31 @@ from producer.api.registry import Record
 from producer.api.streams import Slot
 from producer.api.submit import submit_job
 from producer.api.video import job_object
+from producer.wire.spec import JobSpec
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=RESPONSES)
 _SPEC_DOC = ("A JobSpec (producer/wire/spec.py) without tenant and output, which the gateway sets; "
              "job_id is the key's own id; generate.model and decoder.weights are model names "
              "of the gateway's map; input URIs lie under the key's input prefix.")
 
 
+def spec_schemas() -> tuple[dict[str, Any], dict[str, Any]]:
+    """The request body's JSON schema (a JobSpec as a key sends it: no tenant, no output,
+    models by name) and the schemas it refers to, for the OpenAPI components."""
+    schema = JobSpec.model_json_schema(ref_template="#/components/schemas/{model}")
+    defs: dict[str, Any] = schema.pop("$defs", {})
+    for name in ("tenant", "output"):
+        schema["properties"].pop(name, None)
+    schema["required"] = [r for r in schema.get("required", []) if r not in ("tenant", "output")]
+    schema["title"] = "JobRequest"
+    generate = defs["GenerateSpec"]["properties"]
+    generate["model"] = {"type": "string", "description": "a model name of the gateway's map"}
+    return schema, defs
+
+
 @router.post("", summary="Submit a JobSpec", openapi_extra={"requestBody": {
     "required": True, "description": _SPEC_DOC,
-    "content": {"application/json": {"schema": {"type": "object"}}}}})
+    "content": {"application/json": {"schema": spec_schemas()[0]}}}})
 async def create_job(request: Request, gw: GatewayDep, tenant: TenantDep) -> dict[str, Any]:
     # Read here, not through a Body parameter: FastAPI turns any error while reading a body
     # into a 400, and an over-long body must stay the 413 that the limit raises.

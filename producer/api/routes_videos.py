@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Request, Response
@@ -10,6 +11,7 @@ from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
 from producer.api.context import Gateway, GatewayDep, TenantDep
+from producer.api.errors import RESPONSES
 from producer.api.files import content
 from producer.api.jsonbody import parse_json
 from producer.api.store import parse
@@ -27,10 +29,16 @@ _CREATE_BODY = {"content": {
 }, "required": True}
 
 
+#: The create request's integer fields, which a multipart form sends as their digits.
+_FORM_INTEGERS = frozenset({"seed", "steps"})
+_DIGITS = re.compile(r"[0-9]{1,20}")
+
+
 def _invalid(e: ValidationError) -> ApiRequestError:
     err = e.errors()[0]
-    field = ".".join(str(p) for p in err["loc"]) or None
-    return ApiRequestError(400, "invalid_value", f"{field or 'body'}: {err['msg']}", field)
+    # A field named "" (a form part without a name) is the body's fault: param is never null.
+    field = ".".join(str(p) for p in err["loc"]) or "body"
+    return ApiRequestError(400, "invalid_value", f"{field}: {err['msg']}", field)
 
 
 async def _read(request: Request, gw: Gateway) -> tuple[VideoCreate, bytes | None]:
@@ -45,6 +53,8 @@ async def _read(request: Request, gw: Gateway) -> tuple[VideoCreate, bytes | Non
                 if key != "input_reference":
                     raise ApiRequestError(400, "invalid_value", f"{key}: unexpected file", key)
                 upload = await value.read()
+            elif key in _FORM_INTEGERS and _DIGITS.fullmatch(value):
+                fields[key] = int(value)  # a form's values are text; JSON's are typed
             else:
                 fields[key] = value
     else:
@@ -112,7 +122,7 @@ def video_content(video_id: str, request: Request, gw: GatewayDep, tenant: Tenan
     return content(gw, gw.lookup(tenant, video_id), range_header, head=request.method == "HEAD")
 
 
-router = APIRouter(prefix="/v1/videos", tags=["videos"])
+router = APIRouter(prefix="/v1/videos", tags=["videos"], responses=RESPONSES)
 router.add_api_route("", create, methods=["POST"], summary="Create a video",
                      openapi_extra={"requestBody": _CREATE_BODY})
 router.add_api_route("", list_videos, methods=["GET"],
@@ -124,6 +134,7 @@ router.add_api_route("/{video_id}/content", video_content, methods=["GET"],
                      summary="The video as one MP4 (Range, or a redirect)",
                      response_class=Response, responses={
                          200: {"content": {"video/mp4": {}}},
-                         206: {"description": "exactly the bytes asked for"}})
+                         206: {"description": "exactly the bytes asked for",
+                              "content": {"video/mp4": {}}}})
 router.add_api_route("/{video_id}/content", video_content, methods=["HEAD"],
                      response_class=Response, include_in_schema=False)

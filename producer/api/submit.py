@@ -13,11 +13,12 @@ import secrets
 import time
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from producer.api.auth import Tenant
 from producer.api.catalog import NATIVE_FIELDS, ModelEntry, check_limits, shape
 from producer.api.context import Gateway
+from producer.api.reach import folder_reach
 from producer.api.registry import Record, fleet_id, new_video_id, valid_public_id
 from producer.api.store import under
 from producer.api.uploads import discard, image_fields, input_root, store_upload
@@ -42,8 +43,10 @@ class VideoCreate(BaseModel):
     seconds: str | None = Field(default=None, max_length=16, coerce_numbers_to_str=True)
     size: str | None = Field(default=None, max_length=16)
     negative_prompt: str = Field(default="", max_length=20_000)
-    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
-    steps: int | None = Field(default=None, ge=1, le=10_000)
+    # Strict: JSON's true or "2" is not a number of steps (a form's fields are text, and
+    # routes_videos reads their digits as the number they spell).
+    seed: StrictInt | None = Field(default=None, ge=0, le=2**63 - 1)
+    steps: StrictInt | None = Field(default=None, ge=1, le=10_000)
 
 
 def _bad(param: str, message: str) -> ApiRequestError:
@@ -82,7 +85,8 @@ def submit_video(gw: Gateway, tenant: Tenant, req: VideoCreate,
                  upload: bytes | None) -> View:
     """A prompt (and an image) for a model of the map."""
     name, entry = gw.catalog.get(req.model)
-    dims = shape(entry, req.size, req.seconds, req.steps, image=upload is not None)
+    dims = shape(entry, req.size, req.seconds, req.steps, image=upload is not None,
+                 reach=folder_reach(entry.folder))
     public = new_video_id()
     job_id = fleet_id(tenant.name, public)
     generate: dict[str, Any] = {
@@ -136,7 +140,11 @@ def _models(gw: Gateway, data: dict[str, Any]) -> ModelEntry | None:
     entry = None
     gen = data.get("generate")
     if isinstance(gen, dict) and "model" in gen:
-        _, entry = gw.catalog.get(str(gen["model"]))  # 400 naming "model" if unknown
+        try:
+            _, entry = gw.catalog.get(str(gen["model"]))
+        except ApiRequestError as e:  # the native field is generate.model, not model
+            raise ApiRequestError(e.status, e.code, f"generate.model: {e.message}",
+                                  "generate.model") from None
         data["generate"] = {**gen, "model": entry.folder}
     decoder = data.get("decoder")
     weights = decoder.get("weights") if isinstance(decoder, dict) else None
@@ -154,7 +162,8 @@ def _limits(entry: ModelEntry | None, spec: JobSpec) -> None:
     if gen is None or entry is None:
         return
     check_limits(entry, gen.width, gen.height, gen.num_frames, gen.num_inference_steps,
-                 gen.image is not None or gen.last_image is not None, NATIVE_FIELDS)
+                 gen.image is not None or gen.last_image is not None, NATIVE_FIELDS,
+                 folder_reach(entry.folder))
 
 
 def _decoder_name(data: dict[str, Any]) -> str:

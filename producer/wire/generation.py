@@ -17,7 +17,15 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 from urllib.parse import urlparse
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from producer.wire.base import Frozen, check_uri
 
@@ -31,7 +39,7 @@ class FirstBlockCache(Frozen):
     residual changes by less than ``threshold`` (relative mean absolute difference)."""
 
     kind: Literal["first_block"]
-    threshold: float = Field(default=0.05, gt=0, le=1)
+    threshold: StrictFloat = Field(default=0.05, gt=0, le=1)
 
 
 class TaylorSeerCache(Frozen):
@@ -40,10 +48,10 @@ class TaylorSeerCache(Frozen):
     Taylor expansion of order ``max_order``."""
 
     kind: Literal["taylorseer"]
-    cache_interval: int = Field(default=5, ge=1, le=100)
-    disable_cache_before_step: int = Field(default=3, ge=0, le=10_000)
-    disable_cache_after_step: int | None = Field(default=None, ge=0, le=10_000)
-    max_order: int = Field(default=1, ge=0, le=4)
+    cache_interval: StrictInt = Field(default=5, ge=1, le=100)
+    disable_cache_before_step: StrictInt = Field(default=3, ge=0, le=10_000)
+    disable_cache_after_step: StrictInt | None = Field(default=None, ge=0, le=10_000)
+    max_order: StrictInt = Field(default=1, ge=0, le=4)
 
 
 #: How a MagCache's ratios are measured (the README's "Step caches" shows the whole command).
@@ -57,10 +65,10 @@ class MagCache(Frozen):
     (and scheduler's): without them the job is refused."""
 
     kind: Literal["mag"]
-    threshold: float = Field(default=0.06, gt=0, le=10)
-    max_skip_steps: int = Field(default=3, ge=1, le=100)
-    retention_ratio: float = Field(default=0.2, ge=0, le=1)
-    mag_ratios: tuple[float, ...] = Field(
+    threshold: StrictFloat = Field(default=0.06, gt=0, le=10)
+    max_skip_steps: StrictInt = Field(default=3, ge=1, le=100)
+    retention_ratio: StrictFloat = Field(default=0.2, ge=0, le=1)
+    mag_ratios: tuple[StrictFloat, ...] = Field(
         min_length=2, max_length=1000,
         description="the model's calibration ratios, one per step of the calibration run",
     )
@@ -80,7 +88,7 @@ class LoraSpec(Frozen):
     ``both``; one-expert models take ``both`` (their only transformer)."""
 
     uri: str
-    scale: float = Field(default=1.0, ge=-10, le=10)
+    scale: StrictFloat = Field(default=1.0, ge=-10, le=10)
     name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._-]{1,64}$",
                              description="a label for logs and the manifest")
     expert: Literal["both", "high_noise", "low_noise"] = "both"
@@ -98,7 +106,7 @@ class PreviewSpec(Frozen):
     """Previews while the job denoises: one every ``every`` steps (after steps N, 2N, …), a
     small MP4 of the model's current estimate of the video under ``previews/``; 0: none."""
 
-    every: int = Field(ge=0, le=10_000)
+    every: StrictInt = Field(ge=0, le=10_000)
 
 
 #: How an input image becomes the job's frame size (``generate.image_resize``).
@@ -121,27 +129,27 @@ class GenerateSpec(Frozen):
     model: str = Field(description="file:// URI of a local diffusers folder (model_index.json)")
     prompt: str = Field(min_length=1, max_length=20_000)
     negative_prompt: str = Field(default="", max_length=20_000)
-    height: int = Field(default=480, ge=16, le=4096)
-    width: int = Field(default=832, ge=16, le=4096)
-    num_frames: int = Field(default=81, ge=1, le=100_000, description="4k+1 frames")
-    num_inference_steps: int = Field(default=50, ge=1, le=10_000)
-    guidance_scale: float = Field(default=5.0, ge=0, le=100, description="> 1: CFG on")
-    guidance_scale_2: float | None = Field(
+    height: StrictInt = Field(default=480, ge=16, le=4096)
+    width: StrictInt = Field(default=832, ge=16, le=4096)
+    num_frames: StrictInt = Field(default=81, ge=1, le=100_000, description="4k+1 frames")
+    num_inference_steps: StrictInt = Field(default=50, ge=1, le=10_000)
+    guidance_scale: StrictFloat = Field(default=5.0, ge=0, le=100, description="> 1: CFG on")
+    guidance_scale_2: StrictFloat | None = Field(
         default=None, ge=0, le=100, description="second (low-noise) expert; two-expert models"
     )
-    boundary_ratio: float | None = Field(
+    boundary_ratio: StrictFloat | None = Field(
         default=None, gt=0, lt=1,
         description="two-expert models: share of the timesteps for the first expert; "
         "default: the model's",
     )
-    flow_shift: float | None = Field(
+    flow_shift: StrictFloat | None = Field(
         default=None, gt=0, le=100, description="scheduler flow shift; default: the model's"
     )
-    seed: int = Field(default=0, ge=0, le=2**63 - 1)
+    seed: StrictInt = Field(default=0, ge=0, le=2**63 - 1)
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         default="auto", description="auto: bfloat16 on CUDA, float32 on CPU"
     )
-    save_latents: bool = Field(
+    save_latents: StrictBool = Field(
         default=False, description="also write latents.safetensors beside the segments"
     )
     tier: Tier = Field(
@@ -199,7 +207,7 @@ class GenerateSpec(Frozen):
             raise ValueError("loras run on the exact tier (peft does not wrap torchao's float8 "
                              "layers)")
         if self.preview is not None and self.preview.every > self.num_inference_steps:
-            raise ValueError(f"preview.every: {self.preview.every} is more than "
+            raise ValueError(f"generate.preview.every: {self.preview.every} is more than "
                              f"num_inference_steps {self.num_inference_steps}: no preview would "
                              "be made (0 turns them off)")
         return self

@@ -18,6 +18,9 @@ from urllib.parse import urlparse
 
 from pydantic import (
     Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -197,7 +200,7 @@ class DecoderSpec(Frozen):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         default="auto", description="auto: bfloat16 on CUDA, float32 on CPU"
     )
-    seed: int = Field(default=0, ge=0, le=2**31 - 1, description="seed of the random init")
+    seed: StrictInt = Field(default=0, ge=0, le=2**31 - 1, description="seed of the random init")
 
     @field_validator("weights")
     @classmethod
@@ -225,14 +228,14 @@ DECODER_FPS = {"wan2.2-vae": 24.0}
 class VideoSpec(Frozen):
     """How frames become MP4 segments."""
 
-    fps: float = Field(default=16.0, gt=0, le=240)
+    fps: StrictFloat = Field(default=16.0, gt=0, le=240)
     codec: Literal["libx264", "h264_nvenc"] = "libx264"
-    crf: int = Field(default=20, ge=0, le=51)
+    crf: StrictInt = Field(default=20, ge=0, le=51)
     preset: Literal[
         "ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower"
     ] = "veryfast"
-    segment_frames: int = Field(default=48, ge=1, le=100_000)
-    first_segment_frames: int | None = Field(
+    segment_frames: StrictInt = Field(default=48, ge=1, le=100_000)
+    first_segment_frames: StrictInt | None = Field(
         default=None, ge=1, le=100_000,
         description="frames of the first segment only (fewer: the live stream starts sooner); "
         "None: segment_frames",
@@ -242,7 +245,7 @@ class VideoSpec(Frozen):
         description="x264 tune; zerolatency keeps no frames buffered, so a job's encode tail "
         "after its last decoded chunk (GPU time paid for nothing) is a few ms",
     )
-    stitch: bool = Field(default=False, description="also write full.mp4 (all segments)")
+    stitch: StrictBool = Field(default=False, description="also write full.mp4 (all segments)")
 
 
 def segment_name(index: int) -> str:
@@ -264,8 +267,8 @@ class OutputSpec(Frozen):
 
 class PipelineSpec(Frozen):
     mode: Literal["async", "sequential"] = "async"
-    ring_slots: int = Field(default=3, ge=2, le=16)
-    encoder_threads: int | None = Field(
+    ring_slots: StrictInt = Field(default=3, ge=2, le=16)
+    encoder_threads: StrictInt | None = Field(
         default=None, ge=1, le=16, description="segment encoders in flight; None: from CPU count"
     )
 
@@ -311,8 +314,8 @@ class JobSpec(Frozen):
     video: VideoSpec = Field(default_factory=VideoSpec, validate_default=True)
     output: OutputSpec
     pipeline: PipelineSpec = PipelineSpec()
-    priority: int = Field(default=5, ge=0, le=9, description="9 is the most urgent")
-    time_limit_s: int = Field(default=3600, ge=1, le=86_400)
+    priority: StrictInt = Field(default=5, ge=0, le=9, description="9 is the most urgent")
+    time_limit_s: StrictInt = Field(default=3600, ge=1, le=86_400)
     notify: NotifySpec | None = Field(default=None, description="webhooks; None: none")
 
     @field_validator("video")
@@ -388,6 +391,8 @@ def parse_spec(data: Any) -> JobSpec:
             loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"])
             loc = loc.lstrip(".") or "spec"
             msg = str(err["msg"]).removeprefix("Value error, ")
-            # our validators name the field already ("output.uri: ..."): not twice
-            lines.append(msg if msg.startswith(f"{loc}: ") else f"{loc}: {msg}")
+            # our validators name the field already ("output.uri: ..."): not twice; a model's
+            # validator may name one of its own fields ("generate.preview.every: ...")
+            named = re.match(rf"{re.escape(loc)}(?:[.\[][\w.\[\]]*)?: ", msg)
+            lines.append(msg if named else f"{loc}: {msg}")
         raise InvalidJobError("invalid job spec: " + "; ".join(lines)) from None

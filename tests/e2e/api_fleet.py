@@ -26,6 +26,8 @@ from worker.generate.model.tiny import write_tiny
 
 #: Seconds per pattern chunk (4 frames): a 40-latent-frame job runs ~6 s.
 CHUNK_S = 0.15
+#: The fleet's webhook allow-list: one loopback entry that nothing listens on.
+WEBHOOK_HOSTS = "https://127.0.0.1:9/none"
 #: A generate step's pace: 400 steps of the tiny model last 20 s, many reads of the event stream.
 STEP_S = 0.05
 
@@ -85,7 +87,10 @@ def api_fleet(tmp_path_factory: pytest.TempPathFactory, redis_url: str,
     common = {"FRAMEFLEET_BROKER_URL": redis_url, "FRAMEFLEET_RESULT_BACKEND": redis_url,
               "FRAMEFLEET_S3_ENDPOINT_URL": s3.endpoint_url, "FRAMEFLEET_S3_REGION": s3.region,
               "AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key,
-              "FRAMEFLEET_OUTPUT_PREFIX": f"s3://{bucket}/out"}
+              "FRAMEFLEET_OUTPUT_PREFIX": f"s3://{bucket}/out",
+              # An allow-list that no public host matches: a test (or a fuzzed body) that
+              # names a webhook is refused at submit, so nothing beyond loopback is contacted.
+              "FRAMEFLEET_WEBHOOK_HOSTS": WEBHOOK_HOSTS}
     worker = PacedWorker("api-w1", tmp / "workers", {
         **common, "FRAMEFLEET_DEVICE": "cpu", "OMP_NUM_THREADS": "1",
         "FRAMEFLEET_METRICS_PORT": "0", "FRAMEFLEET_FILE_ROOTS": str(tmp),

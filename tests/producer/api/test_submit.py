@@ -98,10 +98,10 @@ def test_a_native_generate_names_a_model_of_the_map(
     gen = {"prompt": "p", "height": 32, "width": 48, "num_frames": 9, "num_inference_steps": 2}
     r = client.post("/v1/jobs", json={"job_id": "g1", "generate": {**gen, "model": "nope"}},
                     headers=keys["acme"].headers)
-    assert r.status_code == 400 and r.json()["error"]["param"] == "model"
+    assert r.status_code == 400 and r.json()["error"]["param"] == "generate.model"
     r = client.post("/v1/jobs", json={"job_id": "g1", "generate": {
         **gen, "model": "file:///models/tiny"}}, headers=keys["acme"].headers)
-    assert r.status_code == 400 and r.json()["error"]["param"] == "model"
+    assert r.status_code == 400 and r.json()["error"]["param"] == "generate.model"
     r = client.post("/v1/jobs", json={"job_id": "g1", "generate": {**gen, "model": "tiny"}},
                     headers=keys["acme"].headers)
     assert r.status_code == 200, r.text

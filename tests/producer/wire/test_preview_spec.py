@@ -41,10 +41,14 @@ def test_a_spec_without_previews_keeps_its_digest() -> None:
 
 
 @pytest.mark.parametrize(("preview", "message"), [
-    ({"every": 21}, "generate: preview.every: 21 is more than num_inference_steps 20: no "
+    ({"every": 21}, "generate.preview.every: 21 is more than num_inference_steps 20: no "
                     "preview would be made (0 turns them off)"),
     ({"every": -1}, "generate.preview.every: Input should be greater than or equal to 0"),
     ({"every": "often"}, "generate.preview.every: Input should be a valid integer"),
+    # strict: a boolean, a numeric string and a float are not counts
+    ({"every": True}, "generate.preview.every: Input should be a valid integer"),
+    ({"every": "2"}, "generate.preview.every: Input should be a valid integer"),
+    ({"every": 2.0}, "generate.preview.every: Input should be a valid integer"),
     ({}, "generate.preview.every: Field required"),
     ({"every": 2, "size": 64}, "generate.preview.size: Extra inputs are not permitted"),
 ])

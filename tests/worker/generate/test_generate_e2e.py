@@ -169,6 +169,12 @@ def test_bad_generate_specs_fail_at_once_naming_the_field(
         "no transformer": (change(model=bare.as_uri()), "has no transformer"),
         "80 frames": (change(num_frames=80), "generate.num_frames"),
         "size": (change(height=40), "generate.height: 40 is not a multiple of 16"),
+        # beyond the tiny model's rotary positions (rope_max_seq_len 32): refused before the
+        # model loads, not a shape error deep in the transformer
+        "past the reach": (change(width=528, height=512),
+                           "generate.width: width 528 is over this model's reach: at most 512"),
+        "129 frames": (change(num_frames=129), "generate.num_frames: frames 129 is over this "
+                       "model's reach: at most 125"),
         "0 steps": (change(num_inference_steps=0), "generate.num_inference_steps"),
         "both": (both, "input, generate: give exactly one"),
     }

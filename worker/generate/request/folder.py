@@ -16,6 +16,7 @@ from urllib.parse import urlparse
 
 from producer.errors import InvalidJobError
 from producer.settings import Settings, get_settings
+from producer.wire.reach import Reach, check_reach, reach
 from producer.wire.spec import GenerateSpec
 from worker.generate.model.tiny import RANDOM_MARKER
 from worker.generate.request.loader import approve, read_config
@@ -107,6 +108,8 @@ class ModelInfo:
     last_frame: bool = False
     #: the folder carries the marker of random weights (``framefleet models tiny``): noise
     random_weights: bool = False
+    #: the largest size and frame count its rotary positions cover (``producer.wire.reach``)
+    reach: Reach | None = None
 
     @property
     def size_multiple(self) -> tuple[int, int]:
@@ -165,7 +168,15 @@ def read_model(path: Path) -> ModelInfo:
         last_frame=image_input == "channels" and (
             not encoder or transformer.get("pos_embed_seq_len") is not None),
         random_weights=_labelled_random(path),
+        reach=_reach(transformer, vae, path),
     )
+
+
+def _reach(transformer: dict[str, Any], vae: dict[str, Any], path: Path) -> Reach:
+    try:
+        return reach(transformer, vae)
+    except ValueError as e:
+        raise InvalidJobError(f"generate.model: {path}: {e}") from None
 
 
 def check_request(gen: GenerateSpec, info: ModelInfo, settings: Settings) -> None:
@@ -191,6 +202,9 @@ def check_request(gen: GenerateSpec, info: ModelInfo, settings: Settings) -> Non
                 f"generate.{field}: {value} is not a multiple of {multiple} (the VAE's "
                 f"{info.spatial_factor} x the transformer's patch) for this model"
             )
+    if info.reach is not None:  # before the text encoder runs, not deep in the transformer
+        check_reach(info.reach, gen.width, gen.height, gen.num_frames,
+                    ("generate.width", "generate.height", "generate.num_frames"))
     if gen.height * gen.width > settings.max_pixels:
         raise InvalidJobError(
             f"generate.height, generate.width: {gen.width}x{gen.height} exceeds the limit of "

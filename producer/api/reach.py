@@ -1,0 +1,63 @@
+"""How far a model of the map reaches, read from its folder where this host has it.
+
+The gateway checks a request against the model's positional range
+(``producer.wire.reach``) before anything is queued, so a size the model cannot take is a
+400 naming the field, not a job that fails on its worker. The map names each model's folder
+on the workers; a gateway that shares it (a mounted volume, one host) reads the transformer's
+and the VAE's ``config.json`` there: two small JSON files, bounded, no weights, no torch.
+Where the folder is not here, or its configs do not parse, there is nothing to check against:
+the worker checks the same rule before its model loads, and refuses with ``invalid_job``.
+
+A folder's answer is kept until either file changes (their modification times), so a request
+costs two ``stat`` calls.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from producer.wire.reach import Reach, reach
+
+#: A config.json is a few KB; a larger one is not read here (the worker judges it).
+MAX_CONFIG_BYTES = 1024**2
+_FILES = ("transformer/config.json", "vae/config.json")
+_lock = threading.Lock()
+_known: dict[str, tuple[tuple[int, ...], Reach | None]] = {}
+
+
+def _read(path: Path) -> dict[str, Any]:
+    with path.open("rb") as f:
+        raw = f.read(MAX_CONFIG_BYTES + 1)
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ValueError(f"{path} is over {MAX_CONFIG_BYTES} bytes")
+    data = json.loads(raw)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} is not a JSON object")
+    return data
+
+
+def folder_reach(folder: str) -> Reach | None:
+    """The reach of the model in ``folder`` (a ``file://`` URI or a path), or None where this
+    host cannot tell (no such folder here, or configs that do not parse)."""
+    root = Path(unquote(urlparse(folder).path) if folder.startswith("file://") else folder)
+    paths = [root / name for name in _FILES]
+    try:
+        stamp = tuple(n for p in paths for n in (os.stat(p).st_mtime_ns, os.stat(p).st_size))
+    except OSError:
+        return None
+    with _lock:
+        known = _known.get(str(root))
+    if known is not None and known[0] == stamp:
+        return known[1]
+    try:
+        found: Reach | None = reach(_read(paths[0]), _read(paths[1]))
+    except (OSError, ValueError, TypeError, RecursionError):
+        found = None
+    with _lock:
+        _known[str(root)] = (stamp, found)
+    return found
