@@ -48,10 +48,12 @@ def test_no_function_of_the_run_path_is_over_60_lines() -> None:
 #: top package's name stands for its ``__init__`` alone.
 WORKER_FLOORS = [
     # the base modules: start-up noise and label values; then the package itself, devices, the
-    # graph gate, the memory guard a run polls, the Prometheus series
+    # graph gate, the memory guard a run polls, the Prometheus series, the stuck-job watchdog
+    # (and, above them, the stuck-job counter beside the series)
     ["worker.quiet", "worker.labels"],
-    ["worker", "worker.devices", "worker.gate", "worker.memory", "worker.metrics"],
-    ["worker.decoders", "worker.stores"],
+    ["worker", "worker.devices", "worker.gate", "worker.memory", "worker.metrics",
+     "worker.watchdog"],
+    ["worker.decoders", "worker.stores", "worker.stuck_metrics"],
     ["worker.pipeline", "worker.inputs"],
     ["worker.sinks", "worker.generate"],
     ["worker.run"],
