@@ -64,15 +64,16 @@ class _Armed:
 class Watchdog:
     """Ends the process when the armed run's progress stops for its limit (module docstring).
 
-    ``clock`` and ``exit`` are the tests' seams: the real ones are ``time.monotonic`` and
-    ``os._exit``."""
+    ``clock``, ``exit`` and ``stream`` (where the stacks go) are the tests' seams: the real
+    ones are ``time.monotonic``, ``os._exit`` and the stream the worker logs to."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic,
-                 exit: Callable[[int], Any] = os._exit) -> None:
-        self._clock, self._exit = clock, exit
+                 exit: Callable[[int], Any] = os._exit, stream: IO[str] | None = None) -> None:
+        self._clock, self._exit, self._stream = clock, exit, stream
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._armed: _Armed | None = None
+        self._limit_s = 10.0
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
 
@@ -81,6 +82,7 @@ class Watchdog:
         armed = _Armed(job, limit_s, on_stuck, START, self._clock())
         with self._lock:
             self._armed = armed if limit_s > 0 else None
+            self._limit_s = limit_s if limit_s > 0 else self._limit_s
             if limit_s > 0 and (self._thread is None or self._pid != os.getpid()):
                 # A forked child inherits the object, not its thread: start its own.
                 self._pid, self._stop = os.getpid(), threading.Event()
@@ -131,15 +133,17 @@ class Watchdog:
                 return
 
     def _period(self) -> float:
-        with self._lock:
-            limit = self._armed.limit_s if self._armed is not None else 10.0  # idle: 1 s
-        return max(0.05, min(limit / 10, 5.0))  # a late firing by a tenth of the limit at most
+        with self._lock:  # the last limit armed, armed or not (the next run's is the same)
+            return max(0.01, min(self._limit_s / 10, 5.0))  # late by a tenth at most
 
     def _fire(self, armed: _Armed, stage: str, idle: float) -> None:
         log.critical("job %s: stuck in %s: no progress for %.0f s (FRAMEFLEET_STUCK_S=%g); "
                      "every thread's stack follows; retiring pool process %d, the job goes "
                      "back to the queue", armed.job, stage, idle, armed.limit_s, os.getpid())
-        dump_stacks()
+        try:
+            dump_stacks(self._stream)
+        except Exception:  # a stream without a descriptor: the exit must still come
+            log.exception("job %s: the stacks were not dumped", armed.job)
         recorder = threading.Thread(target=self._record, args=(armed, stage, idle),
                                     name="framefleet-watchdog-record", daemon=True)
         recorder.start()
