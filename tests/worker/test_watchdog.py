@@ -50,7 +50,7 @@ def _watchdog(clock: Clock, fired: Fired) -> Watchdog:
 
 #: Where the fired watchdogs of these tests dump their stacks (a real file: faulthandler
 #: writes to its descriptor).
-STACKS = tempfile.TemporaryFile("w+")  # noqa: SIM115 - for the module's life
+STACKS = tempfile.TemporaryFile("w+")
 
 
 def test_a_run_without_progress_for_its_limit_is_stuck_in_the_stage_last_named() -> None:
@@ -117,7 +117,11 @@ def test_a_recorder_that_hangs_does_not_keep_the_process(monkeypatch: pytest.Mon
     monkeypatch.setattr("worker.watchdog.RECORD_TIMEOUT_S", 0.2)
     clock, fired = Clock(), Fired()
     wd = _watchdog(clock, fired)
-    wd.arm("a", 1.0, lambda stage, idle: threading.Event().wait())  # Redis that never answers
+
+    def never_answers(stage: str, idle: float) -> None:  # a Redis that does not answer
+        threading.Event().wait()
+
+    wd.arm("a", 1.0, never_answers)
     clock.advance(1.0)
     assert fired.done.wait(5) and fired.exits == [STUCK_EXIT]
 
@@ -146,51 +150,53 @@ def test_stage_labels_are_bounded() -> None:
     assert stage_label("decode") == "decode" and stage_label("x" * 50) == "other"
 
 
+def _actor(wd: Watchdog, clock: Clock, fired: Fired, lock: threading.Lock, name: str,
+           r: random.Random, limit: float) -> None:
+    token = None
+    for _ in range(30):
+        op = r.choice(("arm", "beat", "note", "disarm", "tick", "tick"))
+        with lock:
+            if op == "arm":
+                token = wd.arm(name, limit, fired.on_stuck(name))
+            elif op == "beat":
+                wd.beat(r.choice(("denoise", "decode", None)))
+            elif op == "note":
+                wd.note("wait_device")
+            elif op == "disarm" and token is not None:
+                wd.disarm(token)
+            else:
+                clock.advance(r.uniform(0, limit / 3))
+        if fired.done.is_set():
+            return
+
+
+def _schedule(seed: int, limit: float) -> None:
+    rng = random.Random(seed)
+    clock, fired, lock = Clock(), Fired(), threading.Lock()
+    wd = _watchdog(clock, fired)
+    actors = [threading.Thread(target=_actor, args=(wd, clock, fired, lock, name,
+                                                    random.Random(rng.random()), limit))
+              for name in ("a", "b")]
+    started = time.monotonic()
+    for t in actors:
+        t.start()
+    for t in actors:
+        t.join(10)
+    assert not any(t.is_alive() for t in actors), f"seed {seed}: deadlock"
+    if not fired.done.is_set():
+        wd.arm("last", limit, fired.on_stuck("last"))
+        clock.advance(limit)
+        assert fired.done.wait(5), f"seed {seed}: an idle run was never found"
+    ((_, _, idle),) = fired.stuck
+    assert idle >= limit, f"seed {seed}: fired after {idle} s of a {limit} s limit"
+    assert fired.exits == [STUCK_EXIT]
+    assert time.monotonic() - started < 10
+    wd.close()
+
+
 def test_random_interleavings_never_fire_early_never_deadlock_and_always_fire_late() -> None:
     """200 schedules: two threads arm, beat, name, disarm and move the clock at random. Every
     firing found the run idle for its limit at least; every schedule ends within seconds; and
     a run left armed without progress is always found."""
-    limit = 0.2  # the thread looks every 0.02 s
     for seed in range(200):
-        rng = random.Random(seed)
-        clock, fired = Clock(), Fired()
-        wd = _watchdog(clock, fired)
-        beats: dict[str, float] = {}  # job -> fake time of its last beat or arming
-        lock = threading.Lock()
-
-        def actor(name: str, r: random.Random) -> None:
-            token = None
-            for _ in range(30):
-                op = r.choice(("arm", "beat", "note", "disarm", "tick", "tick"))
-                with lock:
-                    if op == "arm":
-                        token = wd.arm(name, limit, fired.on_stuck(name))
-                        beats[name] = clock()
-                    elif op == "beat":
-                        wd.beat(r.choice(("denoise", "decode", None)))
-                    elif op == "note":
-                        wd.note("wait_device")
-                    elif op == "disarm" and token is not None:
-                        wd.disarm(token)
-                    else:
-                        clock.advance(r.uniform(0, limit / 3))
-                if fired.done.is_set():
-                    return
-
-        actors = [threading.Thread(target=actor, args=(n, random.Random(rng.random())))
-                  for n in ("a", "b")]
-        started = time.monotonic()
-        for t in actors:
-            t.start()
-        for t in actors:
-            t.join(10)
-        assert not any(t.is_alive() for t in actors), f"seed {seed}: deadlock"
-        if not fired.done.is_set():
-            wd.arm("last", limit, fired.on_stuck("last"))
-            clock.advance(limit)
-            assert fired.done.wait(5), f"seed {seed}: an idle run was never found"
-        (job, _, idle), = fired.stuck
-        assert idle >= limit, f"seed {seed}: fired after {idle} s of a {limit} s limit"
-        assert fired.exits == [STUCK_EXIT]
-        assert time.monotonic() - started < 10
-        wd.close()
+        _schedule(seed, limit=0.2)  # the thread looks every 0.02 s
