@@ -37,7 +37,8 @@ def test_a_worker_stopped_after_a_job_exits_0_with_a_clean_log(
         (pool,) = psutil.Process(w.pid).children()
         # Given a worker that ran a generate job (previews, segments, metrics served)
         client = Client(broker_url=redis_url, backend_url=redis_url)
-        spec = JobSpec(job_id="clean-1", generate=tiny_generate(model, preview=PreviewSpec(every=1)),
+        gen = tiny_generate(model, preview=PreviewSpec(every=1))
+        spec = JobSpec(job_id="clean-1", generate=gen,
                        output=OutputSpec(uri=f"s3://{s3_bucket}/out"),
                        video=VideoSpec(segment_frames=4))
         assert client.submit(spec).wait(timeout=120).manifest.frames == 9
