@@ -17,6 +17,7 @@ The tree::
     │   ├── JobConflictError
     │   ├── StorageConfigError    no credentials, access denied, no such bucket
     │   ├── NonFiniteOutput       NaN or infinite latents or frames: never a "successful" video
+    │   ├── JobStuck              its progress stopped for FRAMEFLEET_STUCK_S (names the stage)
     │   └── PricingError (ValueError)
     │       └── UnknownInstanceTypeError
     ├── JobCancelled              the client asked; neither retried nor a failure
@@ -70,6 +71,12 @@ class NonFiniteOutput(FatalJobError):
 
     The job fails naming the stage and the tier or decoder that made them, before anything
     of them is encoded; no retry (the same job on the same weights repeats it)."""
+
+
+class JobStuck(FatalJobError):
+    """A run of the job made no progress for ``FRAMEFLEET_STUCK_S``: its pool process was
+    retired (its stacks are in that worker's log), and the job's next delivery fails with the
+    stage it stopped in (``stuck in decode``) instead of holding another GPU as long."""
 
 
 class JobConflictError(FatalJobError):

@@ -47,11 +47,12 @@ def test_no_function_of_the_run_path_is_over_60_lines() -> None:
 #: never one on its floor or above. A name is a module or a package (its modules with it); the
 #: top package's name stands for its ``__init__`` alone.
 WORKER_FLOORS = [
-    # the base modules: start-up noise and label values; then the package itself, devices, the
-    # device owner, the memory guard a run polls, the Prometheus series
-    ["worker.quiet", "worker.labels"],
+    # the base modules: start-up noise, label values and the stuck-job watchdog (any room may
+    # name the stage its run waits in); then the package itself, devices, the device owner,
+    # the memory guard a run polls, the Prometheus series (and above them the stuck-job counter)
+    ["worker.quiet", "worker.labels", "worker.watchdog"],
     ["worker", "worker.devices", "worker.owner", "worker.memory", "worker.metrics"],
-    ["worker.decoders", "worker.stores"],
+    ["worker.decoders", "worker.stores", "worker.stuck_metrics"],
     ["worker.pipeline", "worker.inputs"],
     ["worker.sinks", "worker.generate"],
     ["worker.run"],

@@ -24,7 +24,8 @@ thread raises): a build that did would wait for itself.
 
 A build that raises is logged and dropped: a graph is an optimisation, and the eager path stays
 correct. ``close`` (the pool process's shutdown) drops queued builds, lets a running one end and
-joins the builder, so no thread is left running at exit.
+joins the builder, so no thread is left running at exit. A job that waits for a build tells
+the stuck-job watchdog (stage ``wait_device``): a build that hangs is reported like any stuck job.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+
+from worker.watchdog import WATCHDOG
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +82,14 @@ class DeviceOwner:
         with self._cond:
             if self._builder is not None and me == self._builder.ident:
                 raise RuntimeError("a build may not wait for a job: it would wait for itself")
-            if self._holder == me:
+            nested = self._holder == me
+            if nested:
                 self._depth += 1
-            else:
+            busy = not nested and self._building is not None
+        if busy:  # a build that never ends leaves this job stuck here, by name (outside the
+            WATCHDOG.note("wait_device")  # lock: this thread never holds two)
+        if not nested:
+            with self._cond:
                 t0 = time.monotonic()
                 waited = self._building is not None
                 self._jobs_waiting += 1

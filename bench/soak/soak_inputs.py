@@ -19,6 +19,8 @@ from bench.soak.soak_plan import Setup
 
 #: The worker's memory limit (FRAMEFLEET_MAX_RSS_MIB), on a GPU host and on the CPU.
 LIMIT_MIB = {"gpu": 16 * 1024, "tiny": 1536}
+#: The worker's FRAMEFLEET_STUCK_S: seconds without progress after which a job is taken for hung.
+STUCK_S = {"gpu": 240, "tiny": 120}
 LORA_TARGETS = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0")
 
 
@@ -109,6 +111,10 @@ def prepare(work: Path, tiny: bool) -> tuple[Setup, dict[str, str]]:
         "FRAMEFLEET_MAX_DENOISE_STEPS": "1000", "FRAMEFLEET_MAX_RSS_MIB": str(limit),
         "FRAMEFLEET_MAX_INPUT_BYTES": str(64 * 1024**3), "FRAMEFLEET_MAX_FRAMES": "200000",
         "FRAMEFLEET_POOL_START_TIMEOUT_S": "900",
+        # A hang explains itself within the soak's time (stacks in the worker's log, the job
+        # FAILURE "stuck in <stage>"); the soak's slowest healthy silence is a compile at a
+        # new size, 63-105 s on an H200.
+        "FRAMEFLEET_STUCK_S": str(STUCK_S["tiny" if tiny else "gpu"]),
         "FRAMEFLEET_COMPILE_CACHE_DIR": str(Path(tempfile_root()) / "ff-compile-cache"),
     }
     (work / "scratch").mkdir()

@@ -24,6 +24,8 @@ run stays bounded; diffusers always runs with the start rows (their baseline) an
 reference of exactness: without it no method is chosen.
 
 ``--tiny``: the same on the CPU with the layout in miniature (CI runs it; nothing measured).
+Either way the framefleet child must exit 0 with nothing left running: a child that aborts at
+exit (``terminate called without an active exception``) fails the run.
 
     python bench/startup/worker_start.py --folder /mnt/local/wan5b --out bench/results
     python bench/startup/worker_start.py --folder /mnt/local/wan5b --no-start --threads-list 4,16
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -143,14 +146,31 @@ def _child(folder: str, device: str, started: float, tiny: bool) -> dict[str, An
     return out
 
 
+def _exit_child(out: dict[str, Any]) -> None:
+    """The child's end, clean: what the worker's start left running is stopped, as a pool
+    process stops it (``worker.lifecycle.shutdown``: compile workers, monitors), and the
+    threads still running are reported (``threads_left``). One is a decode graph still
+    building in the background for the job's new size (CUDA): it is abandoned, since the
+    process is done and joining it would cost its whole compile, and an interpreter torn
+    down under a live compile or CUDA thread aborts (``terminate called without an active
+    exception``); so the child then ends at once with status 0, its output flushed."""
+    from worker.lifecycle.shutdown import stop_process
+
+    out["threads_left"] = left = stop_process()
+    print(json.dumps(out), flush=True)
+    if left:
+        sys.stderr.flush()
+        os._exit(0)
+
+
 def run_child(folder: Path, device: str, tiny: bool) -> dict[str, Any]:
     started = time.time()
     cmd = [sys.executable, __file__, "--child", "framefleet", "--folder", str(folder),
            "--device", device, "--started", repr(started), *(["--tiny"] if tiny else [])]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=3600)
-    if done.returncode != 0:
-        raise SystemExit(f"framefleet run failed:\n{done.stdout[-3000:]}\n"
-                         f"{done.stderr[-3000:]}")
+    if done.returncode != 0 or "terminate called" in done.stderr:
+        raise SystemExit(f"framefleet run failed (exit status {done.returncode}):\n"
+                         f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
@@ -196,7 +216,7 @@ def main() -> None:
 
     device = args.device or ("cpu" if args.tiny else "cuda")
     if args.child:
-        print(json.dumps(_child(str(args.folder), device, args.started, args.tiny)))
+        _exit_child(_child(str(args.folder), device, args.started, args.tiny))
         return
     threads = [int(n) for n in args.threads_list.split(",") if n.strip()]
     methods = [] if args.methods == "none" else load_methods.parse_methods(args.methods,

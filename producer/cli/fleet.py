@@ -165,11 +165,18 @@ def exporter(
     cloudwatch: Annotated[bool, typer.Option(help="also put QueueDepth to CloudWatch")] = False,
     interval: Annotated[float, typer.Option(help="seconds between two reads")] = 15.0,
 ) -> None:
+    import signal
+    import threading
+
     from producer.ops.exporter import run_exporter
     from producer.settings import get_settings
 
     s = get_settings()
-    run_exporter(s.broker_url, s.exporter_port, cloudwatch, interval)
+    # SIGTERM (docker stop, Kubernetes, systemd) ends the loop: the server is shut down and the
+    # process exits 0, instead of dying by the signal (143).
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    run_exporter(s.broker_url, s.exporter_port, cloudwatch, interval, stop=stop)
 
 
 def doctor(

@@ -75,6 +75,16 @@ class WorkerSettings(BaseModel):
         "build (a new decode size's graph) starts: a job that arrives during a build waits "
         "for it, so builds wait for a gap in the queue; 0: right after each job",
     )
+    stuck_s: float = Field(
+        default=900.0, ge=0, le=86_400,
+        description="stuck-job watchdog: a job whose progress (a denoise step, a decoded "
+        "chunk, a stored segment) stops for this many seconds is taken for hung: its pool "
+        "process logs every thread's stack, is retired, and the job, delivered once more, "
+        "fails naming the stage it stopped in; 0: off. The default is above the longest "
+        "healthy silence of a 14B job: before its first report a job may load a model "
+        "folder from a cold disk and compile its transformer at a new size (minutes each), "
+        "and one 14B denoise step at 720p takes tens of seconds",
+    )
     decode_graphs: int = Field(
         default=2, ge=0, le=16,
         description="CUDA: compiled, graph-captured decode sizes kept per decoder; 0: eager",

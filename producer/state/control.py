@@ -47,6 +47,14 @@ class Flags(Protocol):
         """The run of ``job_id`` in process ``pid`` of ``node`` was killed (Celery's hard time
         limit) and the job ended: forget the run; True if it had not reached its end itself."""
         ...
+    def mark_stuck(self, job_id: str, node: str, pid: int, stage: str, idle_s: float) -> bool:
+        """The run of ``job_id`` in process ``pid`` of ``node`` stopped making progress in
+        ``stage`` (``worker.watchdog``): keep it for the poison cap of the job's next run;
+        True if the record still named that run."""
+        ...
+    def stuck(self, job_id: str) -> tuple[str, float] | None:
+        """The stage and idle seconds of the job's last run taken for hung, or None."""
+        ...
     def hand_over_end(self, end: str, ttl_s: int) -> None:
         """Keep ``end`` (a job end decided outside a pool process, as JSON) for one to take."""
         ...
@@ -126,6 +134,13 @@ class RedisFlags:
     def end_killed_run(self, job_id: str, node: str, pid: int) -> bool:
         return bool(self.r.eval(keys.END_KILLED_RUN, 1, keys.runs(job_id), f"{node} {pid} "))
 
+    def mark_stuck(self, job_id: str, node: str, pid: int, stage: str, idle_s: float) -> bool:
+        return bool(self.r.eval(keys.MARK_STUCK, 1, keys.runs(job_id), f"{node} {pid} ",
+                                f"{stage} {idle_s:.0f}"))
+
+    def stuck(self, job_id: str) -> tuple[str, float] | None:
+        return _stuck(self.r.hget(keys.runs(job_id), "stuck"))
+
     def hand_over_end(self, end: str, ttl_s: int) -> None:
         self.r.pipeline().rpush(keys.ENDS, end).expire(keys.ENDS, ttl_s).execute()
 
@@ -163,6 +178,17 @@ class RedisFlags:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _stuck(value: Any) -> tuple[str, float] | None:
+    """``stage idle_s`` as kept by ``mark_stuck``; None for none (or one unreadable)."""
+    if value is None:
+        return None
+    stage, _, idle = _text(value).partition(" ")
+    try:
+        return stage, float(idle)
+    except ValueError:
+        return stage, 0.0
 
 
 class FileFlags:
@@ -255,18 +281,28 @@ class FileFlags:
             return
         del record["running"]
         if final:
-            record.pop("losses", None)
-            record.pop("lost_on", None)
+            for field in ("losses", "lost_on", "stuck"):
+                record.pop(field, None)
         self._write_runs(path, record)
 
     def end_killed_run(self, job_id: str, node: str, pid: int) -> bool:
         path, record = self._runs(job_id)
         if not str(record.get("running", "")).startswith(f"{node} {pid} "):
             return False
-        for field in ("running", "losses", "lost_on"):
+        for field in ("running", "losses", "lost_on", "stuck"):
             record.pop(field, None)
         self._write_runs(path, record)
         return True
+
+    def mark_stuck(self, job_id: str, node: str, pid: int, stage: str, idle_s: float) -> bool:
+        path, record = self._runs(job_id)
+        if not str(record.get("running", "")).startswith(f"{node} {pid} "):
+            return False
+        self._write_runs(path, {**record, "stuck": f"{stage} {idle_s:.0f}"})
+        return True
+
+    def stuck(self, job_id: str) -> tuple[str, float] | None:
+        return _stuck(self._runs(job_id)[1].get("stuck"))
 
     def hand_over_end(self, end: str, ttl_s: int) -> None:
         tmp = self.root / "tmp" / uuid.uuid4().hex

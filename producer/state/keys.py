@@ -161,7 +161,7 @@ return {tonumber(redis.call('HGET', KEYS[1], 'losses') or '0'),
 END_RUN = """
 if redis.call('HGET', KEYS[1], 'running') == ARGV[1] then
   redis.call('HDEL', KEYS[1], 'running')
-  if ARGV[2] == '1' then redis.call('HDEL', KEYS[1], 'losses', 'lost_on') end
+  if ARGV[2] == '1' then redis.call('HDEL', KEYS[1], 'losses', 'lost_on', 'stuck') end
 end
 return 0
 """
@@ -172,7 +172,19 @@ return 0
 END_KILLED_RUN = """
 local holder = redis.call('HGET', KEYS[1], 'running')
 if holder and string.sub(holder, 1, string.len(ARGV[1])) == ARGV[1] then
-  redis.call('HDEL', KEYS[1], 'running', 'losses', 'lost_on')
+  redis.call('HDEL', KEYS[1], 'running', 'losses', 'lost_on', 'stuck')
+  return 1
+end
+return 0
+"""
+
+#: The watchdog took a run for hung (``worker.watchdog``): if the record still names a holder
+#: of its process (ARGV[1]: the prefix ``"node pid "``), keep why (ARGV[2]: ``stage idle_s``)
+#: for the poison cap of the job's next run, and say so (1; else 0). KEYS: runs.
+MARK_STUCK = """
+local holder = redis.call('HGET', KEYS[1], 'running')
+if holder and string.sub(holder, 1, string.len(ARGV[1])) == ARGV[1] then
+  redis.call('HSET', KEYS[1], 'stuck', ARGV[2])
   return 1
 end
 return 0

@@ -1,8 +1,9 @@
 """bench/startup/worker_start.py --tiny runs on the CPU: the published TI2V-5B layout in miniature
 is written (sharded float32 transformer with its index, bfloat16 text encoder in 3 shards),
-loaded by diffusers and by the worker's start path to ready and a first job; each load method
+loaded by diffusers and by the worker's start path to ready and a first job, whose process
+then exits 0 with nothing left running (on the H200 it died at exit); each load method
 compared, with a digest of every tensor against diffusers'; JSON and tables written. With the
-device call's options; the worker's child must exit 0 (on the H200 it died at exit)."""
+device call's options."""
 
 from __future__ import annotations
 
@@ -38,7 +39,10 @@ def test_bench_worker_start_tiny(tmp_path: Path) -> None:
     assert {"imports", "read", "cast_move", "compile_cache", "warmup", "total"} <= set(
         ff["phases"])
     assert 0 < ff["ready_s"] < ff["first_job_end_s"]
-    # a row per load method asked for; each has a digest, and the fast path's is diffusers'
+    # its process stopped what it started and exited 0 by itself, nothing left running
+    # (run_child fails the run on another exit status or on "terminate called")
+    assert ff["threads_left"] == [], ff["threads_left"]
+    # a row per load method; each that ran has a digest, and the fast path's is diffusers'
     rows = {r["method"]: r for r in doc["load_methods"]["rows"]}
     assert list(rows) == ["diffusers", "fast:16"]
     assert rows["diffusers"] == run["diffusers"]  # the start rows' baseline is that row

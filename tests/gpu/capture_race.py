@@ -25,10 +25,12 @@ from typing import Any
 
 import torch
 
+from producer.settings import get_settings
 from producer.wire.spec import DecoderSpec
 from tests.gpu.test_gpu_tiers import CUDA, Fleet
 from worker.owner import DEVICE
 from worker.run import DecoderCache
+from worker.watchdog import WATCHDOG
 
 #: Latent sizes (h, w) the second decoder sees for the first time, back to back.
 SIZES = [(8, 8), (8, 12), (12, 8), (12, 12), (8, 16), (16, 8)]
@@ -86,6 +88,10 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--time-limit-s", type=float, default=240)
     args = ap.parse_args()
+    # A run that hangs (two threads waiting for each other's lock) dumps every thread's stack
+    # and ends after FRAMEFLEET_STUCK_S (the test sets it below its own timeout), instead of
+    # being killed by the test without a word.
+    WATCHDOG.arm("capture_race", get_settings().stuck_s, lambda stage, idle: None)
     try:
         result = run(args.reps, args.time_limit_s)
     except Exception as e:  # noqa: BLE001 - a lost CUDA context ends here

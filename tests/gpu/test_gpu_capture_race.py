@@ -7,6 +7,7 @@ of its own)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,10 +23,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _race(*args: str) -> dict[str, object]:
+    # Its run is 240 s at most, then 120 s for the last builds; a hang dumps every thread's
+    # stack (the stuck-job watchdog) before this test's timeout would kill it silently.
+    env = {**os.environ, "FRAMEFLEET_STUCK_S": "390"}
     done = subprocess.run([sys.executable, "-m", "tests.gpu.capture_race", "--reps", "20",
-                           *args], cwd=ROOT, capture_output=True, text=True, timeout=420)
+                           *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=420)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    assert lines, done.stdout[-2000:] + done.stderr[-3000:]
+    assert lines, done.stdout[-2000:] + done.stderr[-12000:]
     result: dict[str, object] = json.loads(lines[-1])
     print(result)
     return result

@@ -3,7 +3,7 @@
 The task body (``worker.tasks``) only parses, claims, leases and runs; everything a run needs
 around it (progress, cancel and preemption, the worker-loss cap, the OOM fallback, retries,
 metrics, failed previews, ending the live playlist, webhooks, the ledger record of its end, the
-memory guard) is a concern, in the manner of Dramatiq's middleware.
+memory guard, the stuck-job watchdog) is a concern, in the manner of Dramatiq's middleware.
 
 The interface (``worker.concerns.base``):
 
@@ -54,6 +54,7 @@ from worker.concerns.playlist import EndPlaylist
 from worker.concerns.previews import PreviewFailures
 from worker.concerns.progress import ProgressReport
 from worker.concerns.retries import Retries
+from worker.concerns.stuck import StuckWatch
 
 #: The task's concerns, in the order ``before_run`` and ``on_error`` ask them.
 CONCERNS: tuple[type[Concern], ...] = (
@@ -68,7 +69,8 @@ CONCERNS: tuple[type[Concern], ...] = (
     EndPlaylist,  # before Notifications: a `failed` webhook finds the playlist ended
     Notifications,
     JobLedger,  # the record of the end, once the webhooks are on their way
-    MemoryGuard,  # last: after a job it stopped, it frees the job's memory
+    MemoryGuard,  # after a job it stopped, it frees the job's memory
+    StuckWatch,  # last: armed once every hook is in, disarmed once every end is seen
 )
 
 __all__ = ["CONCERNS", "Concern", "Failed", "Outcome", "Succeeded", "run_concerns"]

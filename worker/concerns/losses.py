@@ -10,6 +10,12 @@ cancel). A run that finds a record left behind knows the run before it died with
 one worker loss. After ``FRAMEFLEET_MAX_WORKER_LOSSES`` the job fails, naming the node it
 was last lost on.
 
+A run the stuck-job watchdog took for hung (``worker.concerns.stuck``) left its stage in the
+record too: its job is delivered once more, and that delivery fails it at once with
+``JobStuck`` ("stuck in decode"), whatever the cap, and counts it
+(``framefleet_jobs_stuck_total``): a hang that repeats would hold another GPU for another
+``FRAMEFLEET_STUCK_S``, and the first one's stacks are in its worker's log already.
+
 Why a record of our own and not the message's ``redelivered`` flag: kombu also sets that flag
 on messages it restores while their run goes on (a worker that lost its Redis connection; the
 visibility timeout of a long job), it does not count, it does not say where the job died, and
@@ -26,10 +32,11 @@ import uuid
 
 from celery import Task
 
-from producer.errors import FatalJobError
+from producer.errors import FatalJobError, JobStuck
 from worker.concerns.base import Concern, Outcome
 from worker.concerns.lease import REDIS_DOWN
 from worker.run.run import Run
+from worker.stuck_metrics import observe_stuck
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +60,7 @@ class WorkerLosses(Concern):
         if losses == 0:
             return
         node = (lost_on or "?").split(" ")[0]
+        self._stuck(job_id, node)
         if losses >= cap:
             # A FatalJobError (the client re-creates it without importing worker code).
             raise FatalJobError(
@@ -61,6 +69,22 @@ class WorkerLosses(Concern):
             )
         log.warning("job %s: its worker was lost under it %d time(s), the last on %s; "
                     "running it again (it fails at %d)", job_id, losses, node, cap)
+
+    def _stuck(self, job_id: str, node: str) -> None:
+        """Fail a job whose last run was taken for hung, naming the stage (module docstring)."""
+        try:
+            stuck = self.flags.stuck(job_id)
+        except REDIS_DOWN as e:  # counted as a plain loss this once
+            log.warning("job %s: stuck mark not read: %s", job_id, e)
+            return
+        if stuck is None:
+            return
+        stage, idle_s = stuck
+        observe_stuck(stage)
+        raise JobStuck(
+            f"job {job_id}: stuck in {stage}: its run on {node} made no progress for "
+            f"{idle_s:.0f} s (FRAMEFLEET_STUCK_S={self.run.settings.stuck_s:g}); every thread's "
+            "stack is in that worker's log; not delivered again")
 
     def on_outcome(self, outcome: Outcome) -> None:
         if not self.recorded or outcome.lost:  # a lost run's record stays: the next counts it

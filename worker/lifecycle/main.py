@@ -34,14 +34,13 @@ from producer.settings import Settings, get_settings
 from producer.state.control import flags_for
 from worker import metrics, tasks
 from worker.concerns.cancel import preempt_node
-from worker.lifecycle import persistence, recovery, startphases, warmup
+from worker.lifecycle import persistence, recovery, shutdown, startphases, warmup
 from worker.lifecycle.consumer import install_brpop_guard
 from worker.lifecycle.launcher import CONFIG_EXIT, check_credentials
 from worker.lifecycle.poolwatch import POOL_START_EXIT, PoolWatch, start_timeout
 from worker.lifecycle.spot import SpotWatcher
 from worker.memory import limit_mib
 from worker.owner import DEVICE
-from worker.sinks.webhooks import close_process_notifier
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +113,7 @@ def _start_process(settings: Settings) -> None:
     state = warmup.warm_up(decoders, settings, started=started, phases={
         "imports": max(0.0, hook - started), "init": time.time() - hook})
     if decoders.device.type == "cuda":
-        metrics.NvmlSampler().start()
+        shutdown.start_sampler()
     log.info("framefleet worker process ready on %s (metrics port %s), %.1f s after its start: "
              "%s", decoders.device, port, state.phases.get("total", 0.0),
              ", ".join(f"{k} {v:.1f} s" for k, v in state.phases.items() if k != "total"))
@@ -193,16 +192,10 @@ def _stop_recovery(**_: Any) -> None:
 
 
 @worker_process_shutdown.connect
-def _flush_webhooks(**_: Any) -> None:
-    """Give queued webhook deliveries a few seconds before the pool process exits."""
-    close_process_notifier(timeout=5.0)
-
-
-@worker_process_shutdown.connect
-def _stop_builds(**_: Any) -> None:
-    """Drop queued device builds and join the builder before the pool process exits: a
-    thread left compiling or capturing at interpreter exit can abort the process."""
-    DEVICE.close(timeout=30.0)
+def _stop_process(**_: Any) -> None:
+    """Before the pool process exits: queued webhook deliveries get a few seconds, and the
+    threads it started are stopped and joined (``worker.lifecycle.shutdown``)."""
+    shutdown.stop_process()
 
 
 @task_revoked.connect

@@ -261,3 +261,38 @@ def test_undecodable_messages_are_counted_on_the_broker_and_served(redis_url: st
     finally:
         broker.delete(keys.UNDECODABLE)
         broker.close()
+
+
+def test_framefleet_exporter_exits_0_on_sigterm(redis_url: str, tmp_path: Any) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    port = free_port()
+    env = {**os.environ, "FRAMEFLEET_BROKER_URL": redis_url, "FRAMEFLEET_EXPORTER_PORT": str(port),
+           "PYTHONUNBUFFERED": "1"}
+    log = tmp_path / "exporter.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "producer.cli", "exporter", "--interval",
+                                 "1"], env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        # Given the exporter serving its series
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if any(name == "framefleet_queue_depth" for name, _ in scrape(port)):
+                    break
+            except OSError:
+                pass
+            time.sleep(0.2)
+        else:
+            raise AssertionError(log.read_text()[-3000:])
+        # When it is asked to stop, it exits 0 (not 143: killed by the signal), quietly
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, log.read_text()[-3000:]
+        assert "Traceback" not in log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)

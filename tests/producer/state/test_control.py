@@ -177,6 +177,29 @@ def test_a_run_killed_by_the_hard_limit_is_ended_once_and_only_if_it_had_not_end
     assert not flags.end_killed_run(job, "gpu0@a", 13)
 
 
+def test_a_stuck_run_is_marked_only_while_it_holds_the_record_and_its_end_forgets_it(
+    flags: Flags,
+) -> None:
+    job = _id()
+    assert flags.stuck(job) is None
+    flags.start_run(job, "gpu0@a 12 t1")
+    # Another process of the node, or another node: not the run that hung
+    assert not flags.mark_stuck(job, "gpu0@a", 1, "decode", 900.4)
+    assert not flags.mark_stuck(job, "gpu0@b", 12, "decode", 900.4)
+    assert flags.stuck(job) is None
+    # The hung run's process: marked, for the job's next run to read
+    assert flags.mark_stuck(job, "gpu0@a", 12, "decode", 900.4)
+    assert flags.start_run(job, "gpu1@b 13 t2") == (1, "gpu0@a 12 t1")
+    assert flags.stuck(job) == ("decode", 900.0)
+    # The job's end (the poison cap's FAILURE) forgets it, as it forgets the losses
+    flags.end_run(job, "gpu1@b 13 t2", final=True)
+    assert flags.stuck(job) is None
+    assert flags.start_run(job, "gpu0@a 14 t3") == (0, None)
+    # and a run that ended is never marked
+    flags.end_run(job, "gpu0@a 14 t3", final=False)
+    assert not flags.mark_stuck(job, "gpu0@a", 14, "upload", 5)
+
+
 def test_ends_handed_over_are_taken_once_oldest_first(flags: Flags) -> None:
     while flags.take_ends():  # the session's Redis may hold others' ends
         pass
