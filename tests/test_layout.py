@@ -51,6 +51,7 @@ WORKER_FLOORS = [
     # graph gate, the memory guard a run polls, the Prometheus series
     ["worker.quiet", "worker.labels"],
     ["worker", "worker.devices", "worker.gate", "worker.memory", "worker.metrics"],
+    ["worker.metrics_compiled"],
     ["worker.decoders", "worker.stores"],
     ["worker.pipeline", "worker.inputs"],
     ["worker.sinks", "worker.generate"],

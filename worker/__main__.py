@@ -7,7 +7,9 @@ SIGINT (``worker.lifecycle.launcher``). ``framefleet models …`` hands over the
 subcommands (``worker.commands``):
 
 - ``python -m worker models tiny PATH [--layout t2v|ti2v|i2v]``: a tiny random Wan pipeline;
-- ``python -m worker calibrate-magcache --model DIR --steps N``: a model's MagCache ratios.
+- ``python -m worker calibrate-magcache --model DIR --steps N``: a model's MagCache ratios;
+- ``python -m worker compile --model DIR --tiers exact,fp8 --sizes HxWxF,…``: compile
+  artifacts (``worker.generate.model.compiler``).
 
 A configuration error is one ``error:`` line and exit status 1.
 """
@@ -20,7 +22,7 @@ import sys
 from producer.errors import FramefleetError
 from producer.settings import get_settings
 
-SUBCOMMANDS = ("models", "calibrate-magcache")
+SUBCOMMANDS = ("models", "calibrate-magcache", "compile")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -99,6 +99,9 @@ def _init_process(**_: Any) -> None:
 def _start_process(settings: Settings) -> None:
     hook = time.time()
     started = startphases.main_started_at()
+    # Before anything in this process can compile (the decoder cache, a benchmark's own
+    # models, the warm-up): a compile before it would read and fill another folder.
+    warmup.use_compile_cache(settings.compile_cache_dir)
     decoders = tasks.init_decoders(settings)
     try:
         port = metrics.start_metrics_server(settings.metrics_port)

@@ -6,6 +6,13 @@ CUDA, denoises one step at each size of ``FRAMEFLEET_WARMUP_GENERATE_SIZES``: th
 compiles the transformer's blocks for the size (from ``FRAMEFLEET_COMPILE_CACHE_DIR`` when a
 worker before this one compiled them), so no job pays it. Each step is timed apart, for the
 worker's log and the warm-start benchmark.
+
+Before a tier's first compile, the compile artifacts that match it are loaded
+(``worker.generate.model.artifacts``: the model folder's ``compiled/``, then
+``FRAMEFLEET_COMPILE_ARTIFACTS``). Each size then says whether it was a hit (inductor's FX
+graph cache answered, nothing compiled: its counters, not a guess) or a miss and why; with
+``FRAMEFLEET_PUBLISH_COMPILED`` a tier that compiled a size no artifact covered publishes its
+artifact for the next worker.
 """
 
 from __future__ import annotations
@@ -13,11 +20,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from producer.errors import InvalidJobError
+from producer.errors import FramefleetError, InvalidJobError
 from producer.settings import Settings
 from producer.wire.spec import GenerateSpec
 from worker.gate import TRACE
@@ -40,6 +48,9 @@ class WarmModel:
     prepare_s: float = 0.0
     sizes: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    #: size → {"result": "hit" | "miss", "reason": why a miss missed}
+    cache: dict[str, dict[str, str]] = field(default_factory=dict)
+    artifact: dict[str, Any] = field(default_factory=dict)  # what was loaded / published
 
 
 def parse_video_sizes(text: str) -> list[tuple[int, int, int]]:
@@ -94,13 +105,61 @@ def warm_up(models: ModelCache, settings: Settings) -> list[WarmModel]:
         warm.read_s, warm.cast_move_s = entry.read_s, entry.cast_move_s
         if not entry.compiled:
             continue
-        for height, width, frames in parse_video_sizes(settings.warmup_generate_sizes):
-            t = time.perf_counter()
-            compile_size(models, entry, info, height, width, frames)
-            warm.sizes[f"{height}x{width}x{frames}"] = round(time.perf_counter() - t, 3)
-        log.info("warm-up model %s at tier %s: resident in %.1f s, compiled %s", info.path,
-                 tier, warm.load_s, warm.sizes or "no size")
+        compile_tier(models, entry, info, settings, warm)
+        log.info("warm-up model %s at tier %s: resident in %.1f s, compiled %s (%s)", info.path,
+                 tier, warm.load_s, warm.sizes or "no size", ", ".join(
+                     f"{k} {v['result']}" + (f": {v['reason']}" if v.get("reason") else "")
+                     for k, v in warm.cache.items()) or "no artifact")
     return done
+
+
+def compile_tier(models: ModelCache, entry: Resident, info: ModelInfo, settings: Settings,
+                 warm: WarmModel) -> None:
+    """Load the tier's artifact, compile each warm-up size (timed, hit or miss by inductor's
+    counters), then publish the tier's artifact if asked and a size missed."""
+    from worker.generate.model import artifacts
+    from worker.metrics_compiled import publish
+
+    places = artifact_places(info.path, settings)
+    limit = settings.compile_artifact_max_mib * 1024**2
+    stamp = artifacts.stamp_for(info.path, warm.tier, models.device)
+    artifacts.start_recording()
+    loaded = artifacts.load(places, stamp, limit)
+    warm.artifact = {"loaded": loaded.where, "load_s": round(loaded.seconds, 3)}
+    for height, width, frames in parse_video_sizes(settings.warmup_generate_sizes):
+        size = f"{height}x{width}x{frames}"
+        before = artifacts.graph_counters()
+        t = time.perf_counter()
+        compile_size(models, entry, info, height, width, frames)
+        warm.sizes[size] = round(time.perf_counter() - t, 3)
+        after = artifacts.graph_counters()
+        hit = after["miss"] == before["miss"] and after["hit"] > before["hit"]
+        reason = "" if hit else (loaded.reason if loaded.entry is None else
+                                 "cache: the artifact covers it, yet the FX graph cache missed"
+                                 if loaded.covers(size) else "size: not in the artifact")
+        warm.cache[size] = {"result": "hit" if hit else "miss", "reason": reason}
+    publish(warm.tier, warm.cache, loaded.seconds)
+    missed = [s for s, v in warm.cache.items() if v["result"] == "miss"]
+    if settings.publish_compiled and missed and places:
+        covered = [*warm.cache, *(loaded.entry.sizes if loaded.entry is not None else [])]
+        try:
+            written = artifacts.save(places[-1], stamp, covered, limit)
+        except (FramefleetError, OSError) as e:  # a worker that cannot publish still serves
+            log.error("compile artifact of %s not published: %s", warm.tier, e)
+            return
+        if written is not None:
+            warm.artifact["published"] = places[-1].uri(written.file)
+
+
+def artifact_places(folder: Path, settings: Settings) -> list[Any]:
+    """Where a worker looks for artifacts, in order: the model folder's ``compiled/``, then
+    ``FRAMEFLEET_COMPILE_ARTIFACTS`` (the last is where it publishes)."""
+    from worker.generate.model.artifacts import Place
+
+    places = [Place(str(folder / "compiled"))]
+    if settings.compile_artifacts:
+        places.append(Place(settings.compile_artifacts, settings))
+    return places
 
 
 def describe(done: list[WarmModel]) -> dict[str, Any]:
@@ -108,4 +167,6 @@ def describe(done: list[WarmModel]) -> dict[str, Any]:
     return {w.tier: {"load_s": w.load_s, "read_s": round(w.read_s, 3),
                      "cast_move_s": round(w.cast_move_s, 3),
                      "prepare_s": round(w.prepare_s, 3), "sizes": w.sizes,
+                     **({"cache": w.cache} if w.cache else {}),
+                     **({"artifact": w.artifact} if w.artifact else {}),
                      **({"error": w.error} if w.error else {})} for w in done}
