@@ -5,6 +5,8 @@ Beside ``worker.metrics`` (whose registry it uses) so that module stays within i
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import Gauge
 
 from worker.metrics import WORKER_REGISTRY
@@ -38,7 +40,7 @@ def reason_code(reason: str) -> str:
     return "none" if reason.startswith("no artifact") else "error"
 
 
-def publish(tier: str, sizes: dict[str, dict[str, str]], load_s: float) -> None:
+def publish(tier: str, sizes: dict[str, dict[str, Any]], load_s: float) -> None:
     """Set the series for one tier's warm-up (``sizes``: size → {result, reason})."""
     ARTIFACT_LOAD.labels(tier).set(load_s)
     for size, outcome in sizes.items():

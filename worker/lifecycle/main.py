@@ -116,9 +116,11 @@ def _start_process(settings: Settings) -> None:
         "imports": max(0.0, hook - started), "init": time.time() - hook})
     if decoders.device.type == "cuda":
         metrics.NvmlSampler().start()
+    compiled = startphases.compiled(state.model)
     log.info("framefleet worker process ready on %s (metrics port %s), %.1f s after its start: "
-             "%s", decoders.device, port, state.phases.get("total", 0.0),
-             ", ".join(f"{k} {v:.1f} s" for k, v in state.phases.items() if k != "total"))
+             "%s%s", decoders.device, port, state.phases.get("total", 0.0),
+             ", ".join(f"{k} {v:.1f} s" for k, v in state.phases.items() if k != "total"),
+             f"; compiled: {compiled}" if compiled else "")
 
 
 _watcher: SpotWatcher | None = None

@@ -77,3 +77,16 @@ def other(phases: dict[str, float]) -> float:
     """Seconds of ``phases["total"]`` that no named phase holds (never below 0)."""
     named = sum(v for k, v in phases.items() if k not in ("total", "other"))
     return max(0.0, phases.get("total", 0.0) - named)
+
+
+def compiled(model: dict[str, Any]) -> str:
+    """The warm-up model's sizes, hit or miss and why, per tier, for the ready line:
+    ``exact 480x832x81 hit, exact 704x1280x121 miss (torch 2.11.0 in the artifact, …)``."""
+    parts = []
+    for tier, info in model.items():
+        if not isinstance(info, dict):
+            continue
+        for size, outcome in (info.get("cache") or {}).items():
+            why = outcome.get("reason")
+            parts.append(f"{tier} {size} {outcome.get('result')}" + (f" ({why})" if why else ""))
+    return ", ".join(parts)

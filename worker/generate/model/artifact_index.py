@@ -22,7 +22,7 @@ INDEX = "index.json"
 SCHEMA = 1
 #: The stamp's fields, in the order a miss names the first that differs.
 STAMP_FIELDS = ("config", "tier", "torch", "triton", "device")
-_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}\.bin$")
+_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}\.artifact$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _SIZE = re.compile(r"^[0-9]{1,5}x[0-9]{1,5}x[0-9]{1,5}$")
 
@@ -41,7 +41,7 @@ class Stamp:
         """The artifact's file name: one per stamp, readable, no separator in it."""
         parts = (self.tier, self.config[:16], f"torch{self.torch}", f"triton{self.triton}",
                  self.device)
-        return "-".join(re.sub(r"[^A-Za-z0-9.]+", "_", p) for p in parts) + ".bin"
+        return "-".join(re.sub(r"[^A-Za-z0-9.]+", "_", p) for p in parts) + ".artifact"
 
     def differs(self, other: Stamp) -> str | None:
         """Why an artifact of ``other`` is not one for this stamp (the first field that
@@ -78,7 +78,7 @@ def _entry(item: Any, where: str) -> Entry:
         if not isinstance(item.get(name), str):
             raise ValueError(f"{where}.{name}: missing or not a string")
     if not _NAME.match(item["file"]):
-        raise ValueError(f"{where}.file: {item['file'][:80]!r} is not a plain *.bin name")
+        raise ValueError(f"{where}.file: {item['file'][:80]!r} is not a plain *.artifact name")
     if not _HEX64.match(item["sha256"]):
         raise ValueError(f"{where}.sha256: not 64 lowercase hex digits")
     size = item.get("bytes")

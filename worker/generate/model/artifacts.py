@@ -202,8 +202,10 @@ def load(places: list[Place], stamp: Stamp, max_bytes: int) -> Loaded:
             reasons.append(str(e))
     for why in reasons:
         log.info("compile artifact for %s %s: %s", stamp.tier, stamp.device, why)
-    return Loaded(stamp, None, reasons[0] if reasons else "no artifact",
-                  seconds=time.perf_counter() - t0)
+    # The most telling reason: an artifact of this model that does not fit says more than
+    # a place that has none.
+    told = [r for r in reasons if not r.startswith("no artifact")] or reasons or ["no artifact"]
+    return Loaded(stamp, None, told[0], seconds=time.perf_counter() - t0)
 
 
 def start_recording() -> None:

@@ -48,8 +48,9 @@ class WarmModel:
     prepare_s: float = 0.0
     sizes: dict[str, float] = field(default_factory=dict)
     error: str | None = None
-    #: size → {"result": "hit" | "miss", "reason": why a miss missed}
-    cache: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: size → {"result": "hit" | "miss", "reason": why a miss missed, "fxgraph": inductor's
+    #: FX graph cache hits and misses during that size's compile}
+    cache: dict[str, dict[str, Any]] = field(default_factory=dict)
     artifact: dict[str, Any] = field(default_factory=dict)  # what was loaded / published
 
 
@@ -137,7 +138,8 @@ def compile_tier(models: ModelCache, entry: Resident, info: ModelInfo, settings:
         reason = "" if hit else (loaded.reason if loaded.entry is None else
                                  "cache: the artifact covers it, yet the FX graph cache missed"
                                  if loaded.covers(size) else "size: not in the artifact")
-        warm.cache[size] = {"result": "hit" if hit else "miss", "reason": reason}
+        warm.cache[size] = {"result": "hit" if hit else "miss", "reason": reason,
+                            "fxgraph": {k: after[k] - before[k] for k in after}}
     publish(warm.tier, warm.cache, loaded.seconds)
     missed = [s for s, v in warm.cache.items() if v["result"] == "miss"]
     if settings.publish_compiled and missed and places:
