@@ -14,6 +14,8 @@ is forked from it):
   (``worker.generate.model.artifacts``);
 - ``compile_cache``: one denoise step per warm-up size, compiled from
   ``FRAMEFLEET_COMPILE_CACHE_DIR`` (a warm cache: no compile);
+- ``model_decode``: (CUDA) the warm-up model's own decoder compiled and captured at each
+  warm-up size's latent size;
 - ``warmup``: the warm-up decoder built and captured at its sizes;
 - ``other``: what none of the above holds (a benchmark's own models built before the
   warm-up, the start's bookkeeping), so that the phases add up to the total;
@@ -32,7 +34,7 @@ import time
 from typing import Any
 
 PHASES = ("imports", "init", "read", "cast_move", "prepare", "artifacts", "compile_cache",
-          "warmup", "other", "total")
+          "model_decode", "warmup", "other", "total")
 
 
 def started_at(pid: int) -> float | None:
@@ -57,9 +59,10 @@ def main_started_at() -> float:
 
 
 def model_phases(model: dict[str, Any]) -> dict[str, float]:
-    """``read``, ``cast_move``, ``prepare``, ``artifacts`` and ``compile_cache`` summed over
-    the warm-up model's tiers (``worker.generate.model.warm.describe``)."""
-    out = {"read": 0.0, "cast_move": 0.0, "prepare": 0.0, "artifacts": 0.0, "compile_cache": 0.0}
+    """``read``, ``cast_move``, ``prepare``, ``artifacts``, ``compile_cache`` and
+    ``model_decode`` summed over the warm-up model's tiers (``worker.generate.model.warm.describe``)."""
+    out = {"read": 0.0, "cast_move": 0.0, "prepare": 0.0, "artifacts": 0.0, "compile_cache": 0.0,
+           "model_decode": 0.0}
     for tier in model.values():
         if not isinstance(tier, dict):
             continue
@@ -70,6 +73,7 @@ def model_phases(model: dict[str, Any]) -> dict[str, float]:
         if isinstance(artifact, dict):
             out["artifacts"] += float(artifact.get("load_s", 0.0))
         out["compile_cache"] += sum(float(s) for s in tier.get("sizes", {}).values())
+        out["model_decode"] += sum(float(s) for s in tier.get("decode", {}).values())
     return out
 
 
