@@ -30,6 +30,15 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in SUBCOMMANDS:
         from worker.commands import run_command
 
+        if argv[0] == "compile":  # the compile cache folder before anything compiles
+            from worker.lifecycle.warmup import use_compile_cache
+
+            try:
+                use_compile_cache(get_settings().compile_cache_dir)
+            except FramefleetError as e:
+                sys.stderr.write("error: " + " ".join(str(e).split()) + "\n")
+                return 1
+
         return run_command(argv)
     parser = argparse.ArgumentParser(
         prog="framefleet worker",

@@ -89,7 +89,6 @@ def _compile(args: argparse.Namespace) -> int:
     from worker import quiet
     from worker.devices import resolve_device
     from worker.generate.model.compiler import compile_model, describe
-    from worker.lifecycle.warmup import use_compile_cache
 
     quiet.progress_bars_off()
     settings = get_settings()
@@ -97,7 +96,6 @@ def _compile(args: argparse.Namespace) -> int:
     bad = [t for t in tiers if t not in ("exact", "fp8")]
     if bad or not tiers:
         raise ValueError(f"--tiers: {','.join(bad) or 'none'}: give exact and/or fp8")
-    use_compile_cache(settings.compile_cache_dir)
     model = str(Path(args.model).expanduser().absolute())
     rows = compile_model(model, tiers, args.sizes, args.out, settings,
                          resolve_device(settings.device))

@@ -60,7 +60,8 @@ def main_started_at() -> float:
 
 def model_phases(model: dict[str, Any]) -> dict[str, float]:
     """``read``, ``cast_move``, ``prepare``, ``artifacts``, ``compile_cache`` and
-    ``model_decode`` summed over the warm-up model's tiers (``worker.generate.model.warm.describe``)."""
+    ``model_decode`` summed over the warm-up model's tiers
+    (``worker.generate.model.warm.describe``)."""
     out = {"read": 0.0, "cast_move": 0.0, "prepare": 0.0, "artifacts": 0.0, "compile_cache": 0.0,
            "model_decode": 0.0}
     for tier in model.values():

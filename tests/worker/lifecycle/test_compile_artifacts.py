@@ -1,8 +1,8 @@
 """Compile artifacts through real worker pool processes (Celery prefork children), on the CPU:
 inductor's C++ backend compiles the tiny model as it compiles the big ones on a GPU.
 
-One test, in the order a fleet lives it: ``framefleet compile``'s own process compiles cold (the
-plain-process yardstick); a first worker, with empty compile caches and no artifact, compiles
+One test, in the order a fleet lives it: ``framefleet compile`` (as the README runs it) compiles
+cold in its own process (the plain-process yardstick); a first worker, with empty compile caches and no artifact, compiles
 in its pool process (no slower than the plain process), misses with the reason "no
 artifact" and publishes its artifact; a second worker on a fresh machine (empty caches) loads
 it and compiles no graph (inductor's FX graph cache hit, no miss: its counters); a third, whose
@@ -61,7 +61,7 @@ def _env(base: dict[str, str], tmp_path: Path, name: str, model: Path,
 def _plain_compile(model: Path, out: Path, cache: Path) -> float:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "FRAMEFLEET_DEVICE": "cpu",
            "FRAMEFLEET_COMPILE_CACHE_DIR": str(cache)}
-    done = subprocess.run([sys.executable, "-m", "worker", "compile", "--model", str(model),
+    done = subprocess.run([sys.executable, "-m", "producer.cli", "compile", "--model", str(model),
                            "--sizes", SIZE, "--out", str(out)], env=env, text=True,
                           capture_output=True, timeout=400, check=False, cwd=REPO_ROOT)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -145,3 +145,21 @@ def test_an_artifact_round_trips_through_s3(s3_bucket: str, s3_settings: Setting
     loaded = artifacts.load([place], stamp, 2**26)
     assert loaded.entry == written and loaded.where == f"s3://{s3_bucket}/fleet/compiled/" \
         f"{written.file}"
+
+
+def test_the_compile_command_names_a_bad_argument(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from tests.services.base import REPO_ROOT
+
+    model = save_tiny_model(tmp_path / "tiny")
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "FRAMEFLEET_DEVICE": "cpu"}
+    for args, said in [(["--tiers", "turbo", "--sizes", "32x48x9"], "--tiers: turbo"),
+                       (["--tiers", "fp8", "--sizes", "32x48x9"], "generate.tier: fp8 needs")]:
+        done = subprocess.run([sys.executable, "-m", "producer.cli", "compile", "--model",
+                               str(model), *args], env=env, text=True, capture_output=True,
+                              timeout=300, check=False)
+        assert done.returncode == 1 and f"error: {said}" in done.stderr, done.stderr[-2000:]
+    assert not (model / "compiled").exists()

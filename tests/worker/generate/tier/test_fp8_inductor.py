@@ -14,9 +14,9 @@ import pytest
 import torch
 
 pytest.importorskip("torchao")
-import torch._inductor.config as inductor_config  # noqa: E402
+import torch._inductor.config as inductor_config
 
-from worker.generate.tier.tiers import fp8_config  # noqa: E402
+from worker.generate.tier.tiers import fp8_config
 
 
 @pytest.fixture
