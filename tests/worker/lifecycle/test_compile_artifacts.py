@@ -1,12 +1,13 @@
 """Compile artifacts through real worker pool processes (Celery prefork children), on the CPU:
 inductor's C++ backend compiles the tiny model as it compiles the big ones on a GPU.
 
-One test, in the order a fleet lives it: ``framefleet compile`` (as the README runs it) compiles
-cold in its own process (the plain-process yardstick); a first worker, with empty compile
-caches and no artifact, compiles in its pool process (no slower than the plain process),
-misses with the reason "no artifact" and publishes its artifact; a second worker on a fresh machine (empty caches) loads
-it and compiles no graph (inductor's FX graph cache hit, no miss: its counters); a third, whose
-artifact says another torch version, refuses it with that reason and compiles.
+One test, in the order a fleet lives it: ``framefleet compile`` (as the README runs it)
+compiles cold in its own process (the plain-process yardstick); a first worker, with empty
+compile caches and no artifact, compiles in its pool process (no slower than the plain
+process), misses with the reason "no artifact" and publishes its artifact; a second worker on
+a fresh machine (empty caches) loads it and compiles no graph (inductor's FX graph cache hit,
+no miss: its counters); a third, whose artifact says another torch version, refuses it with
+that reason and compiles.
 """
 
 from __future__ import annotations
