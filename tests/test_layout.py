@@ -52,6 +52,7 @@ WORKER_FLOORS = [
     # the memory guard a run polls, the Prometheus series (and above them the stuck-job counter)
     ["worker.quiet", "worker.labels", "worker.watchdog"],
     ["worker", "worker.devices", "worker.owner", "worker.memory", "worker.metrics"],
+    ["worker.metrics_compiled"],
     ["worker.decoders", "worker.stores", "worker.stuck_metrics"],
     ["worker.pipeline", "worker.inputs"],
     ["worker.sinks", "worker.generate"],

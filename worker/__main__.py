@@ -7,7 +7,9 @@ SIGINT (``worker.lifecycle.launcher``). ``framefleet models …`` hands over the
 subcommands (``worker.commands``):
 
 - ``python -m worker models tiny PATH [--layout t2v|ti2v|i2v]``: a tiny random Wan pipeline;
-- ``python -m worker calibrate-magcache --model DIR --steps N``: a model's MagCache ratios.
+- ``python -m worker calibrate-magcache --model DIR --steps N``: a model's MagCache ratios;
+- ``python -m worker compile --model DIR --tiers exact,fp8 --sizes HxWxF,…``: compile
+  artifacts (``worker.generate.model.compiler``).
 
 A configuration error is one ``error:`` line and exit status 1.
 """
@@ -20,13 +22,22 @@ import sys
 from producer.errors import FramefleetError
 from producer.settings import get_settings
 
-SUBCOMMANDS = ("models", "calibrate-magcache")
+SUBCOMMANDS = ("models", "calibrate-magcache", "compile")
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in SUBCOMMANDS:
         from worker.commands import run_command
+
+        if argv[0] == "compile":  # the compile cache folder before anything compiles
+            from worker.lifecycle.warmup import use_compile_cache
+
+            try:
+                use_compile_cache(get_settings().compile_cache_dir)
+            except FramefleetError as e:
+                sys.stderr.write("error: " + " ".join(str(e).split()) + "\n")
+                return 1
 
         return run_command(argv)
     parser = argparse.ArgumentParser(

@@ -1,5 +1,6 @@
 """The worker-side commands of ``python -m worker`` (torch and diffusers are needed here, so the
-producer's CLI hands its process over to them: ``framefleet models …``)."""
+producer's CLI hands its process over to them: ``framefleet models …``, ``framefleet
+compile …``)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,24 @@ def _parser() -> argparse.ArgumentParser:
     cal.add_argument("--prompt", default="a red fox runs through deep snow at dawn")
     cal.add_argument("--guidance", type=float, default=5.0)
     cal.add_argument("--seed", type=int, default=0)
+    comp = sub.add_parser(
+        "compile", prog="framefleet compile",
+        help="compile a model at its tiers and sizes; write its compile artifacts",
+        description="Compile a model folder at each tier and size, as a worker's warm-up "
+        "does, and write one compile artifact per tier (torch.compiler's portable caches) "
+        "with an index.json saying what each covers (model config, tier, sizes, torch, "
+        "triton, device). A worker whose FRAMEFLEET_WARMUP_MODEL is this folder loads the "
+        "artifacts that match it before its warm-up, and compiles nothing they cover. Run "
+        "it once per release on the GPU kind the fleet runs: an artifact is valid for one "
+        "torch + Triton version and one GPU name.")
+    comp.add_argument("--model", required=True, metavar="DIR",
+                      help="the diffusers model folder (path)")
+    comp.add_argument("--tiers", default="exact", metavar="TIERS",
+                      help="comma-separated: exact, fp8 (default: exact)")
+    comp.add_argument("--sizes", required=True, metavar="SIZES",
+                      help="comma-separated HxWxF video sizes, e.g. 704x1280x121,480x832x81")
+    comp.add_argument("--out", default=None, metavar="DIR|s3://BUCKET/PREFIX",
+                      help="where the artifacts and index.json go (default: DIR/compiled/)")
     models = sub.add_parser("models", help="model folders").add_subparsers(
         dest="what", required=True)
     tiny = models.add_parser("tiny", help="write a tiny random Wan pipeline folder")
@@ -66,6 +85,24 @@ def _calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compile(args: argparse.Namespace) -> int:
+    from worker import quiet
+    from worker.devices import resolve_device
+    from worker.generate.model.compiler import compile_model, describe
+
+    quiet.progress_bars_off()
+    settings = get_settings()
+    tiers = [t for t in args.tiers.split(",") if t]
+    bad = [t for t in tiers if t not in ("exact", "fp8")]
+    if bad or not tiers:
+        raise ValueError(f"--tiers: {','.join(bad) or 'none'}: give exact and/or fp8")
+    model = str(Path(args.model).expanduser().absolute())
+    rows = compile_model(model, tiers, args.sizes, args.out, settings,
+                         resolve_device(settings.device))
+    sys.stdout.write(describe(rows, args.out or Path(model) / "compiled") + "\n")
+    return 0
+
+
 def run_command(argv: list[str]) -> int:
     """Run one subcommand; an expected failure is one ``error:`` line and exit status 1."""
     args = _parser().parse_args(argv)
@@ -74,6 +111,8 @@ def run_command(argv: list[str]) -> int:
             return _calibrate(args)
         if args.command == "models":
             return _tiny(args)
+        if args.command == "compile":
+            return _compile(args)
     except (FramefleetError, ValueError) as e:
         sys.stderr.write("error: " + " ".join(str(e).split()) + "\n")
         return 1

@@ -111,9 +111,12 @@ def write_folder(folder: Path, preset: str, device: str) -> int:
     return total
 
 
-def _child(folder: str, device: str, started: float, tiny: bool) -> dict[str, Any]:
-    """Runs in a fresh process: the worker's start to ready, then its first job, timed."""
-    out: dict[str, Any] = {"mode": "framefleet"}
+def _child(folder: str, device: str, started: float, tiny: bool,
+           threads: int = 8) -> dict[str, Any]:
+    """Runs in a fresh process: the worker's start to ready, then its first job, timed.
+    ``threads``: ``FRAMEFLEET_LOAD_THREADS`` (the most of ``--threads-list``: the load
+    methods' rows above read with as many; the worker's default is 8)."""
+    out: dict[str, Any] = {"mode": "framefleet", "load_threads": threads}
     import tempfile
 
     import torch  # noqa: F401  (counted as imports)
@@ -126,6 +129,7 @@ def _child(folder: str, device: str, started: float, tiny: bool) -> dict[str, An
     hook = time.time()
     size = "64x64x9" if tiny else "704x1280x121"
     settings = Settings(device=device, warmup_model=folder, load_method="fast",
+                        load_threads=threads,
                         warmup_generate_sizes=size,  # the CPU runs eager: nothing compiles
                         work_dir=tempfile.mkdtemp(), file_roots=str(Path(folder).parent))
     decoders = default_decoders(settings)
@@ -163,10 +167,11 @@ def _exit_child(out: dict[str, Any]) -> None:
         os._exit(0)
 
 
-def run_child(folder: Path, device: str, tiny: bool) -> dict[str, Any]:
+def run_child(folder: Path, device: str, tiny: bool, threads: int = 8) -> dict[str, Any]:
     started = time.time()
     cmd = [sys.executable, __file__, "--child", "framefleet", "--folder", str(folder),
-           "--device", device, "--started", repr(started), *(["--tiny"] if tiny else [])]
+           "--device", device, "--started", repr(started), "--threads-list", str(threads),
+           *(["--tiny"] if tiny else [])]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=3600)
     if done.returncode != 0 or "terminate called" in done.stderr:
         raise SystemExit(f"framefleet run failed (exit status {done.returncode}):\n"
@@ -215,10 +220,10 @@ def main() -> None:
     from bench.report import device_name, write_json
 
     device = args.device or ("cpu" if args.tiny else "cuda")
-    if args.child:
-        _exit_child(_child(str(args.folder), device, args.started, args.tiny))
-        return
     threads = [int(n) for n in args.threads_list.split(",") if n.strip()]
+    if args.child:
+        _exit_child(_child(str(args.folder), device, args.started, args.tiny, max(threads)))
+        return
     methods = [] if args.methods == "none" else load_methods.parse_methods(args.methods,
                                                                             threads)
     if not args.no_start and "diffusers" not in methods:
@@ -249,7 +254,7 @@ def main() -> None:
         if drop:
             run["framefleet_dropped"] = dropped = load_methods.drop_caches()
             doc["dropped_caches"] = doc["dropped_caches"] or dropped
-        run["framefleet"] = run_child(folder, device, args.tiny)
+        run["framefleet"] = run_child(folder, device, args.tiny, max(threads))
         doc["runs"].append(run)
     name = "worker-start-" + ("tiny" if args.tiny else "h200" if "H200" in doc["device"]
                               else device)

@@ -29,6 +29,7 @@ from producer.cli.common import (
     _wait,
     print_result,
 )
+from producer.cli.compile import compile as compile_model
 from producer.cli.cost import cost_app
 from producer.cli.help import plain_typer
 from producer.cli.jobs import jobs_app
@@ -45,6 +46,7 @@ cli.add_typer(cost_app, name="cost")
 cli.add_typer(jobs_app, name="jobs")
 cli.add_typer(models_app, name="models")
 cli.command()(submit)
+cli.command(name="compile")(compile_model)
 __all__ = ["EXIT_TIMEOUT", "WAIT_TIMEOUT_S", "_uri", "cli", "main", "print_result"]
 
 

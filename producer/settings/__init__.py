@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from producer.errors import SettingsError
 from producer.settings.api import ApiSettings
+from producer.settings.compiled import CompiledSettings
 from producer.settings.generation import GenerationSettings
 from producer.settings.ops import OpsSettings
 from producer.settings.paths import PathSettings
@@ -40,7 +41,7 @@ def env_error_text(e: ValidationError) -> str:
 
 
 class Settings(BaseSettings, QueueSettings, WorkerSettings, GenerationSettings, OpsSettings,
-               PathSettings, WebhookSettings, ApiSettings):
+               PathSettings, WebhookSettings, ApiSettings, CompiledSettings):
     """Every setting, grouped by role in this package's modules; one environment read."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="ignore")

@@ -100,6 +100,9 @@ def _start_process(settings: Settings) -> None:
     hook = time.time()
     DEVICE.idle_s = settings.build_idle_s
     started = startphases.main_started_at()
+    # Before anything in this process can compile (the decoder cache, a benchmark's own
+    # models, the warm-up): a compile before it would read and fill another folder.
+    warmup.use_compile_cache(settings.compile_cache_dir)
     decoders = tasks.init_decoders(settings)
     try:
         port = metrics.start_metrics_server(settings.metrics_port)
@@ -114,9 +117,11 @@ def _start_process(settings: Settings) -> None:
         "imports": max(0.0, hook - started), "init": time.time() - hook})
     if decoders.device.type == "cuda":
         shutdown.start_sampler()
+    compiled = startphases.compiled(state.model)
     log.info("framefleet worker process ready on %s (metrics port %s), %.1f s after its start: "
-             "%s", decoders.device, port, state.phases.get("total", 0.0),
-             ", ".join(f"{k} {v:.1f} s" for k, v in state.phases.items() if k != "total"))
+             "%s%s", decoders.device, port, state.phases.get("total", 0.0),
+             ", ".join(f"{k} {v:.1f} s" for k, v in state.phases.items() if k != "total"),
+             f"; compiled: {compiled}" if compiled else "")
 
 
 _watcher: SpotWatcher | None = None

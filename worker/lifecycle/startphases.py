@@ -10,9 +10,15 @@ is forked from it):
 - ``read``: the warm-up model's weights read (fast path: straight to the device, cast there);
 - ``cast_move``: what its load did after the read (moving, tying, the text encoder's place);
 - ``prepare``: quantising and wrapping its transformers for compile (fp8 tier);
+- ``artifacts``: its compile artifacts read, checked and loaded
+  (``worker.generate.model.artifacts``);
 - ``compile_cache``: one denoise step per warm-up size, compiled from
   ``FRAMEFLEET_COMPILE_CACHE_DIR`` (a warm cache: no compile);
+- ``model_decode``: (CUDA) the warm-up model's own decoder compiled and captured at each
+  warm-up size's latent size;
 - ``warmup``: the warm-up decoder built and captured at its sizes;
+- ``other``: what none of the above holds (a benchmark's own models built before the
+  warm-up, the start's bookkeeping), so that the phases add up to the total;
 - ``total``: process start to ready.
 
 They are written to the readiness state (``framefleet fleet`` shows them) and to
@@ -27,7 +33,8 @@ import os
 import time
 from typing import Any
 
-PHASES = ("imports", "init", "read", "cast_move", "prepare", "compile_cache", "warmup", "total")
+PHASES = ("imports", "init", "read", "cast_move", "prepare", "artifacts", "compile_cache",
+          "model_decode", "warmup", "other", "total")
 
 
 def started_at(pid: int) -> float | None:
@@ -52,14 +59,39 @@ def main_started_at() -> float:
 
 
 def model_phases(model: dict[str, Any]) -> dict[str, float]:
-    """``read``, ``cast_move``, ``prepare`` and ``compile_cache`` summed over the warm-up
-    model's tiers (``worker.generate.model.warm.describe``)."""
-    out = {"read": 0.0, "cast_move": 0.0, "prepare": 0.0, "compile_cache": 0.0}
+    """``read``, ``cast_move``, ``prepare``, ``artifacts``, ``compile_cache`` and
+    ``model_decode`` summed over the warm-up model's tiers
+    (``worker.generate.model.warm.describe``)."""
+    out = {"read": 0.0, "cast_move": 0.0, "prepare": 0.0, "artifacts": 0.0, "compile_cache": 0.0,
+           "model_decode": 0.0}
     for tier in model.values():
         if not isinstance(tier, dict):
             continue
         out["read"] += float(tier.get("read_s", 0.0))
         out["cast_move"] += float(tier.get("cast_move_s", 0.0))
         out["prepare"] += float(tier.get("prepare_s", 0.0))
+        artifact = tier.get("artifact")
+        if isinstance(artifact, dict):
+            out["artifacts"] += float(artifact.get("load_s", 0.0))
         out["compile_cache"] += sum(float(s) for s in tier.get("sizes", {}).values())
+        out["model_decode"] += sum(float(s) for s in tier.get("decode", {}).values())
     return out
+
+
+def other(phases: dict[str, float]) -> float:
+    """Seconds of ``phases["total"]`` that no named phase holds (never below 0)."""
+    named = sum(v for k, v in phases.items() if k not in ("total", "other"))
+    return max(0.0, phases.get("total", 0.0) - named)
+
+
+def compiled(model: dict[str, Any]) -> str:
+    """The warm-up model's sizes, hit or miss and why, per tier, for the ready line:
+    ``exact 480x832x81 hit, exact 704x1280x121 miss (torch 2.11.0 in the artifact, …)``."""
+    parts = []
+    for tier, info in model.items():
+        if not isinstance(info, dict):
+            continue
+        for size, outcome in (info.get("cache") or {}).items():
+            why = outcome.get("reason")
+            parts.append(f"{tier} {size} {outcome.get('result')}" + (f" ({why})" if why else ""))
+    return ", ".join(parts)

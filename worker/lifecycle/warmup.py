@@ -87,12 +87,13 @@ def warm_up(decoders: DecoderCache, settings: Settings,
 def _publish_phases(state: WarmupState, phases: dict[str, float], decoder_s: float,
                     started: float | None) -> None:
     from worker import metrics
-    from worker.lifecycle.startphases import model_phases
+    from worker.lifecycle.startphases import model_phases, other
 
     phases.update(model_phases(state.model))
     phases["warmup"] = decoder_s
     if started is not None:
         phases["total"] = time.time() - started
+        phases["other"] = other(phases)
     state.phases = {k: round(v, 3) for k, v in phases.items()}
     for phase, seconds in state.phases.items():
         metrics.WORKER_START.labels(phase).set(seconds)

@@ -68,6 +68,7 @@ def default_decoders(settings: Settings | None = None) -> DecoderCache:
     models = ModelCache(device, int(settings.model_cache_gib * 2**30),
                         settings.text_encoder_offload, graphs=settings.decode_graphs,
                         compiled_sizes=settings.compiled_sizes,
-                        load_method=settings.load_method, load_threads=settings.load_threads)
+                        load_method=settings.load_method, load_threads=settings.load_threads,
+                        compile_cpu=settings.compile_on_cpu)
     track(models)  # the memory guard may evict its residents after a job it stopped
     return DecoderCache(device, graphs=settings.decode_graphs, models=models, settings=settings)

@@ -82,10 +82,11 @@ class ModelCache:
     def __init__(
         self, device: torch.device, budget_bytes: int, offload_text_encoder: bool = False,
         graphs: int = 0, compiled_sizes: int = 0, load_method: str = "fast",
-        load_threads: int = 8,
+        load_threads: int = 8, compile_cpu: bool = False,
     ) -> None:
-        """``compiled_sizes``: sizes each resident's transformer keeps compiled (CUDA only;
-        0: the transformer always runs eager). ``load_method``: ``fast``
+        """``compiled_sizes``: sizes each resident's transformer keeps compiled (CUDA, or the
+        CPU with ``compile_cpu``: inductor's C++ backend; 0: the transformer always runs
+        eager). ``load_method``: ``fast``
         (``worker.generate.model.fastload``) or ``diffusers`` (``from_pretrained``, then moved)."""
         self.device = device
         self.load_method = load_method
@@ -93,7 +94,7 @@ class ModelCache:
         self.budget_bytes = budget_bytes
         self.offload_text_encoder = offload_text_encoder
         self.graphs = graphs
-        self.compiled_sizes = compiled_sizes if device.type == "cuda" else 0
+        self.compiled_sizes = compiled_sizes if device.type == "cuda" or compile_cpu else 0
         if self.compiled_sizes:
             allow_recompiles(self.compiled_sizes)
         self._entries: OrderedDict[Key, Resident] = OrderedDict()

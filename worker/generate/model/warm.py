@@ -6,6 +6,13 @@ CUDA, denoises one step at each size of ``FRAMEFLEET_WARMUP_GENERATE_SIZES``: th
 compiles the transformer's blocks for the size (from ``FRAMEFLEET_COMPILE_CACHE_DIR`` when a
 worker before this one compiled them), so no job pays it. Each step is timed apart, for the
 worker's log and the warm-start benchmark.
+
+Before a tier's first compile, the compile artifacts that match it are loaded
+(``worker.generate.model.artifacts``: the model folder's ``compiled/``, then
+``FRAMEFLEET_COMPILE_ARTIFACTS``). Each size then says whether it was a hit (inductor's FX
+graph cache answered, nothing compiled: its counters, not a guess) or a miss and why; with
+``FRAMEFLEET_PUBLISH_COMPILED`` a tier that compiled a size no artifact covered publishes its
+artifact for the next worker.
 """
 
 from __future__ import annotations
@@ -13,11 +20,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from producer.errors import InvalidJobError
+from producer.errors import FramefleetError, InvalidJobError
 from producer.settings import Settings
 from producer.wire.spec import GenerateSpec
 from worker.generate.denoise.loop import denoise
@@ -39,6 +47,11 @@ class WarmModel:
     prepare_s: float = 0.0
     sizes: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    #: size → {"result": "hit" | "miss", "reason": why a miss missed, "fxgraph": inductor's
+    #: FX graph cache hits and misses during that size's compile}
+    cache: dict[str, dict[str, Any]] = field(default_factory=dict)
+    artifact: dict[str, Any] = field(default_factory=dict)  # what was loaded / published
+    decode: dict[str, float] = field(default_factory=dict)  # HxW → its decoder's warm-up, s
 
 
 def parse_video_sizes(text: str) -> list[tuple[int, int, int]]:
@@ -93,13 +106,84 @@ def warm_up(models: ModelCache, settings: Settings) -> list[WarmModel]:
         warm.read_s, warm.cast_move_s = entry.read_s, entry.cast_move_s
         if not entry.compiled:
             continue
-        for height, width, frames in parse_video_sizes(settings.warmup_generate_sizes):
-            t = time.perf_counter()
-            compile_size(models, entry, info, height, width, frames)
-            warm.sizes[f"{height}x{width}x{frames}"] = round(time.perf_counter() - t, 3)
-        log.info("warm-up model %s at tier %s: resident in %.1f s, compiled %s", info.path,
-                 tier, warm.load_s, warm.sizes or "no size")
+        compile_tier(models, entry, info, settings, warm)
+        log.info("warm-up model %s at tier %s: resident in %.1f s, compiled %s (%s)", info.path,
+                 tier, warm.load_s, warm.sizes or "no size", ", ".join(
+                     f"{k} {v['result']}" + (f": {v['reason']}" if v.get("reason") else "")
+                     for k, v in warm.cache.items()) or "no artifact")
     return done
+
+
+def compile_tier(models: ModelCache, entry: Resident, info: ModelInfo, settings: Settings,
+                 warm: WarmModel) -> None:
+    """Load the tier's artifact, compile each warm-up size (timed, hit or miss by inductor's
+    counters), then publish the tier's artifact if asked and a size missed."""
+    from worker.generate.model import artifacts
+    from worker.metrics_compiled import publish
+
+    places = artifact_places(info.path, settings)
+    limit = settings.compile_artifact_max_mib * 1024**2
+    stamp = artifacts.stamp_for(info.path, warm.tier, models.device)
+    artifacts.start_recording()
+    loaded = artifacts.load(places, stamp, limit)
+    warm.artifact = {"loaded": loaded.where, "load_s": round(loaded.seconds, 3)}
+    for height, width, frames in parse_video_sizes(settings.warmup_generate_sizes):
+        size = f"{height}x{width}x{frames}"
+        before = artifacts.graph_counters()
+        t = time.perf_counter()
+        compile_size(models, entry, info, height, width, frames)
+        warm.sizes[size] = round(time.perf_counter() - t, 3)
+        after = artifacts.graph_counters()
+        hit = after["miss"] == before["miss"] and after["hit"] > before["hit"]
+        reason = "" if hit else (loaded.reason if loaded.entry is None else
+                                 "cache: the artifact covers it, yet the FX graph cache missed"
+                                 if loaded.covers(size) else "size: not in the artifact")
+        warm.cache[size] = {"result": "hit" if hit else "miss", "reason": reason,
+                            "fxgraph": {k: after[k] - before[k] for k in after}}
+    publish(warm.tier, warm.cache, loaded.seconds)
+    warm_decoder(models, entry, warm)
+    missed = [s for s, v in warm.cache.items() if v["result"] == "miss"]
+    if settings.publish_compiled and missed and places:
+        covered = [*warm.cache, *(loaded.entry.sizes if loaded.entry is not None else [])]
+        try:
+            written = artifacts.save(places[-1], stamp, covered, limit)
+        except (FramefleetError, OSError) as e:  # a worker that cannot publish still serves
+            log.error("compile artifact of %s not published: %s", warm.tier, e)
+            return
+        if written is not None:
+            warm.artifact["published"] = places[-1].uri(written.file)
+
+
+def warm_decoder(models: ModelCache, entry: Resident, warm: WarmModel) -> None:
+    """(CUDA, decode graphs on) The model's own decoder compiled and captured at each warm-up
+    size's latent size, then one short decode through it: a first job at that size decodes
+    from the graph. Without it, that job decoded eagerly while the graph built beside it, and
+    paid cuDNN's algorithm search for each of its conv shapes (``cudnn.benchmark`` is on once
+    graphs exist): 14.5 s of decode against 1.3 s of denoise in the GPU soak."""
+    if models.device.type != "cuda" or models.graphs <= 0:
+        return
+    factor = int(getattr(entry.pipe, "vae_scale_factor_spatial", 8))
+    decoder = models.decoder(entry)
+    for height, width in dict.fromkeys((h, w) for h, w, _ in map(parse_size, warm.sizes)):
+        t = time.perf_counter()
+        decoder.warmup(height // factor, width // factor)
+        warm.decode[f"{height}x{width}"] = round(time.perf_counter() - t, 3)
+
+
+def parse_size(text: str) -> tuple[int, int, int]:
+    h, w, f = (int(v) for v in text.split("x"))
+    return h, w, f
+
+
+def artifact_places(folder: Path, settings: Settings) -> list[Any]:
+    """Where a worker looks for artifacts, in order: the model folder's ``compiled/``, then
+    ``FRAMEFLEET_COMPILE_ARTIFACTS`` (the last is where it publishes)."""
+    from worker.generate.model.artifacts import Place
+
+    places = [Place(str(folder / "compiled"))]
+    if settings.compile_artifacts:
+        places.append(Place(settings.compile_artifacts, settings))
+    return places
 
 
 def describe(done: list[WarmModel]) -> dict[str, Any]:
@@ -107,4 +191,7 @@ def describe(done: list[WarmModel]) -> dict[str, Any]:
     return {w.tier: {"load_s": w.load_s, "read_s": round(w.read_s, 3),
                      "cast_move_s": round(w.cast_move_s, 3),
                      "prepare_s": round(w.prepare_s, 3), "sizes": w.sizes,
+                     **({"cache": w.cache} if w.cache else {}),
+                     **({"artifact": w.artifact} if w.artifact else {}),
+                     **({"decode": w.decode} if w.decode else {}),
                      **({"error": w.error} if w.error else {})} for w in done}

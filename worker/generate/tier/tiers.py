@@ -75,13 +75,26 @@ def transformers_of(pipe: Any) -> list[Any]:
     return [m for m in (pipe.transformer, getattr(pipe, "transformer_2", None)) if m is not None]
 
 
+#: Inductor options the fp8 tier's blocks compile with: what torchao's
+#: ``recommended_inductor_config_setter`` sets, given to those compiles only (``fp8_config``).
+FP8_INDUCTOR = {"coordinate_descent_tuning": True,
+                "coordinate_descent_check_all_directions": True}
+
+
 def fp8_config() -> Any:
     """The fp8 tier's torchao config: per-row float8 activations and weights, the activation
-    scale floored at ``FP8_ACTIVATION_LB`` (see the module's docstring)."""
+    scale floored at ``FP8_ACTIVATION_LB`` (see the module's docstring).
+
+    ``set_inductor_config=False``: by default torchao's float8 transform sets inductor's
+    config process-wide (coordinate-descent tuning in every direction, and more). Every
+    later compile of the process then ran with it: the exact tier's blocks compiled 5-10x
+    slower and under other FX graph cache keys, so a worker that quantised an fp8 copy first
+    missed the exact tier's cache and artifacts (the GPU soak: 63-105 s a size against 7-12 s).
+    The fp8 blocks get those options in their own ``torch.compile`` (``FP8_INDUCTOR``)."""
     from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow
 
     return Float8DynamicActivationFloat8WeightConfig(
-        granularity=PerRow(), activation_value_lb=FP8_ACTIVATION_LB)
+        granularity=PerRow(), activation_value_lb=FP8_ACTIVATION_LB, set_inductor_config=False)
 
 
 def fp8_linear(module: torch.nn.Module, fqn: str = "") -> bool:
@@ -107,15 +120,18 @@ def quantise_fp8(transformer: Any) -> None:
     quantize_(transformer, fp8_config(), filter_fn=fp8_linear)
 
 
-def compile_blocks(transformer: Any, backend: Any = "inductor") -> int:
-    """Compile the ``forward`` of every repeated block (see the module's docstring); returns
-    how many. Raises ``ValueError`` when the model names no repeated blocks. ``backend``: a
-    test's capturing backend (the worker's is inductor)."""
+def compile_blocks(transformer: Any, options: dict[str, Any] | None = None,
+                   backend: Any = "inductor") -> int:
+    """Compile the ``forward`` of every repeated block (see the module's docstring), with
+    these inductor ``options`` (this compile's only, never the process's); returns how many.
+    Raises ``ValueError`` when the model names no repeated blocks. ``backend``: a test's
+    capturing backend (the worker's is inductor)."""
     names = set(getattr(transformer, "_repeated_blocks", None) or ())
     count = 0
     for module in transformer.modules():
         if type(module).__name__ in names:
             compiled = torch.compile(module.forward, fullgraph=True, dynamic=False,
+                                     options=dict(options) if options else None,
                                      backend=backend)
             module._framefleet_forwards = (module.forward, compiled)  # eager, compiled
             module.forward = compiled
@@ -144,7 +160,7 @@ def prepare(pipe: Any, tier: str, compile: bool) -> bool:
         if tier == "fp8":
             quantise_fp8(transformer)
         if compile:
-            compile_blocks(transformer)
+            compile_blocks(transformer, FP8_INDUCTOR if tier == "fp8" else None)
     return compile
 
 
