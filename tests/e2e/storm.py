@@ -69,8 +69,15 @@ class Plan:
         drawn = sorted((Fault(round(rng.uniform(3.0, window_s), 1), kind, rng.randrange(1000))
                         for kind, k in faults.items() for _ in range(k)),
                        key=lambda f: (f.at_s, f.kind))
-        cancels = {i: [j.job_id for j in rng.sample(jobs, CANCELS_PER_FAULT)]
-                   for i, f in enumerate(drawn) if f.kind == "cancel"}
+        # Cancel the jobs submitted in the 1.5 s after the fault, as soon as each is accepted
+        # (submissions are paced over the window): a tiny job is done a second later.
+        cancels = {}
+        for i, f in enumerate(drawn):
+            if f.kind == "cancel":
+                recent = [j for n, j in enumerate(jobs)
+                          if f.at_s <= submit_at(n, n_jobs, window_s) <= f.at_s + 1.5]
+                cancels[i] = [j.job_id for j in rng.sample(recent,
+                                                           min(CANCELS_PER_FAULT, len(recent)))]
         return cls(seed, jobs, drawn, cancels)
 
     def describe(self) -> str:
@@ -81,6 +88,12 @@ class Plan:
                   + (f"  jobs {', '.join(self.cancels[i])}" if i in self.cancels else "")
                   for i, f in enumerate(self.faults)]
         return "\n".join(lines)
+
+
+def submit_at(index: int, n_jobs: int, window_s: float) -> float:
+    """When job ``index`` is submitted, in seconds after the start: evenly over 90 % of the
+    fault window, so that faults land on jobs queued and running."""
+    return 0.9 * window_s * index / max(1, n_jobs)
 
 
 def latents(shape: int) -> np.ndarray:

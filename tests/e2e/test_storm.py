@@ -56,6 +56,7 @@ from tests.e2e.storm import (
     reference_hashes,
     results_md,
     seed_from_env,
+    submit_at,
     summary,
 )
 from tests.gateway import GatewayProcess, write_keys, write_models
@@ -252,7 +253,9 @@ class Storm:
             assert self.client is not None
             done = []
             for job_id in self.plan.cancels[index]:
-                key = self.keys_of.get(job_id)
+                until = time.monotonic() + 10
+                while (key := self.keys_of.get(job_id)) is None and time.monotonic() < until:
+                    time.sleep(0.01)  # cancelled as soon as it is accepted
                 if key is None:
                     continue
                 try:
@@ -288,7 +291,9 @@ def test_storm(storm: Storm, tmp_path: Path) -> None:
 
     def submit_all() -> None:
         try:
-            for job in plan.jobs:
+            for n, job in enumerate(plan.jobs):
+                time.sleep(max(0.0, t0 + submit_at(n, len(plan.jobs), WINDOW_S)
+                               - time.monotonic()))
                 storm.submit(job, deadline=t0 + WINDOW_S + 120)
         except BaseException as e:  # noqa: BLE001 - reported by the test
             errors.append(e)
