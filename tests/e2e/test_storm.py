@@ -406,5 +406,7 @@ def check_outcome(storm: Storm, metas: dict[str, dict[str, Any]],
 
 def report(storm: Storm, f: dict[str, Any]) -> None:
     print(summary(storm.plan, f), flush=True)
+    for problem in f["problems"]:
+        print(f"storm problem: {problem}", flush=True)
     if FULL:
         RESULTS.write_text(results_md(storm.plan, storm.log, f))
