@@ -156,8 +156,12 @@ class RedisFlags:
         return None if value is None else float(_text(value))
 
     def take_started(self, job_id: str) -> bool:
-        """Clear the job's "has run" mark; True for the one caller that found it."""
-        return bool(self.r.hdel(keys.runs(job_id), "started"))
+        """Clear the job's "has run" mark; True for the one caller that found it (who sends
+        the job again: its end is a new one, so the ledger's mark of the last end goes too)."""
+        taken = bool(self.r.hdel(keys.runs(job_id), "started"))
+        if taken:
+            self.r.hdel(keys.runs(job_id), keys.LEDGER_END_FIELD)
+        return taken
 
     def reset_runs(self, job_id: str) -> None:
         """Forget the job's run record (a resubmit after FAILURE starts with no losses, even

@@ -13,7 +13,8 @@ framefleet's own keys (``framefleet:`` prefix):
 - ``preempted:{node}``: a spot interruption notice for a worker node;
 - ``runs:{job}``: the run record, a hash: ``running`` (the holder of the run in progress),
   ``losses`` and ``lost_on`` (runs whose worker died), ``started`` (a worker received it),
-  ``sent_at`` (unix time the client last sent it);
+  ``sent_at`` (unix time the client last sent it), ``ledger_end`` (the end a run wrote to the
+  ledger, "digest status": a run of the same submission that ends so again writes none);
 - ``lease:{job}``: the one run allowed at a time (``SET NX PX``, renewed while it runs);
 - ``held:{job}:{token}``: a ``HeldRun``, GPU time of a run that ended without a result;
 - ``undecodable_total``: messages on the queue that no worker could decode;
@@ -51,6 +52,8 @@ UNDECODABLE = PREFIX + "undecodable_total"
 LAST_TAKEN = PREFIX + "last_taken"
 #: A list of job ends decided in a worker's main process, for a pool process to record.
 ENDS = PREFIX + "ends"
+#: The field of ``runs:{job}`` naming the end already in the ledger.
+LEDGER_END_FIELD = "ledger_end"
 #: Jobs sent and not yet received (job → unix time sent): what the reconciler watches.
 QUEUED = PREFIX + "queued"
 #: Jobs the reconciler sent again, all time (the fleet exporter serves it).

@@ -90,6 +90,19 @@ class Plan:
         return "\n".join(lines)
 
 
+#: A final state and the ledger's name for it.
+END = {"SUCCESS": "success", "FAILURE": "failure", "REVOKED": "cancelled"}
+
+
+def ledger_problems(records: list[Any], statuses: dict[str, str]) -> list[str]:
+    """Each final job has exactly one ledger record, with its end."""
+    per_job: dict[str, list[str]] = {}
+    for r in records:
+        per_job.setdefault(r.key, []).append(r.status)
+    return [f"{key}: {status}, ledger {per_job.get(key)}" for key, status in statuses.items()
+            if status in END and per_job.get(key) != [END[status]]]
+
+
 def submit_at(index: int, n_jobs: int, window_s: float) -> float:
     """When job ``index`` is submitted, in seconds after the start: evenly over 90 % of the
     fault window, so that faults land on jobs queued and running."""

@@ -16,9 +16,8 @@ per job; the workers' ``framefleet_jobs_total`` never counts more ends than ther
 of a process killed within a scrape period are missed: they die with it); no playlist of a
 final job left without ``#EXT-X-ENDLIST``; nothing written outside ``out/`` and ``ledger/``.
 
-``make chaos`` (FRAMEFLEET_CHAOS_FULL=1) runs 500 jobs and 16 faults and writes
-``bench/results/storm-cpu.md``; ``make test`` a smoke storm (30 jobs, 4 faults).
-"""
+``make chaos`` (FRAMEFLEET_CHAOS_FULL=1): 500 jobs, 16 faults, ``bench/results/storm-cpu.md``;
+``make test``: a smoke storm (30 jobs, 4 faults)."""
 
 from __future__ import annotations
 
@@ -45,6 +44,7 @@ from tests.e2e.api_fleet import post_json
 from tests.e2e.chaos_helpers import CHAOS_ENV, FULL, received_at
 from tests.e2e.hosts import Host
 from tests.e2e.storm import (
+    END,
     FULL_FAULTS,
     SHAPES,
     SMOKE_FAULTS,
@@ -53,6 +53,7 @@ from tests.e2e.storm import (
     Scraper,
     StormJob,
     latents,
+    ledger_problems,
     reference_hashes,
     results_md,
     seed_from_env,
@@ -93,16 +94,13 @@ class Storm:
         self.redis = RedisServer(require_binary("redis-server", REDIS_INSTALL), tmp / "redis",
                                  appendonly=True)
         self.s3 = S3Server(require_binary("weed", WEED_INSTALL), tmp / "s3")
-        self.bucket = "storm"
-        self.hosts: list[Host] = []
-        self.gateways: list[GatewayProcess] = []
+        self.bucket, self.hosts, self.gateways = "storm", list[Host](), list[GatewayProcess]()
         self.keys = write_keys(tmp / "keys.toml", {TENANT: {"rate_per_minute": 100_000}})
         self.client: Client | None = None
         self.submitted: dict[str, float] = {}  # job key → unix time accepted
         self.keys_of: dict[str, str] = {}  # job id → key
-        self.log: list[str] = []
+        self.log, self.metrics_ports = list[str](), list[int]()
         self.kills: list[tuple[float, list[str]]] = []  # (unix time, jobs running there)
-        self.metrics_ports: list[int] = []
 
     def env(self) -> dict[str, str]:
         s3 = self.s3
@@ -374,30 +372,19 @@ def check_outcome(storm: Storm, metas: dict[str, dict[str, Any]],
     records = [LedgerRecord.model_validate_json(
         s3.get_object(Bucket=storm.bucket, Key=o)["Body"].read())
         for o in objects if o.startswith("ledger/")]
-    per_job: dict[str, list[str]] = {}
-    for r in records:
-        per_job.setdefault(r.key, []).append(r.status)
-    end = {"SUCCESS": "success", "FAILURE": "failure", "REVOKED": "cancelled"}
-    for key, status in statuses.items():
-        if status in end and per_job.get(key) != [end[status]]:
-            problems.append(f"{key}: {status}, ledger {per_job.get(key)}")
+    problems += ledger_problems(records, statuses)
     # The workers' counts: never more ends than there were.
     counted = scraper.totals()
-    ends = {v: sum(1 for s in statuses.values() if end.get(s) == v) for v in end.values()}
+    ends = {v: sum(1 for s in statuses.values() if END.get(s) == v) for v in END.values()}
     for outcome, n in ends.items():
         if counted.get(outcome, 0.0) > n:
             problems.append(f"framefleet_jobs_total{{status={outcome}}} {counted[outcome]} > {n}")
-    if ends["failure"]:
-        failed = [k for k, s in statuses.items() if s == "FAILURE"]
-        problems.append(f"{len(failed)} jobs failed: " + ", ".join(
-            f"{k}: {str(metas[k].get('result') or {})[:120]}" for k in failed[:5]))
+    problems += [f"{k} failed: {str(metas[k].get('result') or {})[:200]}"
+                 for k, s in statuses.items() if s == "FAILURE"][:5]
     # Redelivery: from a kill to the next receipt of each job that ran there.
-    delays = []
-    for killed, running in storm.kills:
-        for key in running:
-            after = [t for t in received_at(storm.hosts, key) if t > killed]  # type: ignore[arg-type]
-            if after:
-                delays.append(after[0] - killed)
+    delays = [after[0] - killed for killed, running in storm.kills for key in running
+              if (after := [t for t in received_at(storm.hosts, key)  # type: ignore[arg-type]
+                            if t > killed])]
     return {"problems": problems, "ends": ends, "counted": counted, "records": len(records),
             "objects": len(objects), "open_playlists": open_playlists, "delays": delays,
             "resent": sum(h.log_text().count(" sent again by ") for h in storm.hosts),
