@@ -214,7 +214,7 @@ def results_md(plan: Plan, log: list[str], f: dict[str, Any]) -> str:
     delays = f["delays"]
     gateway = sum(j.via == "gateway" for j in plan.jobs)
     rows = "\n".join(f"| {fault.at_s:.1f} | {fault.kind} | {done} |"
-                     for fault, done in zip(plan.faults, log, strict=False))
+                     for fault, done in zip(plan.faults, log, strict=True))
     p50, p99 = percentile(delays, 0.5), percentile(delays, 0.99)
     problems = "\n".join("- " + p for p in f["problems"]) or "none"
     return f"""# Storm on CPU ({datetime.now(UTC):%Y-%m-%d %H:%M} UTC)
@@ -252,7 +252,9 @@ never exceeds them.
 
 ## Fault schedule (drawn from the seed)
 
-| t (s) | fault | what happened |
+A fault starts at its planned time or, if the one before still runs, when it ends.
+
+| planned t (s) | fault | what happened |
 |---|---|---|
 {rows}
 

@@ -75,14 +75,12 @@ from worker.generate.model.tiny import write_tiny
 pytestmark = [pytest.mark.chaos, pytest.mark.e2e, pytest.mark.timeout(900 if FULL else 240),
               pytest.mark.usefixtures("file_roots")]
 
-N_JOBS = 500 if FULL else 30
-FAULTS = FULL_FAULTS if FULL else SMOKE_FAULTS
+N_JOBS, FAULTS = (500, FULL_FAULTS) if FULL else (30, SMOKE_FAULTS)
 #: Faults land in this window after the first submit.
 WINDOW_S = 150.0 if FULL else 15.0
 #: Every job final within this long after the last fault.
 SETTLE_S = 420.0 if FULL else 150.0
-FINAL = {"SUCCESS", "FAILURE", "REVOKED"}
-TENANT = "acme"
+FINAL, TENANT = {"SUCCESS", "FAILURE", "REVOKED"}, "acme"
 RESULTS = REPO_ROOT / "bench" / "results" / "storm-cpu.md"
 
 
@@ -214,14 +212,14 @@ class Storm:
             host = self.hosts[fault.target % len(self.hosts)]
             try:  # launcher → Celery main processes → their pool processes
                 pools = [c for m in psutil.Process(host.pid).children() for c in m.children()]
-            except psutil.Error:
-                pools = []
-            if pools:
                 victim = pools[fault.target % len(pools)]
-                running = self.running_on(set(host.nodenames))
-                victim.send_signal(signal.SIGKILL)
-                self.kills.append((t, running))
-                self.log.append(f"kill-pool {host.host} pid {victim.pid}")
+            except (psutil.Error, ZeroDivisionError):
+                self.log.append(f"kill-pool {host.host}: no pool process (host starting)")
+                return
+            running = self.running_on(set(host.nodenames))
+            victim.send_signal(signal.SIGKILL)
+            self.kills.append((t, running))
+            self.log.append(f"kill-pool {host.host} pid {victim.pid}")
         elif fault.kind == "kill-host":
             host = self.hosts[fault.target % len(self.hosts)]
             running = self.running_on(set(host.nodenames))
@@ -301,8 +299,10 @@ def test_storm(storm: Storm, tmp_path: Path) -> None:
     # When the faults land at their times
     for index, fault in enumerate(plan.faults):
         time.sleep(max(0.0, t0 + fault.at_s - time.monotonic()))
+        started = time.monotonic() - t0
         storm.apply(index, fault)
-        print(f"t+{time.monotonic() - t0:6.1f} s  {storm.log[-1]}", flush=True)
+        storm.log[-1] = f"at {started:.1f} s: {storm.log[-1]}"
+        print(f"t+{started:6.1f} s  {storm.log[-1]}", flush=True)
     faults_done = time.monotonic()
     submitter.join(timeout=WINDOW_S + 180)
     assert not errors, errors
