@@ -20,6 +20,9 @@ from tests.services import (
     S3Server,
     SwitchingEndpoint,
     WorkerFactory,
+    free_port,
+    free_port_pair,
+    free_ports,
 )
 
 
@@ -153,3 +156,13 @@ def test_worker_starts_and_answers_ping(worker_factory: WorkerFactory, redis_url
     worker.stop()
     with pytest.raises(ProcessLookupError):
         os.killpg(pgid, 0)
+
+
+def test_no_port_is_handed_out_twice_in_a_process() -> None:
+    # A primary and its replica once got the same port, each asking on its own before either
+    # had bound it: the kernel may give a closed ephemeral port again at once.
+    singles = [free_port() for _ in range(300)]
+    batches = [p for _ in range(50) for p in free_ports(3)]
+    pair = free_port_pair(10000)
+    handed = [*singles, *batches, pair, pair + 10000]
+    assert len(set(handed)) == len(handed)

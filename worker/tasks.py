@@ -7,7 +7,7 @@
   with a critical log, and nothing is stored under the id: no sender can overwrite another
   job's result. Not even STARTED: Celery's ``track_started`` would store it before the
   check, so the task stores it itself once it holds the job's lease.
-- A duplicate delivery of a job that already succeeded is dropped.
+- A duplicate delivery of a job that already ended (succeeded, failed, cancelled) is dropped.
 - A job that another worker runs right now (its lease is held) waits in the queue: a requeue,
   counted apart from the retries of errors (``worker.concerns.retries``).
 - A job whose ``output.uri`` is outside ``FRAMEFLEET_OUTPUT_PREFIX`` (when set) fails at once.
@@ -273,4 +273,10 @@ def _claim(app: Celery, flags: Flags, spec: JobSpec) -> None:
             and manifest.get("spec_digest") == digest):
         # A duplicate delivery (kombu restores unacked messages after a lost connection).
         log.warning("job %s already succeeded: duplicate delivery dropped", key)
+        raise Ignore()
+    if meta.get("status") in (states.FAILURE, states.REVOKED):
+        # Ended without an output: a resubmit forgets that result before it sends (the
+        # client), so a message that finds it is a duplicate (a message the lost-message
+        # reconciler sent again while the first was hidden): it must not end the job twice.
+        log.warning("job %s already ended %s: duplicate delivery dropped", key, meta["status"])
         raise Ignore()

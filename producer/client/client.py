@@ -7,23 +7,22 @@ Imports no torch, av, boto3 or worker code; it only speaks the wire format of
 from __future__ import annotations
 
 import json
-import time
 import warnings
 from typing import Any
 
 from celery import Celery
 from celery.result import AsyncResult
 
-from producer.app import ENQUEUED_AT_HEADER, TASK_NAME, make_app, redis_priority
+from producer.app import make_app
 from producer.client.conflict import conflict
 from producer.client.connection import bound_client_app
 from producer.client.handle import JobHandle, _io, _unknown
 from producer.client.jobstate import FINISHED, JobState
+from producer.client.send import send_job
 from producer.errors import InvalidJobError
 from producer.settings import Settings, get_settings
 from producer.state.control import flags_for
 from producer.wire.rules import (
-    HARD_LIMIT_AFTER_S,
     LocalPathWarning,
     check_local_files,
     check_local_paths,
@@ -104,18 +103,7 @@ class Client:
             # worker returns the output still stored as ``reused``, or runs it if it is gone).
             flags.clear_cancel(key)
         try:
-            self.app.send_task(
-                TASK_NAME,
-                args=[payload],
-                task_id=key,
-                priority=redis_priority(spec.priority),
-                soft_time_limit=spec.time_limit_s,
-                time_limit=spec.time_limit_s + HARD_LIMIT_AFTER_S,
-                # Events and logs name the job, not its whole spec (and not its URIs).
-                argsrepr=f"[<JobSpec {key}>]",
-                kwargsrepr="{}",
-                headers={ENQUEUED_AT_HEADER: time.time()},  # queue wait and oldest age
-            )
+            send_job(self.app, spec, payload)
         except BaseException:
             # Nothing was queued: free the job_id, or a resubmission would wait forever.
             if existing is None:

@@ -10,6 +10,8 @@ backlog N times. Its series live in :data:`EXPORTER_REGISTRY`, apart from a work
   messages no worker could decode (not JSON, pickle). A worker's consumer counts them in the
   broker's Redis (:func:`count_undecodable`): it runs in the worker's main process, which
   serves no metrics, and such a job never reaches the task that would count it.
+- ``framefleet_jobs_resent_total``: jobs whose message was lost (a Redis failover) and that a
+  worker's lost-message reconciler sent again (``worker.lifecycle.reconcile``), counted in Redis.
 """
 
 from __future__ import annotations
@@ -72,6 +74,26 @@ class _Undecodable(Collector):
 
 UNDECODABLE = _Undecodable()
 EXPORTER_REGISTRY.register(UNDECODABLE)
+
+
+class _Resent(Collector):
+    """``framefleet_jobs_resent_total``, as last read from Redis."""
+
+    def __init__(self) -> None:
+        self.value: float | None = None
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "framefleet_jobs_resent",
+            "Jobs sent again because their message was lost (in no queue list, not unacked) "
+            "before any worker received them: a Redis failover.")
+        if self.value is not None:
+            family.add_metric([], self.value)
+        yield family
+
+
+RESENT = _Resent()
+EXPORTER_REGISTRY.register(RESENT)
 
 
 def count_undecodable(broker_url: str | None) -> None:
@@ -165,12 +187,13 @@ def export_once(
                 QUEUE_OLDEST_AGE.remove(queue)
         if cloudwatch is not None:
             cloudwatch_ops.put_queue_depth(cloudwatch, queue, depth)
-    try:
-        raw = client.get(keys.UNDECODABLE)
-        UNDECODABLE.value = float(raw) if raw is not None else 0.0
-    except (redis.RedisError, ValueError) as e:
-        log.warning("count of undecodable messages unavailable: %s", e)
-        UNDECODABLE.value = None
+    for collector, key in ((UNDECODABLE, keys.UNDECODABLE), (RESENT, keys.RESENT)):
+        try:
+            raw = client.get(key)
+            collector.value = float(raw) if raw is not None else 0.0
+        except (redis.RedisError, ValueError) as e:
+            log.warning("%s unavailable: %s", key, e)
+            collector.value = None
 
 
 def run_exporter(

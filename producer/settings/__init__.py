@@ -76,6 +76,11 @@ class Settings(BaseSettings, QueueSettings, WorkerSettings, GenerationSettings, 
                 "FRAMEFLEET_RECOVERY_GRACE_S must be at least 3 x FRAMEFLEET_RECOVERY_PERIOD_S, "
                 "or a live worker that misses one touch loses its jobs to another"
             )
+        if 0 < self.reconcile_after_s < 1:
+            raise ValueError(
+                "FRAMEFLEET_RECONCILE_AFTER_S must be 0 (off) or at least 1: a message is not "
+                "lost because no worker took it within a second"
+            )
         return self
 
     @model_validator(mode="after")

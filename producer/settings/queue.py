@@ -58,6 +58,14 @@ class QueueSettings(BaseModel):
         "expired, is requeued (default: one job lease, so a lost host's job runs again within "
         "about grace + period)",
     )
+    reconcile_after_s: float = Field(
+        default=30.0, ge=0, le=86_400,
+        description="lost-message reconciler: a job sent this many seconds ago, not yet "
+        "received by a worker, whose message is in no queue list and not unacked (lost in a "
+        "Redis failover), is sent again; 0: off. Runs in the host-loss sweep's rounds and "
+        "judges a message lost in two of them: a lost job is sent again about this + 2 x "
+        "FRAMEFLEET_RECOVERY_PERIOD_S after it was sent",
+    )
     max_worker_losses: int = Field(
         default=3, ge=1, le=100,
         description="times a job's worker may die under it (crash, OOM killer, lost host) "

@@ -154,21 +154,29 @@ class RedisFlags:
         """A worker received ``job_id``: from now on a PENDING state means its result expired."""
         key = keys.runs(job_id)
         pipe = self.r.pipeline().hset(key, "started", "1").expire(key, SPEC_TTL_S)
+        pipe.zrem(keys.QUEUED, job_id)  # received: no longer the reconciler's to watch
         if taken:
             pipe.set(keys.LAST_TAKEN, repr(time.time()))
         pipe.execute()
 
     def mark_sent(self, job_id: str) -> None:
-        key = keys.runs(job_id)
-        self.r.pipeline().hset(key, "sent_at", repr(time.time())).expire(key, SPEC_TTL_S).execute()
+        """The client sent ``job_id`` now: the status hints read the time, and the job is
+        watched by the lost-message reconciler until a worker receives it."""
+        key, now = keys.runs(job_id), time.time()
+        self.r.pipeline().hset(key, "sent_at", repr(now)).expire(key, SPEC_TTL_S).zadd(
+            keys.QUEUED, {job_id: now}).execute()
 
     def sent_at(self, job_id: str) -> float | None:
         value = self.r.hget(keys.runs(job_id), "sent_at")
         return None if value is None else float(_text(value))
 
     def take_started(self, job_id: str) -> bool:
-        """Clear the job's "has run" mark; True for the one caller that found it."""
-        return bool(self.r.hdel(keys.runs(job_id), "started"))
+        """Clear the job's "has run" mark; True for the one caller that found it (who sends
+        the job again: its end is a new one, so the ledger's mark of the last end goes too)."""
+        taken = bool(self.r.hdel(keys.runs(job_id), "started"))
+        if taken:
+            self.r.hdel(keys.runs(job_id), keys.LEDGER_END_FIELD)
+        return taken
 
     def reset_runs(self, job_id: str) -> None:
         """Forget the job's run record (a resubmit after FAILURE starts with no losses, even

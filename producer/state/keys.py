@@ -13,13 +13,18 @@ framefleet's own keys (``framefleet:`` prefix):
 - ``preempted:{node}``: a spot interruption notice for a worker node;
 - ``runs:{job}``: the run record, a hash: ``running`` (the holder of the run in progress),
   ``losses`` and ``lost_on`` (runs whose worker died), ``started`` (a worker received it),
-  ``sent_at`` (unix time the client last sent it);
+  ``sent_at`` (unix time the client last sent it), ``ledger_end`` (the end a run wrote to the
+  ledger, "digest status": a run of the same submission that ends so again writes none);
 - ``lease:{job}``: the one run allowed at a time (``SET NX PX``, renewed while it runs);
 - ``held:{job}:{token}``: a ``HeldRun``, GPU time of a run that ended without a result;
 - ``undecodable_total``: messages on the queue that no worker could decode;
 - ``last_taken``: unix time a worker last received a job (``status``/``wait`` hints);
 - ``ledger:runs:{job}``: ``HeldRun``s of the job's runs that sent it back (retry, requeue),
   kept until its end's ledger record carries them;
+- ``queued``: a sorted set, job → unix time it was last sent: sent, not yet received by a
+  worker (``worker.lifecycle.reconcile`` sends again one whose message was lost);
+- ``resent_total``: jobs the reconciler sent again;
+- ``reconcile:lock``: the one worker scanning the queue for lost messages right now;
 - ``ends``: job ends that a worker's main process decided (Celery's hard time limit), handed
   to a pool process, which counts them and writes their ledger records;
 - ``api:job:{job}``, ``api:jobs:{tenant}``, ``api:inflight:{tenant}``, ``api:streams:{tenant}``,
@@ -47,6 +52,14 @@ UNDECODABLE = PREFIX + "undecodable_total"
 LAST_TAKEN = PREFIX + "last_taken"
 #: A list of job ends decided in a worker's main process, for a pool process to record.
 ENDS = PREFIX + "ends"
+#: The field of ``runs:{job}`` naming the end already in the ledger.
+LEDGER_END_FIELD = "ledger_end"
+#: Jobs sent and not yet received (job → unix time sent): what the reconciler watches.
+QUEUED = PREFIX + "queued"
+#: Jobs the reconciler sent again, all time (the fleet exporter serves it).
+RESENT = PREFIX + "resent_total"
+#: The reconciler's lock: one worker at a time scans the queue (``SET NX PX``).
+RECONCILE_LOCK = PREFIX + "reconcile:lock"
 #: Celery's result key of a task id.
 RESULT_PREFIX = "celery-task-meta-"
 #: kombu's Redis transport: delivered, not yet acknowledged messages and their delivery times.
@@ -260,6 +273,38 @@ redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('RPUSH', KEYS[3], ARGV[4])
 return 'restored'
+"""
+
+# --- Lua: the lost-message reconciler (worker.lifecycle.reconcile) ---------------------------
+
+#: Decide, once, to send a job again whose message is nowhere. KEYS: 1 queued set, 2 runs,
+#: 3 claim, 4 result meta. ARGV: 1 job, 2 its sent time as read, 3 now. Returns 'resend' (the
+#: sent time is now ARGV[3]: no other reconciler sends it too), 'moved' (sent again meanwhile,
+#: or gone from the set), or why it left the set: 'received', 'unclaimed', 'final'.
+RESEND = """
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not score or tonumber(score) ~= tonumber(ARGV[2]) then return 'moved' end
+local verdict = nil
+if redis.call('HEXISTS', KEYS[2], 'started') == 1 then
+  verdict = 'received'
+elseif redis.call('EXISTS', KEYS[3]) == 0 then
+  verdict = 'unclaimed'
+else
+  local meta = redis.call('GET', KEYS[4])
+  if meta then
+    local ok, m = pcall(cjson.decode, meta)
+    if ok and type(m) == 'table' and (m.status == 'SUCCESS' or m.status == 'FAILURE'
+        or m.status == 'REVOKED') then
+      verdict = 'final'
+    end
+  end
+end
+if verdict then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  return verdict
+end
+redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
+return 'resend'
 """
 
 # --- Lua: the HTTP gateway (producer.api) ----------------------------------------------------

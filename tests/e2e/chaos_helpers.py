@@ -29,6 +29,9 @@ T = TypeVar("T")
 
 #: ``make chaos`` sets it: full counts instead of the reduced ones ``make test`` runs.
 FULL = os.environ.get("FRAMEFLEET_CHAOS_FULL", "").lower() in {"1", "true", "yes"}
+#: Runs in a row of each case that loops (``make chaos``: 20, or FRAMEFLEET_CHAOS_RUNS; else 1):
+#: a loss one run in ten is a loss, and one run does not show it.
+RUNS = int(os.environ.get("FRAMEFLEET_CHAOS_RUNS") or (20 if FULL else 1))
 
 #: The smallest delivery settings ``producer/settings`` allows: a job may run 60 s, and a
 #: message a dead worker held is visible again 61 s after it was delivered.

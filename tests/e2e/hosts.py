@@ -25,17 +25,20 @@ _SHIM = ("import socket, sys; name = sys.argv.pop(1); socket.gethostname = lambd
 
 
 class Host(_Process):
-    """One launcher of one CPU worker; ``nodename`` is ``cpu0@<name>``; the log holds both."""
+    """One launcher of ``cpus`` CPU workers (``cpu0@<name>``, ``cpu1@<name>``…);
+    ``nodename`` is the first's; the log holds them all."""
 
-    def __init__(self, name: str, logdir: Path, env: Mapping[str, str]) -> None:
+    def __init__(self, name: str, logdir: Path, env: Mapping[str, str], cpus: int = 1) -> None:
         super().__init__(f"host {name}", logdir / f"{name}.log")
         self.host = name
         self.nodename = f"cpu0@{name}"
+        self.nodenames = [f"cpu{j}@{name}" for j in range(cpus)]
         self.env = dict(env)
+        self.cpus = cpus
 
     def start(self) -> None:
         env = {**self.env, "PYTHONUNBUFFERED": "1"}
-        self._spawn([sys.executable, "-c", _SHIM, self.host, "--cpu", "1"], env,
+        self._spawn([sys.executable, "-c", _SHIM, self.host, "--cpu", str(self.cpus)], env,
                     REPO_ROOT)
 
     def main_process(self) -> psutil.Process:
@@ -45,6 +48,7 @@ class Host(_Process):
         return main
 
     def wait_ready(self, timeout: float = 90.0) -> float:
-        pattern = rf"(?m)\b{re.escape(self.nodename)} ready\.$"
-        return self._wait_until(lambda: re.search(pattern, self.log_text()) is not None,
-                                timeout, "'ready.' line", 0.1)
+        patterns = [rf"(?m)\b{re.escape(n)} ready\.$" for n in self.nodenames]
+        return self._wait_until(
+            lambda: all(re.search(p, self.log_text()) is not None for p in patterns),
+            timeout, "'ready.' line", 0.1)

@@ -15,6 +15,10 @@ job submitted after the kill is received by a worker), counts the jobs lost (goa
 asserts every job ends in SUCCESS from exactly one successful execution, which the client's
 ``wait`` (as ``framefleet wait`` runs it) sees through the failover.
 
+Lost messages come back through the lost-message reconciler (``worker.lifecycle.reconcile``),
+here after 5 s instead of 30. Each case runs ``RUNS`` times in a row (``make chaos``: 20; set
+FRAMEFLEET_CHAOS_RUNS to change it).
+
 It runs under ``make chaos`` (FRAMEFLEET_CHAOS_FULL=1) only.
 """
 
@@ -36,6 +40,7 @@ from tests.e2e.chaos_helpers import (
     CHAOS_ENV,
     FULL,
     LONG_JOB,
+    RUNS,
     SMALL_JOB,
     Jobs,
     assert_exactly_once,
@@ -85,7 +90,8 @@ def group(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Group]:
 
 def fleet_env(group: Group) -> dict[str, str]:
     return {**CHAOS_ENV, "FRAMEFLEET_BROKER_URL": group.url(),
-            "FRAMEFLEET_RESULT_BACKEND": group.url(), **group.env()}
+            "FRAMEFLEET_RESULT_BACKEND": group.url(), "FRAMEFLEET_RECONCILE_AFTER_S": "5",
+            **group.env()}
 
 
 def fleet_client(group: Group) -> Client:
@@ -155,6 +161,11 @@ def sweep_requeues(workers: list[WorkerProcess]) -> int:
     return sum(w.log_text().count(" requeued by ") for w in workers)
 
 
+def resent(workers: list[WorkerProcess]) -> int:
+    """Jobs the lost-message reconciler sent again (their message was lost in the failover)."""
+    return sum(w.log_text().count(" sent again by ") for w in workers)
+
+
 def lost_jobs(jobs: Jobs, workers: list[WorkerProcess], timeout: float) -> list[str]:
     """The jobs that did not reach SUCCESS within ``timeout`` s (a lost message, claim or
     result), each printed with its state and how often a worker received it."""
@@ -172,8 +183,9 @@ def lost_jobs(jobs: Jobs, workers: list[WorkerProcess], timeout: float) -> list[
 
 
 @pytest.mark.timeout(300 if FULL else 150)
+@pytest.mark.parametrize("run", range(RUNS))
 def test_primary_killed_mid_job(
-    group: Group, worker_factory: Any, s3: Any, s3_bucket: str, tmp_path: Path
+    run: int, group: Group, worker_factory: Any, s3: Any, s3_bucket: str, tmp_path: Path
 ) -> None:
     # Given two workers on the Redis primary, one of them in the middle of a long job
     # that `framefleet wait` follows
@@ -205,8 +217,9 @@ def test_primary_killed_mid_job(
 
 
 @pytest.mark.timeout(300 if FULL else 150)
+@pytest.mark.parametrize("run", range(RUNS))
 def test_primary_killed_with_jobs_queued(
-    group: Group, worker_factory: Any, s3: Any, s3_bucket: str, tmp_path: Path
+    run: int, group: Group, worker_factory: Any, s3: Any, s3_bucket: str, tmp_path: Path
 ) -> None:
     # Given a queue of small jobs, and two workers taking them one by one
     n = count(8, 20)
@@ -228,7 +241,8 @@ def test_primary_killed_with_jobs_queued(
     done = time.time() - killed
     print(f"failover with {n} queued: promoted after {promoted:.1f} s, consuming again after "
           f"{again:.1f} s, all done {done:.1f} s after the kill, jobs lost: {len(lost)} "
-          f"{lost}, requeued by the sweep: {sweep_requeues(workers)}")
+          f"{lost}, requeued by the sweep: {sweep_requeues(workers)}, sent again by the "
+          f"reconciler: {resent(workers)}")
     assert not lost
     results = jobs.wait_all(timeout=30)
     assert waiter.outcome() == "SUCCESS"

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -24,24 +25,42 @@ class ServiceError(RuntimeError):
     """A throwaway server did not start, or died, within its time limit."""
 
 
+#: Every port this process has handed out: never handed out again. The kernel picks an
+#: ephemeral port that is free *now*; two servers that each asked for one before either bound
+#: it could be given the same port (a replica once got its primary's: "bind: Address already in
+#: use"). Guarded by a lock: fixtures may start servers from threads.
+_HANDED_OUT: set[int] = set()
+_HANDED_OUT_LOCK = threading.Lock()
+
+
 def free_port() -> int:
-    """A TCP port that is free on 127.0.0.1 right now (the kernel picks it)."""
+    """A TCP port that is free on 127.0.0.1 right now (the kernel picks it), and that no
+    other call in this process has returned."""
     return free_ports(1)[0]
 
 
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct free loopback ports.
+    """``count`` distinct free loopback ports, none handed out before by this process.
 
     All sockets stay open until every port is picked, so the kernel cannot hand out the same
-    port twice. Another process may still take one before the server binds it; the servers'
-    readiness checks then time out with a clear error rather than talk to a stranger.
+    port twice in one call, and the process-wide record keeps later calls off these ports
+    (servers started one after the other, each asking for its own port, cannot collide).
+    Another process may still take one before the server binds it; the servers' readiness
+    checks then time out with a clear error rather than talk to a stranger.
     """
-    with contextlib.ExitStack() as stack:
-        ports = []
-        for _ in range(count):
+    with _HANDED_OUT_LOCK, contextlib.ExitStack() as stack:
+        ports: list[int] = []
+        for _ in range(count * 50):
+            if len(ports) == count:
+                break
             sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
             sock.bind(("127.0.0.1", 0))
-            ports.append(int(sock.getsockname()[1]))
+            port = int(sock.getsockname()[1])
+            if port not in _HANDED_OUT:  # the socket stays open: the kernel picks another
+                ports.append(port)
+        if len(ports) < count:
+            raise ServiceError(f"no {count} fresh loopback ports")
+        _HANDED_OUT.update(ports)
         return ports
 
 
@@ -49,13 +68,18 @@ def free_port_pair(offset: int, avoid: Sequence[int] = ()) -> int:
     """A free loopback port ``p`` such that ``p + offset`` is free too (neither in ``avoid``)."""
     for _ in range(200):
         port = free_port()
-        if port in avoid or port + offset in avoid or port + offset > 65535:
+        pair = port + offset
+        if port in avoid or pair in avoid or pair > 65535:
             continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind(("127.0.0.1", port + offset))
-            except OSError:
+        with _HANDED_OUT_LOCK:
+            if pair in _HANDED_OUT:
                 continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind(("127.0.0.1", pair))
+                except OSError:
+                    continue
+            _HANDED_OUT.add(pair)
         return port
     raise ServiceError(f"no free loopback port pair {offset} apart")
 

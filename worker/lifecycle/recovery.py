@@ -247,9 +247,11 @@ class RecoveryThread(threading.Thread):
 
     def __init__(self, sweeper: Sweeper, period_s: float,
                  held: Callable[[], list[str]] = held_tags,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 reconcile: Callable[[], object] | None = None) -> None:
         super().__init__(name="framefleet-recovery", daemon=True)
         self.sweeper, self.period_s, self.held = sweeper, period_s, held
+        self.reconcile = reconcile  # lost messages (worker.lifecycle.reconcile), each round
         self.clock = clock
         self.late_s = sweeper.grace_s / 2
         self.stop_event = threading.Event()
@@ -260,6 +262,11 @@ class RecoveryThread(threading.Thread):
     def run(self) -> None:
         while not self.stop_event.is_set():
             self.round()
+            if self.reconcile is not None:
+                try:
+                    self.reconcile()
+                except Exception as e:  # noqa: BLE001 - judged again next round
+                    log.warning("lost-message reconciler: %s", e)
             self.stop_event.wait(self.period_s)
 
     def round(self) -> None:
@@ -344,10 +351,18 @@ def start(app: Any, node: str, settings: Settings | None = None) -> RecoveryThre
         return None
     if sweeper is None:
         return None
-    _thread = RecoveryThread(sweeper, s.recovery_period_s)
+    reconcile = None
+    if s.reconcile_after_s:
+        from worker.lifecycle.reconcile import Reconciler, app_sender
+
+        reconcile = Reconciler(sweeper.r, sweeper.backend, s.reconcile_after_s, node,
+                               app_sender(app), sweeper.meta_key,
+                               unacked_key=sweeper.unacked).round
+    _thread = RecoveryThread(sweeper, s.recovery_period_s, reconcile=reconcile)
     _thread.start()
-    log.info("host-loss sweep every %.0f s (grace %.0f s) on %s", s.recovery_period_s,
-             s.recovery_grace_s, node)
+    log.info("host-loss sweep every %.0f s (grace %.0f s) on %s; lost messages sent again "
+             "after %s", s.recovery_period_s, s.recovery_grace_s, node,
+             f"{s.reconcile_after_s:.0f} s" if s.reconcile_after_s else "never (off)")
     return _thread
 
 

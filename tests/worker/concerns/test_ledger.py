@@ -19,7 +19,7 @@ from producer.state import keys
 from producer.state.ledger import LEDGER_LINK, LedgerReader
 from producer.wire.spec import JobResult, NotifySpec
 from tests.services import free_ports
-from tests.worker.concerns.scripted import Scripted, job_spec, real_run
+from tests.worker.concerns.scripted import Scripted, job_spec, real_run, real_work
 from worker.run import DecoderCache, Run
 
 
@@ -117,3 +117,21 @@ def test_webhooks_on_a_worker_without_a_secret_fail_at_once_naming_notify(
     again = job_spec(tmp_path, tenant).model_copy(update={"notify": spec.notify})
     assert Scripted(app, again, signed, lambda run, attempt: real(run)).apply(
         again.key).state == "SUCCESS"
+
+
+def test_a_run_killed_after_its_record_leaves_one_record(
+    app: Celery, tmp_path: Path, tenant: str, redis_url: str
+) -> None:
+    # Given a job whose run wrote its success to the ledger and died before its result was
+    # stored (SIGKILL in between: the storm found it), so that its message comes again
+    spec = job_spec(tmp_path, tenant)
+    work = real_work(DecoderCache(torch.device("cpu")))
+    scripted = Scripted(app, spec, _settings(tmp_path), work)
+    assert scripted.apply(spec.key).state == "SUCCESS"
+    r = redis.Redis.from_url(redis_url)
+    r.delete(keys.result(spec.key))  # the result that never reached Redis
+    # When the message runs again and succeeds
+    assert scripted.apply(spec.key).state == "SUCCESS"
+    # Then the ledger still holds one record of the job's one end
+    (record,) = LedgerReader((tmp_path / "ledger").as_uri(), Settings()).records()
+    assert (record.key, record.status) == (spec.key, "success")

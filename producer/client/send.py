@@ -1,0 +1,30 @@
+"""The one way a job's message is put on the queue: the client's submit and the worker's
+lost-message reconciler (``worker.lifecycle.reconcile``) send the same message."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from celery import Celery
+
+from producer.app import ENQUEUED_AT_HEADER, TASK_NAME, redis_priority
+from producer.wire.rules import HARD_LIMIT_AFTER_S
+from producer.wire.spec import JobSpec
+
+
+def send_job(app: Celery, spec: JobSpec, payload: dict[str, Any]) -> None:
+    """Send ``spec`` (``payload``: its JSON form) as the task of id ``spec.key``, with its
+    priority and time limits."""
+    app.send_task(
+        TASK_NAME,
+        args=[payload],
+        task_id=spec.key,
+        priority=redis_priority(spec.priority),
+        soft_time_limit=spec.time_limit_s,
+        time_limit=spec.time_limit_s + HARD_LIMIT_AFTER_S,
+        # Events and logs name the job, not its whole spec (and not its URIs).
+        argsrepr=f"[<JobSpec {spec.key}>]",
+        kwargsrepr="{}",
+        headers={ENQUEUED_AT_HEADER: time.time()},  # queue wait and oldest age
+    )
