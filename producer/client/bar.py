@@ -8,7 +8,9 @@ from producer.wire.spec import Progress
 
 class Bar:
     """A rich progress bar fed from the job's states: queued, started, retrying (and why),
-    then denoise steps, frames, and the last uploads."""
+    then denoise steps, frames, and the last uploads. A generate job's first preview is
+    printed above the bar, once, with where the newest one always is: a bar redrawn in place
+    (or not drawn at all, without a terminal) would leave no URI to open."""
 
     def __init__(self, job_id: str) -> None:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -20,6 +22,7 @@ class Bar:
             TimeElapsedColumn(),
         )
         self.task = self.progress.add_task(job_id, total=None, what="submitted", unit="")
+        self.previewed = False
         self.progress.start()
 
     def say(self, line: str) -> None:
@@ -35,6 +38,10 @@ class Bar:
 
     def update(self, p: Progress) -> None:
         where = f" on {p.worker}" if p.worker else ""
+        if p.preview is not None and not self.previewed:
+            self.previewed = True
+            self.say(f"preview after step {p.preview.step}/{p.preview.steps_total}: "
+                     f"{p.preview.uri} (the newest: {p.preview.latest_uri})")
         if p.stage == "denoise":  # generate jobs: denoise 12/50, then frames
             self.progress.update(self.task, completed=p.steps_done, total=p.steps_total,
                                  what=p.describe() + where, unit="denoise steps")
