@@ -99,11 +99,15 @@ def run_as_written(tmp_path: Path, *parts: str) -> tuple[str, Path]:
     proc = subprocess.Popen([*prefix, "bash", "-c", script], env=env, cwd=home, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
+    out = ""
     try:
         out, _ = proc.communicate(timeout=780)
     finally:
         _stop_group(proc)
-        _remove_weed_sockets(started)
+        # The S3 ports the quickstart chose (free ones: "S3 on 127.0.0.1:PORT (gRPC PORT)")
+        chosen = re.search(r"(?m)^S3 on 127\.0\.0\.1:(\d+) \(gRPC (\d+)\)$", out)
+        _remove_weed_sockets(started, (f"s3-{chosen[1]}", f"s3-grpc-{chosen[2]}")
+                             if chosen else ())
     logs = "".join(f"\n--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
                    for p in sorted(folder.glob("*.log")))
     assert proc.returncode == 0, out + logs
@@ -119,6 +123,8 @@ def check_quickstart(out: str) -> None:
     """The quickstart's job ran to its end, was reported, recorded and checked, as the README
     says."""
     assert re.search(r"(?m)^Redis on 127\.0\.0\.1:\d+$", out), out
+    s3 = re.search(r"(?m)^S3 on 127\.0\.0\.1:(\d+) \(gRPC \d+\)$", out)
+    assert s3 and s3[1] != "8333", out  # a free port, not weed's default
     assert "SUCCESS clip-1: 49 frames, 2 segments, 416x240" in out, out
     assert "manifest: s3://videos/out/default/clip-1/manifest.json" in out
     assert re.search(r"(?m)^cost: \$\d+\.\d{6} total: GPU \$", out), out
@@ -233,12 +239,14 @@ def _stop_group(proc: subprocess.Popen[str]) -> None:
     proc.wait(timeout=10)
 
 
-def _remove_weed_sockets(since: float) -> None:
+def _remove_weed_sockets(since: float, chosen: tuple[str, ...] = ()) -> None:
+    names = [f"seaweedfs-{c}.sock" for c in chosen]
     for role, port in WEED_PORTS.items():
-        for name in (f"seaweedfs-{role}-{port}.sock", f"seaweedfs-{role}-grpc-{port + 10000}.sock"):
-            path = Path("/tmp") / name
-            try:
-                if path.stat().st_mtime >= since:
-                    path.unlink()
-            except FileNotFoundError:
-                pass
+        names += [f"seaweedfs-{role}-{port}.sock", f"seaweedfs-{role}-grpc-{port + 10000}.sock"]
+    for name in names:
+        path = Path("/tmp") / name
+        try:
+            if path.stat().st_mtime >= since:
+                path.unlink()
+        except FileNotFoundError:
+            pass

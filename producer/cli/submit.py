@@ -16,9 +16,10 @@ from producer.cli.common import (
     _errors,
     _uri,
     _wait,
+    broker_name,
     print_result,
 )
-from producer.cli.output import console, fail
+from producer.cli.output import console, fail, note
 from producer.wire.spec import parse_spec
 
 
@@ -162,5 +163,7 @@ def submit(
         handle = _client().submit(job)
     # After the block: its warnings (a local path only the workers can judge) come first.
     console.print(job.key, markup=False)  # what status, wait and cancel take
+    # stderr: stdout stays the key alone, for JOB=$(framefleet submit …)
+    note(f"queued on the broker at {broker_name(handle)} (FRAMEFLEET_BROKER_URL)", "note")
     if wait:
         print_result(_wait(handle, timeout, progress=True))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from producer.client.jobstate import JobState
-from producer.wire.spec import Progress
+from producer.wire.spec import PREVIEW_LATEST, JobResult, Progress
 
 
 class Bar:
@@ -35,6 +35,19 @@ class Bar:
             self.update(js.progress)
         else:
             self.progress.update(self.task, what=js.describe())
+
+    def finished(self, result: JobResult) -> None:
+        """The job's end: a generate job that stored previews the bar never saw (it ended
+        between two looks) still names where the newest one is."""
+        m = result.manifest
+        if m.generate is not None and m.generate.previews and not self.previewed:
+            self.previewed = True
+            folder = result.manifest_uri.rsplit("/", 1)[0]
+            self.say(f"previews: {m.generate.previews}, the newest at "
+                     f"{folder}/{PREVIEW_LATEST}")
+        self.update(Progress(frames_done=m.frames, frames_total=m.frames,
+                             segments_done=len(m.segments), stage="upload",
+                             worker=result.worker.node))
 
     def update(self, p: Progress) -> None:
         where = f" on {p.worker}" if p.worker else ""
