@@ -58,8 +58,9 @@ def test_bench_generate_tiny_with_previews(tmp_path: Path) -> None:
     assert [r["model"] for r in doc["rows"]] == list(sizes)
     for row in doc["rows"]:
         p = row["previews"]
-        # the same job with a preview every 2 of its 4 steps: two previews, the same latents
-        assert p["every"] == 2 and p["count"] == 2 and p["latents_identical"] is True
+        # the same job with a preview every 2 of its 4 steps: after steps 1, 2 and 4, the same
+        # latents
+        assert p["every"] == 2 and p["count"] == 3 and p["latents_identical"] is True
         assert p["denoise_s_off"] == row["framefleet"]["denoise_s"] and p["denoise_s_on"] > 0
         assert p["overhead_pct"] == (p["denoise_s_on"] - p["denoise_s_off"]) / p[
             "denoise_s_off"] * 100
