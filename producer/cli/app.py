@@ -87,6 +87,8 @@ def status(job_id: JobIdArg, tenant: TenantOpt = None) -> None:
         detail = js.detail()
         line = f"{job_id}: {js.state}" + (f" ({detail})" if detail else "") + f", broker {broker}"
     console.print(line, markup=False, highlight=False)
+    if js.progress is not None and js.progress.warning:
+        note(js.progress.warning)
     if idle is not None:
         note(idle.text(), "hint")
     if js.state == "UNKNOWN":

@@ -22,7 +22,7 @@ class Bar:
             TimeElapsedColumn(),
         )
         self.task = self.progress.add_task(job_id, total=None, what="submitted", unit="")
-        self.previewed = False
+        self.previewed = self.warned = False
         self.progress.start()
 
     def say(self, line: str) -> None:
@@ -51,6 +51,9 @@ class Bar:
 
     def update(self, p: Progress) -> None:
         where = f" on {p.worker}" if p.worker else ""
+        if p.warning is not None and not self.warned:
+            self.warned = True
+            self.say(f"warning: {p.warning}")
         if p.preview is not None and not self.previewed:
             self.previewed = True
             self.say(f"preview after step {p.preview.step}/{p.preview.steps_total}: "
