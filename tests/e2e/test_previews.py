@@ -104,7 +104,7 @@ def test_previews_in_order_to_the_receivers_that_ask(
         shown = [e["data"]["preview"] for e in events[:-1]]
         steps = [p["step"] for p in shown]
         assert published >= 2 and steps == sorted(set(steps)), steps
-        assert all(step % 10 == 0 and 10 <= step <= 100 for step in steps), steps
+        assert all(step == 1 or step % 10 == 0 and 10 <= step <= 100 for step in steps), steps
         # each stored under the job's output, decoding at the size and frame count it states
         prefix = f"s3://{s3_bucket}/out/e2e/asked/previews/"
         assert _keys(s3, s3_bucket, "asked") == ["latest.mp4", *(
@@ -129,11 +129,14 @@ def test_previews_in_order_to_the_receivers_that_ask(
         client.submit(silent).wait(timeout=120)
         rx.wait(published + 2, timeout=30)
         assert [e["event"] for e in _events(rx, "/hook/silent")] == ["succeeded"]
-        assert _keys(s3, s3_bucket, "silent") == ["latest.mp4", "step-0005.mp4", "step-0010.mp4"]
+        assert _keys(s3, s3_bucket, "silent") == ["latest.mp4", "step-0001.mp4", "step-0005.mp4",
+                                                  "step-0010.mp4"]
 
-    # A job that does not say gets the worker's default (every 3); every 0 writes none
+    # A job that does not say gets the worker's default (every 3: after steps 1, 3 and 6);
+    # every 0 writes none
     client.submit(_spec("default", s3_bucket, model, num_inference_steps=6)).wait(timeout=120)
-    assert _keys(s3, s3_bucket, "default") == ["latest.mp4", "step-0003.mp4", "step-0006.mp4"]
+    assert _keys(s3, s3_bucket, "default") == ["latest.mp4", "step-0001.mp4", "step-0003.mp4",
+                                               "step-0006.mp4"]
     off = client.submit(_spec("off", s3_bucket, model, num_inference_steps=6,
                               preview={"every": 0})).wait(timeout=120)
     assert _keys(s3, s3_bucket, "off") == []
