@@ -53,7 +53,8 @@ def test_sse_carries_previews_before_the_first_segment(api_fleet: ApiFleet) -> N
     # Then preview events came, in step order, all before the first segment
     previews = [d for k, d in got if k == "preview"]
     steps = [p["step"] for p in previews]
-    assert steps and steps == sorted(set(steps)) and all(s == 1 or s % 40 == 0 for s in steps), steps
+    assert steps and steps == sorted(set(steps)), steps
+    assert all(s == 1 or s % 40 == 0 for s in steps), steps
     assert max(i for i, k in enumerate(kinds) if k == "preview") < kinds.index("segment")
     # and each URL serves a clip of the size and frame count the event states
     for p in previews:
@@ -107,7 +108,8 @@ def test_the_page_shows_the_preview_until_the_first_segment(
         assert shown["f"]["live"] is False and shown["video"] is True, shown
         assert (shown["w"], shown["h"]) == (24, 16)
         step = shown["f"]["preview"]["step"]
-        assert (step == 1 or step % 20 == 0) and shown["note"] == f"preview: denoise step {step}/400"
+        assert step == 1 or step % 20 == 0, step
+        assert shown["note"] == f"preview: denoise step {step}/400"
         names = [e["name"] for e in shown["f"]["events"]]
         assert "preview" in names and "hlsFragBuffered" not in names, names
         assert job["state"] != "SUCCESS", job

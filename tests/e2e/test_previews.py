@@ -104,7 +104,8 @@ def test_previews_in_order_to_the_receivers_that_ask(
         shown = [e["data"]["preview"] for e in events[:-1]]
         steps = [p["step"] for p in shown]
         assert published >= 2 and steps == sorted(set(steps)), steps
-        assert all(step == 1 or step % 10 == 0 and 10 <= step <= 100 for step in steps), steps
+        assert all(step == 1 or (step % 10 == 0 and 10 <= step <= 100)
+                   for step in steps), steps
         # each stored under the job's output, decoding at the size and frame count it states
         prefix = f"s3://{s3_bucket}/out/e2e/asked/previews/"
         assert _keys(s3, s3_bucket, "asked") == ["latest.mp4", *(
