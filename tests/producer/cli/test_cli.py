@@ -262,3 +262,25 @@ def test_ctrl_c_ends_a_command_whose_main_thread_never_sees_it() -> None:
     assert proc.returncode == EXIT_INTERRUPTED
     assert err == "error: interrupted: the job goes on\n"
     assert CTRL_C_GRACE_S <= time.monotonic() - t0 < CTRL_C_GRACE_S + 20
+
+
+@pytest.mark.parametrize(("given", "every"), [("3", 3), ("off", 0), (None, None)])
+def test_submit_preview_option(env: str, given: str | None, every: int | None) -> None:
+    args = ["submit", "--prompt", "a fox", "--model", "/models/tiny", "--size", "64x64",
+            "--frames", "9", "--steps", "4", "--output", "/o", "--job-id", "pv-cli"]
+    result = runner.invoke(cli, args + (["--preview", given] if given else []))
+    assert result.exit_code == 0, result.output
+    preview = _queued_spec(env)["generate"].get("preview")
+    # left out: the worker's default (every 2), and the spec's digest as it always was
+    assert (preview["every"] if preview else None) == every
+
+
+def test_submit_preview_option_refused_naming_it(env: str) -> None:
+    args = ["submit", "--prompt", "a fox", "--model", "/models/tiny", "--output", "/o"]
+    for bad in ("x", "-1"):
+        result = runner.invoke(cli, [*args, "--preview", bad])
+        assert result.exit_code == 1 and "--preview: expected a number of steps" in \
+            _one_error_line(result.output), result.output
+    result = runner.invoke(cli, [*args, "--steps", "4", "--preview", "5"])
+    assert result.exit_code == 1 and "preview.every: 5 is more than num_inference_steps 4" in \
+        _one_error_line(result.output), result.output
