@@ -6,6 +6,11 @@
 
 ``--weights`` is the Wan VAE's diffusers-layout folder on the workers (see the README), or
 ``random`` for seeded random weights, which decode to noise.
+
+The Wan VAE decode takes seconds on a GPU worker and many minutes on a CPU one (81 frames at
+480x832 ran 765 s): a CPU worker says so before it starts (``warning: this CPU worker
+estimates …`` above the bar, and in its log). To try the example on a CPU, give it small
+latents, such as the quickstart's (16 x 13 x 30 x 52: 49 frames of 240x416).
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ def run_as_written(tmp_path: Path, *parts: str) -> tuple[str, Path]:
     prefix = own_network()
     home = tmp_path / "home"
     folder = home / "framefleet-quickstart"
-    write_photo(folder)
+    folder.mkdir(parents=True)  # no photo.png: the first minute's line makes it
     venv_bin = str(Path(sys.executable).parent)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("FRAMEFLEET_", "AWS_", "VIRTUAL_ENV", "PYTHON"))}
@@ -99,11 +99,15 @@ def run_as_written(tmp_path: Path, *parts: str) -> tuple[str, Path]:
     proc = subprocess.Popen([*prefix, "bash", "-c", script], env=env, cwd=home, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
+    out = ""
     try:
         out, _ = proc.communicate(timeout=780)
     finally:
         _stop_group(proc)
-        _remove_weed_sockets(started)
+        # The S3 ports the quickstart chose (free ones: "S3 on 127.0.0.1:PORT (gRPC PORT)")
+        chosen = re.search(r"(?m)^S3 on 127\.0\.0\.1:(\d+) \(gRPC (\d+)\)$", out)
+        _remove_weed_sockets(started, (f"s3-{chosen[1]}", f"s3-grpc-{chosen[2]}")
+                             if chosen else ())
     logs = "".join(f"\n--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
                    for p in sorted(folder.glob("*.log")))
     assert proc.returncode == 0, out + logs
@@ -119,6 +123,8 @@ def check_quickstart(out: str) -> None:
     """The quickstart's job ran to its end, was reported, recorded and checked, as the README
     says."""
     assert re.search(r"(?m)^Redis on 127\.0\.0\.1:\d+$", out), out
+    s3 = re.search(r"(?m)^S3 on 127\.0\.0\.1:(\d+) \(gRPC \d+\)$", out)
+    assert s3 and s3[1] != "8333", out  # a free port, not weed's default
     assert "SUCCESS clip-1: 49 frames, 2 segments, 416x240" in out, out
     assert "manifest: s3://videos/out/default/clip-1/manifest.json" in out
     assert re.search(r"(?m)^cost: \$\d+\.\d{6} total: GPU \$", out), out
@@ -155,6 +161,13 @@ def test_the_readme_quickstart_and_first_minute_run_as_written(tmp_path: Path) -
     assert re.search(r"(?m)^generate: tier exact, cache none, 4 steps, image [0-9a-f]{12}, "
                      r"LoRA [0-9a-f]{12} x0\.8$", minute), minute
     assert "manifest: s3://videos/out/default/fox-1/manifest.json" in minute
+    # the picture came from the README's own line, and previews are on with no setting: a
+    # preview's URI comes before the SUCCESS line
+    assert (folder / "photo.png").stat().st_size > 100
+    before = minute.split("SUCCESS fox-1")[0]
+    assert re.search(r"(?m)^(preview after step \d/4: s3://videos/out/default/fox-1/previews/"
+                     r"step-000\d\.mp4|previews: \d, the newest at s3://videos/out/default/"
+                     r"fox-1/previews/latest\.mp4)( |$)", before), minute
     noise = [line for line in out.splitlines() if any(n in line for n in NOISE)]
     assert not noise, noise
     # The Python example: the job's URIs, a one-line cost, and a bad spec as its comment says
@@ -188,25 +201,38 @@ def test_the_quickstart_leaves_a_redis_on_6379_alone(tmp_path: Path) -> None:
 def test_docs_api_runs_as_written_on_the_quickstart(tmp_path: Path) -> None:
     run, stop = quickstart_blocks()
     (first_minute,) = blocks("The first minute: prompt and image jobs without real weights")
-    (make_model,) = [line for line in first_minute.splitlines()
-                     if line.startswith("framefleet models tiny ")]
+    (photo, make_model) = [line for line in first_minute.splitlines()
+                           if line.startswith(("framefleet models tiny ", "python -c"))]
     setup, curl_block, native = (
         *blocks("Run it", text=API_DOC, level="##"), *blocks("curl", text=API_DOC, level="##"),
         *blocks("The native API", text=API_DOC, level="##"))
     (sdk,) = blocks("The `openai` SDK", "python", text=API_DOC, level="##")
     script = tmp_path / "sdk_example.py"
     script.write_text(sdk)
+    # The README's own SDK snippet, after the same setup
+    (readme_sdk,) = blocks("HTTP API (`framefleet api`)", "python")
+    readme_script = tmp_path / "readme_sdk.py"
+    readme_script.write_text(readme_sdk)
+    # and the quickstart's --output line again, in the shell the gateway's setup ran in
+    again = re.search(r"(?ms)^framefleet submit --input clip\.npy .*?--wait$", run)
+    assert again is not None, run
     out, folder = run_as_written(
-        tmp_path, run, make_model, setup, "echo '--- curl'", curl_block, "echo '--- sdk'",
-        f"python {script}", "echo '--- native'", native, "echo '--- stop'", stop)
+        tmp_path, run, photo, make_model, setup, "echo '--- curl'", curl_block,
+        "echo '--- sdk'", f"python {script}", "echo '--- readme sdk'", f"python {readme_script}",
+        "echo '--- output again'", again[0].replace("clip-1", "clip-2"),
+        "echo '--- native'", native, "echo '--- stop'", stop)
     check_quickstart(out)
+    readme_out = between(out, "--- readme sdk", "--- output again")
+    assert re.search(r"(?m)^completed video_[0-9a-f]{32}\.[0-9a-f]+$", readme_out), readme_out
+    again_out = between(out, "--- output again", "--- native")
+    assert "SUCCESS clip-2: 49 frames" in again_out, again_out
     curls = between(out, "--- curl", "--- sdk")
     assert '"object":"video"' in curls and '"status":"completed"' in curls, curls
     assert '"random_weights":true' in curls and '"worker":"cpu0@' in curls, curls
     assert (folder / "fox.mp4").stat().st_size > 1000 and (folder / "head.bin").stat().st_size \
         == 1024
     assert curls.count('"model":"tiny"') >= 3  # created, listed, image-to-video
-    sdk_out = between(out, "--- sdk", "--- native")
+    sdk_out = between(out, "--- sdk", "--- readme sdk")
     assert re.search(r"(?m)^completed 100 [\d.e-]+ cpu0@\S+ True$", sdk_out), sdk_out
     assert re.search(r"(?m)^video_\S+ completed$", sdk_out), sdk_out
     events = between(out, "--- native", "--- stop")
@@ -233,12 +259,14 @@ def _stop_group(proc: subprocess.Popen[str]) -> None:
     proc.wait(timeout=10)
 
 
-def _remove_weed_sockets(since: float) -> None:
+def _remove_weed_sockets(since: float, chosen: tuple[str, ...] = ()) -> None:
+    names = [f"seaweedfs-{c}.sock" for c in chosen]
     for role, port in WEED_PORTS.items():
-        for name in (f"seaweedfs-{role}-{port}.sock", f"seaweedfs-{role}-grpc-{port + 10000}.sock"):
-            path = Path("/tmp") / name
-            try:
-                if path.stat().st_mtime >= since:
-                    path.unlink()
-            except FileNotFoundError:
-                pass
+        names += [f"seaweedfs-{role}-{port}.sock", f"seaweedfs-{role}-grpc-{port + 10000}.sock"]
+    for name in names:
+        path = Path("/tmp") / name
+        try:
+            if path.stat().st_mtime >= since:
+                path.unlink()
+        except FileNotFoundError:
+            pass

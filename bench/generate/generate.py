@@ -111,7 +111,9 @@ class Model:
         self.settings = Settings(device=device.type, max_denoise_steps=10_000,
                                  max_pixels=4096 * 4096, decode_graphs=args.decode_graphs,
                                  work_dir=str(work), file_roots=str(work),
-                                 compiled_sizes=4 if device.type == "cuda" else 0)
+                                 compiled_sizes=4 if device.type == "cuda" else 0,
+                                 # the rows without previews (the worker's default makes them)
+                                 preview_every=0)
         self.models = ModelCache(device, 2**40, graphs=args.decode_graphs,
                                  compiled_sizes=self.settings.compiled_sizes)
         self.exact = self.models.adopt(self.folder, self.pipe, "exact")

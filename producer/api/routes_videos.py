@@ -21,10 +21,28 @@ from producer.errors import ApiRequestError
 
 #: How soon the SDK's ``poll`` asks again (header ``openai-poll-after-ms``).
 POLL_AFTER_MS = 500
+
+
+def _inlined(schema: dict[str, Any]) -> dict[str, Any]:
+    """The model's JSON schema with its ``$defs`` written in place: a ``#/$defs/…`` reference
+    would point at the root of the OpenAPI document, where there are none."""
+    defs = schema.pop("$defs", {})
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref", "")
+            if ref.startswith("#/$defs/"):
+                return walk(defs[ref.removeprefix("#/$defs/")])
+            return {k: walk(v) for k, v in node.items()}
+        return [walk(v) for v in node] if isinstance(node, list) else node
+    return dict(walk(schema))
+
+
+_SCHEMA = _inlined(VideoCreate.model_json_schema())
 _CREATE_BODY = {"content": {
-    "application/json": {"schema": VideoCreate.model_json_schema()},
+    "application/json": {"schema": _SCHEMA},
     "multipart/form-data": {"schema": {"type": "object", "properties": {
-        **VideoCreate.model_json_schema()["properties"],
+        **_SCHEMA["properties"],
         "input_reference": {"type": "string", "format": "binary"}}, "required": ["prompt"]}},
 }, "required": True}
 

@@ -9,11 +9,12 @@ the tenant's own input prefix. Then ``Client.submit`` checks the spec as it chec
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from producer.api.auth import Tenant
 from producer.api.catalog import NATIVE_FIELDS, ModelEntry, check_limits, shape
@@ -33,6 +34,16 @@ IN_FLIGHT_RETRY_S = 5
 RERUN = frozenset({"FAILURE", "REVOKED"})
 
 
+class VideoPreview(BaseModel):
+    """``preview`` of ``POST /v1/videos``: a preview after denoise step 1 and every
+    ``every``-th one (``GET /v1/jobs/{id}/events``, the page); 0: none. Left out: the
+    worker's default (every 2 steps)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    every: StrictInt = Field(ge=0, le=10_000)
+
+
 class VideoCreate(BaseModel):
     """``POST /v1/videos``, as JSON or as multipart form fields (plus ``input_reference``)."""
 
@@ -47,6 +58,20 @@ class VideoCreate(BaseModel):
     # routes_videos reads their digits as the number they spell).
     seed: StrictInt | None = Field(default=None, ge=0, le=2**63 - 1)
     steps: StrictInt | None = Field(default=None, ge=1, le=10_000)
+    preview: VideoPreview | None = Field(
+        default=None, description='previews while it denoises, e.g. {"every": 2}; a multipart '
+        "form sends it as that JSON text; left out: the worker's default (every 2 steps)")
+
+    @field_validator("preview", mode="before")
+    @classmethod
+    def _preview_text(cls, v: Any) -> Any:
+        """A multipart form's field is text: its JSON object."""
+        if isinstance(v, str):
+            try:
+                return json.loads(v)
+            except ValueError:
+                raise ValueError('expected a JSON object such as {"every": 2}') from None
+        return v
 
 
 def _bad(param: str, message: str) -> ApiRequestError:
@@ -87,6 +112,9 @@ def submit_video(gw: Gateway, tenant: Tenant, req: VideoCreate,
     name, entry = gw.catalog.get(req.model)
     dims = shape(entry, req.size, req.seconds, req.steps, image=upload is not None,
                  reach=folder_reach(entry.folder))
+    if req.preview is not None and req.preview.every > dims.steps:
+        raise _bad("preview.every", f"{req.preview.every} is more than the job's {dims.steps} "
+                   "steps: no preview would be made (0 turns them off)")
     public = new_video_id()
     job_id = fleet_id(tenant.name, public)
     generate: dict[str, Any] = {
@@ -96,6 +124,8 @@ def submit_video(gw: Gateway, tenant: Tenant, req: VideoCreate,
         "guidance_scale_2": entry.guidance_2, "dtype": entry.dtype,
         "seed": req.seed if req.seed is not None else secrets.randbelow(2**31),
     }
+    if req.preview is not None:
+        generate["preview"] = {"every": req.preview.every}
     image_uri = None
     if upload is not None:
         image_uri = store_upload(gw.store, gw.settings, tenant.name, public, upload)

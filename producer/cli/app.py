@@ -27,6 +27,7 @@ from producer.cli.common import (
     _errors,
     _uri,
     _wait,
+    broker_name,
     print_result,
 )
 from producer.cli.compile import compile as compile_model
@@ -76,12 +77,20 @@ def status(job_id: JobIdArg, tenant: TenantOpt = None) -> None:
     SUCCESS, FAILURE or REVOKED, with the stage and the worker, or the reason. A job queued
     while no worker takes jobs gets a line saying when one last did and how many are alive."""
     with _errors():
-        handle = _client().get(job_id, tenant)
+        client = _client()
+        handle = client.get(job_id, tenant)
         js = handle.state()
         idle = handle.idle() if js.state == "QUEUED" else None
-    detail = js.detail()
-    console.print(f"{job_id}: {js.state}" + (f" ({detail})" if detail else ""),
-                  markup=False, highlight=False)
+    broker = broker_name(client)
+    if js.state == "UNKNOWN":  # the broker it asked: a new terminal may ask another one
+        line = (f"{job_id}: UNKNOWN (no such job on {broker}: never submitted, or its record "
+                "expired; FRAMEFLEET_BROKER_URL names the broker)")
+    else:
+        detail = js.detail()
+        line = f"{job_id}: {js.state}" + (f" ({detail})" if detail else "") + f", broker {broker}"
+    console.print(line, markup=False, highlight=False)
+    if js.progress is not None and js.progress.warning:
+        note(js.progress.warning)
     if idle is not None:
         note(idle.text(), "hint")
     if js.state == "UNKNOWN":
@@ -116,12 +125,14 @@ def cancel(job_id: JobIdArg, tenant: TenantOpt = None) -> None:
     Refused for an id that was never submitted. Submitting the same spec again after a
     cancel runs it again."""
     with _errors():
-        state = _client().cancel(job_id, tenant)
+        client = _client()
+        state = client.cancel(job_id, tenant)
+    broker = broker_name(client)
     if state in FINISHED:
-        console.print(f"{job_id}: already {state}; nothing to cancel", markup=False)
+        console.print(f"{job_id}: already {state} on {broker}; nothing to cancel", markup=False)
     else:
-        console.print(f"cancel requested for {job_id} (was {state}): it stops between chunks "
-                      "and ends REVOKED", markup=False)
+        console.print(f"cancel requested for {job_id} (was {state}) on {broker}: it stops "
+                      "between chunks and ends REVOKED", markup=False)
 
 
 _EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}

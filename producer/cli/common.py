@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from producer.client import Client
 
 __all__ = ["EXITS", "EXIT_TIMEOUT", "WAIT_TIMEOUT_S", "JobIdArg", "TenantOpt", "TimeoutOpt",
-           "_client", "_errors", "_uri", "_wait", "print_result"]
+           "_client", "_errors", "_uri", "_wait", "broker_name", "print_result"]
 #: ``wait``'s default limit, in seconds (``--timeout 0``: none).
 WAIT_TIMEOUT_S = 3600.0
 #: The command's expected failures: one ``error:`` line and the exit status of its kind
@@ -38,6 +38,13 @@ def _client() -> Client:
     from producer.client import Client
 
     return Client()
+
+
+def broker_name(client: Any) -> str:
+    """The broker a client (or a job's handle) asks, as ``host:port``, no password."""
+    from producer.client.handle import broker_of
+
+    return broker_of(client.app)
 
 
 def _uri(value: Optional[str]) -> Optional[str]:

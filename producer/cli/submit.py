@@ -16,9 +16,10 @@ from producer.cli.common import (
     _errors,
     _uri,
     _wait,
+    broker_name,
     print_result,
 )
-from producer.cli.output import console, fail
+from producer.cli.output import console, fail, note
 from producer.wire.spec import parse_spec
 
 
@@ -37,9 +38,22 @@ def parse_lora(value: str) -> dict[str, Any]:
         raise ValueError(f"--lora: expected FILE:SCALE, got {value!r}") from None
 
 
+def parse_preview(value: str) -> int:
+    """``--preview N|off``: a preview after step 1 and every N-th step; off (or 0): none."""
+    if value.strip().lower() in ("off", "0"):
+        return 0
+    try:
+        every = int(value)
+    except ValueError:
+        every = -1
+    if every < 1:
+        raise ValueError(f"--preview: expected a number of steps (1, 2, …) or off, got {value!r}")
+    return every
+
+
 def _generate_job(prompt: str, model: Optional[str], image: Optional[str], loras: list[str],
                   output: Optional[str], size: str, frames: int, steps: int, seed: int,
-                  tier: str, **job: Any) -> dict[str, Any]:
+                  tier: str, preview: Optional[str], **job: Any) -> dict[str, Any]:
     if model is None or output is None:
         fail("--prompt needs --model and --output")
     try:
@@ -53,6 +67,8 @@ def _generate_job(prompt: str, model: Optional[str], image: Optional[str], loras
     }
     if image is not None:
         generate["image"] = _uri(image)
+    if preview is not None:
+        generate["preview"] = {"every": parse_preview(preview)}
     fps = job["fps"]
     return {
         "job_id": job["job_id"] or _new_id(), "tenant": job["tenant"], "generate": generate,
@@ -105,6 +121,9 @@ def submit(
     steps: Annotated[int, typer.Option(metavar="N", help="generate: denoise steps")] = 50,
     seed: Annotated[int, typer.Option(metavar="N", help="generate: seed")] = 0,
     tier: Annotated[str, typer.Option(metavar="TIER", help="generate: exact | fp8")] = "exact",
+    preview: Annotated[Optional[str], typer.Option(
+        metavar="N|off", help="generate: a preview after step 1 and every N-th step (printed "
+        "with --wait); off: none (default: the worker's FRAMEFLEET_PREVIEW_EVERY, 2)")] = None,
     spec: Annotated[Optional[Path], typer.Option(
         metavar="FILE", help="a JobSpec JSON file, instead of the options above")] = None,
     wait: Annotated[bool, typer.Option(
@@ -124,7 +143,7 @@ def submit(
             job = parse_spec(text)
         elif prompt is not None:
             job = parse_spec(_generate_job(
-                prompt, model, image, lora or [], output, size, frames, steps, seed, tier,
+                prompt, model, image, lora or [], output, size, frames, steps, seed, tier, preview,
                 job_id=job_id, tenant=tenant, crf=crf, segment_frames=segment_frames,
                 fps=fps, priority=priority))
         else:
@@ -144,5 +163,7 @@ def submit(
         handle = _client().submit(job)
     # After the block: its warnings (a local path only the workers can judge) come first.
     console.print(job.key, markup=False)  # what status, wait and cancel take
+    # stderr: stdout stays the key alone, for JOB=$(framefleet submit …)
+    note(f"queued on the broker at {broker_name(handle)} (FRAMEFLEET_BROKER_URL)", "note")
     if wait:
         print_result(_wait(handle, timeout, progress=True))

@@ -139,7 +139,7 @@ class Client:
             # The state as status and wait name it (QUEUED, not Celery's PENDING).
             state = handle.state().state
             if state == "UNKNOWN":
-                raise _unknown(handle.key)
+                raise _unknown(handle.key, self.app)
             if state not in FINISHED:
                 flags.set_cancel(handle.key)
             return state

@@ -61,6 +61,22 @@ def mask(url: str) -> str:
     return str(maybe_sanitize_url(url))
 
 
+def address(url: str) -> str:
+    """Where ``url`` points, for a person: ``host:port`` (Redis's 6379 when the URL has none;
+    the database when not 0), never the password; the masked URL for anything else (the
+    embedded mode's sqlite, a sentinel list)."""
+    parsed = urlparse(url)
+    if parsed.scheme not in ("redis", "rediss") or not parsed.hostname:
+        return mask(url)
+    try:
+        port = parsed.port or 6379
+    except ValueError:
+        return mask(url)
+    host = f"[{parsed.hostname}]" if ":" in parsed.hostname else parsed.hostname
+    db = parsed.path.strip("/")
+    return f"{host}:{port}" + (f" db {db}" if db not in ("", "0") else "")
+
+
 def _chain(e: BaseException) -> Iterator[BaseException]:
     seen: set[int] = set()
     cur: BaseException | None = e

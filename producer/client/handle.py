@@ -19,7 +19,7 @@ from celery import Celery
 from celery.result import AsyncResult
 
 from producer.client.bar import Bar
-from producer.client.connection import broker_errors
+from producer.client.connection import address, broker_errors
 from producer.client.hints import Idle, idle_hint
 from producer.client.jobstate import JobState, from_meta
 from producer.client.queued import broker_holds
@@ -44,8 +44,14 @@ def _io(app: Celery) -> AbstractContextManager[None]:
     return broker_errors(str(conf.broker_url), str(conf.result_backend or conf.broker_url))
 
 
-def _unknown(job_id: str) -> UnknownJobError:
-    return UnknownJobError(f"job {job_id}: no such job (never submitted, or its record expired)")
+def broker_of(app: Celery) -> str:
+    """The broker ``app`` asks, for a person: ``host:port``, no password."""
+    return address(str(app.conf.broker_url))
+
+
+def _unknown(job_id: str, app: Celery) -> UnknownJobError:
+    return UnknownJobError(f"job {job_id}: no such job on {broker_of(app)} (never submitted, "
+                           "or its record expired; FRAMEFLEET_BROKER_URL names the broker)")
 
 
 class JobHandle:
@@ -156,22 +162,19 @@ class JobHandle:
                 js = watch.state()
                 if js is not None and js.state == "UNKNOWN" and not watch.seen and (
                         time.monotonic() - start >= unknown_grace_s) and watch.nowhere():
-                    raise _unknown(self.key)
+                    raise _unknown(self.key, self.app)
                 if js is not None and js.finished:
                     result = watch.result()
                     if result is not None:
                         if bar is not None:
-                            done = result.manifest
-                            bar.update(Progress(
-                                frames_done=done.frames, frames_total=done.frames,
-                                segments_done=len(done.segments), stage="upload",
-                                worker=result.worker.node))
+                            bar.finished(result)
                         return result
                 if js is not None and bar is not None:
                     bar.show(js)
                 if deadline is not None and time.monotonic() > deadline:
                     state = js.state if js is not None else "unreachable"
-                    raise TimeoutError(f"job {self.key} still {state} after {timeout:g} s")
+                    raise TimeoutError(f"job {self.key} still {state} after {timeout:g} s "
+                                       f"(broker {broker_of(self.app)})")
                 time.sleep(watch.pause(poll_s))
         finally:
             if bar is not None:

@@ -14,9 +14,9 @@ class GenerationSettings(BaseModel):
         default=100, ge=1, le=10_000, description="reject generate jobs with more steps"
     )
     preview_every: int = Field(
-        default=0, ge=0, le=10_000,
-        description="a preview every N denoise steps for generate jobs that do not say "
-        "(generate.preview); 0: none",
+        default=2, ge=0, le=10_000,
+        description="a preview after the first denoise step and every N-th one, for generate "
+        "jobs that do not say (generate.preview); 0: none",
     )
     warmup_model: str | None = Field(
         default=None,

@@ -103,8 +103,9 @@ class LoraSpec(Frozen):
 
 
 class PreviewSpec(Frozen):
-    """Previews while the job denoises: one every ``every`` steps (after steps N, 2N, …), a
-    small MP4 of the model's current estimate of the video under ``previews/``; 0: none."""
+    """Previews while the job denoises: after step 1, then one every ``every`` steps (after
+    steps N, 2N, …), a small MP4 of the model's current estimate of the video under
+    ``previews/``; 0: none."""
 
     every: StrictInt = Field(ge=0, le=10_000)
 
@@ -174,7 +175,7 @@ class GenerateSpec(Frozen):
         "FRAMEFLEET_MAX_LORAS bounds them)")
     preview: PreviewSpec | None = Field(
         default=None, description="previews while denoising; None: the worker's "
-        "FRAMEFLEET_PREVIEW_EVERY")
+        "FRAMEFLEET_PREVIEW_EVERY (every 2 steps unless its operator says)")
 
     @field_validator("model")
     @classmethod

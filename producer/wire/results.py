@@ -64,6 +64,9 @@ class Progress(Frozen):
     steps_total: int = 0
     worker: str | None = None
     preview: PreviewInfo | None = Field(default=None, description="the newest preview stored")
+    warning: str | None = Field(
+        default=None, description="what the worker wants the job's owner to know before "
+        "waiting: a CPU worker's estimate of a job over a minute")
 
     @property
     def text(self) -> str:

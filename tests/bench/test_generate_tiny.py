@@ -73,8 +73,9 @@ def test_bench_generate_tiny_with_previews(tmp_path: Path) -> None:
     assert [r["model"] for r in doc["rows"]] == list(sizes)
     for row in doc["rows"]:
         p = row["previews"]
-        # the same job with a preview every 2 of its 20 steps: ten previews, the same latents
-        assert p["every"] == 2 and p["count"] == 10 and p["latents_identical"] is True
+        # the same job with a preview after step 1, then every 2 of its 20 steps: eleven
+        # previews, the same latents
+        assert p["every"] == 2 and p["count"] == 11 and p["latents_identical"] is True
         assert p["denoise_s_off"] == row["framefleet"]["denoise_s"] and p["denoise_s_on"] > 0
         assert p["overhead_pct"] == (p["denoise_s_on"] - p["denoise_s_off"]) / p[
             "denoise_s_off"] * 100

@@ -53,7 +53,8 @@ def test_sse_carries_previews_before_the_first_segment(api_fleet: ApiFleet) -> N
     # Then preview events came, in step order, all before the first segment
     previews = [d for k, d in got if k == "preview"]
     steps = [p["step"] for p in previews]
-    assert steps and steps == sorted(set(steps)) and all(s % 40 == 0 for s in steps), steps
+    assert steps and steps == sorted(set(steps)), steps
+    assert all(s == 1 or s % 40 == 0 for s in steps), steps
     assert max(i for i, k in enumerate(kinds) if k == "preview") < kinds.index("segment")
     # and each URL serves a clip of the size and frame count the event states
     for p in previews:
@@ -107,7 +108,8 @@ def test_the_page_shows_the_preview_until_the_first_segment(
         assert shown["f"]["live"] is False and shown["video"] is True, shown
         assert (shown["w"], shown["h"]) == (24, 16)
         step = shown["f"]["preview"]["step"]
-        assert step % 20 == 0 and shown["note"] == f"preview: denoise step {step}/400"
+        assert step == 1 or step % 20 == 0, step
+        assert shown["note"] == f"preview: denoise step {step}/400"
         names = [e["name"] for e in shown["f"]["events"]]
         assert "preview" in names and "hlsFragBuffered" not in names, names
         assert job["state"] != "SUCCESS", job
@@ -126,3 +128,63 @@ def test_the_page_shows_the_preview_until_the_first_segment(
         browser.stop()
     wait_for(lambda: json.loads(call(api_fleet.gateway.url, "/v1/jobs/pv-page", acme)[2])[
         "state"] == "SUCCESS" or None, 120, "the job's end")
+
+
+def test_the_page_shows_previews_of_a_video_with_no_setting(
+        api_fleet: ApiFleet, tmp_path: Any) -> None:  # noqa: F811
+    binary = require_binary("chromium", "Debian package chromium")
+    acme = api_fleet.keys["acme"]
+    # Given a POST /v1/videos that says nothing of previews (a worker with no preview setting)
+    status, body = post_json(api_fleet.gateway.url, "/v1/videos", acme,
+                             {"model": "tiny-slow", "prompt": "a fox"})
+    assert status == 200, body
+    video_id = body["id"]
+    browser = Browser(binary, tmp_path)
+    browser.start()
+    try:
+        page = open_page(browser, api_fleet.gateway.url, acme.secret)
+        row_text(page, video_id)
+        # When a person clicks it while it denoises
+        page.eval(f"document.querySelector('tr[data-id=\"{video_id}\"]').click()")
+        shown = json.loads(wait_for(lambda: page.eval(
+            "(b => !b.hidden && document.getElementById('preview').readyState >= 2 && "
+            "JSON.stringify({f: window.framefleet, "
+            "w: document.getElementById('preview').videoWidth}))"
+            "(document.getElementById('preview-box'))") or None, 120, "a preview on the page"))
+        # Then a preview image plays, decoded by the browser, before the first segment
+        assert shown["f"]["live"] is False and shown["w"] == 24, shown
+        names = [e["name"] for e in shown["f"]["events"]]
+        assert "preview" in names and "hlsFragBuffered" not in names, names
+        step = shown["f"]["preview"]["step"]
+        assert step == 1 or step % 2 == 0, step  # the default: after step 1, then every 2
+    finally:
+        browser.stop()
+    wait_for(lambda: json.loads(call(api_fleet.gateway.url, f"/v1/videos/{video_id}", acme)[2])[
+        "status"] == "completed" or None, 180, "the video's end")
+
+
+def test_a_video_asks_for_previews_by_its_own_field(api_fleet: ApiFleet) -> None:  # noqa: F811
+    acme = api_fleet.keys["acme"]
+    # More than the steps: refused, naming the field, nothing queued
+    status, body = post_json(api_fleet.gateway.url, "/v1/videos", acme,
+                             {"model": "tiny", "prompt": "a fox", "preview": {"every": 3}})
+    assert status == 400 and body["error"]["param"] == "preview.every", body
+    assert "more than the job's 2 steps" in body["error"]["message"], body
+    status, body = post_json(api_fleet.gateway.url, "/v1/videos", acme,
+                             {"model": "tiny", "prompt": "a fox", "preview": {"every": -1}})
+    assert status == 400 and body["error"]["param"] == "preview.every", body
+    # off: the job stores none
+    status, body = post_json(api_fleet.gateway.url, "/v1/videos", acme,
+                             {"model": "tiny", "prompt": "a fox", "preview": {"every": 0}})
+    assert status == 200, body
+    off = body
+    # and the schema says so
+    _, _, schema = call(api_fleet.gateway.url, "/openapi.json")
+    create = json.loads(schema)["paths"]["/v1/videos"]["post"]["requestBody"]["content"]
+    for kind in ("application/json", "multipart/form-data"):
+        prop = json.dumps(create[kind]["schema"]["properties"]["preview"])
+        assert '"every"' in prop and "$defs" not in prop, prop
+    wait_for(lambda: json.loads(call(api_fleet.gateway.url, f"/v1/videos/{off['id']}", acme)[2])[
+        "status"] == "completed" or None, 120, "the video's end")
+    job_id = off["framefleet"]["job_id"]
+    assert not [k for k in _stored(api_fleet, job_id) if k.startswith("previews/")]

@@ -60,6 +60,12 @@ def _env(redis_url: str, roots: Path | str) -> dict[str, str]:
             "FRAMEFLEET_FILE_ROOTS": str(roots)}
 
 
+def manifest_previews(s3: S3Server, bucket: str) -> int:
+    """The previews fox-1's manifest counts (stored under its output's previews/)."""
+    body = s3.client().get_object(Bucket=bucket, Key="out/default/fox-1/manifest.json")
+    return int(json.loads(body["Body"].read())["generate"]["previews"])
+
+
 def test_3_submit_refuses_a_missing_local_file_naming_the_field(made: Path,
                                                                 redis_url: str) -> None:
     r = redis.Redis.from_url(redis_url)
@@ -113,6 +119,12 @@ def test_4_and_7_a_models_tiny_job_says_random_weights_and_one_segment(
     assert re.search(r"(?m)^SUCCESS fox-1: 9 frames, 1 segment, 64x64, wall [\d.]+ s, "
                      r"random weights: noise$", out.stdout), out.stdout
     assert "random weights: noise (generate.model is a folder of random weights" in out.stdout
+    # Previews are on with no setting: a preview's URI comes before the SUCCESS line
+    before = out.stdout.split("SUCCESS fox-1", 1)[0]
+    assert re.search(rf"(?m)^(preview after step [12]/2: s3://{s3_bucket}/out/default/fox-1/"
+                     rf"previews/step-000[12]\.mp4|previews: [12], the newest at "
+                     rf"s3://{s3_bucket}/out/default/fox-1/previews/latest\.mp4)", before), before
+    assert manifest_previews(s3, s3_bucket) >= 1
     # The manifest says it (was "random_weights": false)
     body = s3.client().get_object(Bucket=s3_bucket, Key="out/default/fox-1/manifest.json")
     manifest = json.loads(body["Body"].read())

@@ -104,7 +104,8 @@ def test_previews_in_order_to_the_receivers_that_ask(
         shown = [e["data"]["preview"] for e in events[:-1]]
         steps = [p["step"] for p in shown]
         assert published >= 2 and steps == sorted(set(steps)), steps
-        assert all(step % 10 == 0 and 10 <= step <= 100 for step in steps), steps
+        assert all(step == 1 or (step % 10 == 0 and 10 <= step <= 100)
+                   for step in steps), steps
         # each stored under the job's output, decoding at the size and frame count it states
         prefix = f"s3://{s3_bucket}/out/e2e/asked/previews/"
         assert _keys(s3, s3_bucket, "asked") == ["latest.mp4", *(
@@ -129,11 +130,14 @@ def test_previews_in_order_to_the_receivers_that_ask(
         client.submit(silent).wait(timeout=120)
         rx.wait(published + 2, timeout=30)
         assert [e["event"] for e in _events(rx, "/hook/silent")] == ["succeeded"]
-        assert _keys(s3, s3_bucket, "silent") == ["latest.mp4", "step-0005.mp4", "step-0010.mp4"]
+        assert _keys(s3, s3_bucket, "silent") == ["latest.mp4", "step-0001.mp4", "step-0005.mp4",
+                                                  "step-0010.mp4"]
 
-    # A job that does not say gets the worker's default (every 3); every 0 writes none
+    # A job that does not say gets the worker's default (every 3: after steps 1, 3 and 6);
+    # every 0 writes none
     client.submit(_spec("default", s3_bucket, model, num_inference_steps=6)).wait(timeout=120)
-    assert _keys(s3, s3_bucket, "default") == ["latest.mp4", "step-0003.mp4", "step-0006.mp4"]
+    assert _keys(s3, s3_bucket, "default") == ["latest.mp4", "step-0001.mp4", "step-0003.mp4",
+                                               "step-0006.mp4"]
     off = client.submit(_spec("off", s3_bucket, model, num_inference_steps=6,
                               preview={"every": 0})).wait(timeout=120)
     assert _keys(s3, s3_bucket, "off") == []
@@ -236,7 +240,8 @@ def test_a_store_outage_during_previews_still_ends_in_success(
     failures = _metric(port, "framefleet_preview_failures_total")
     assert failures >= 2
     facts = result.manifest.generate
-    assert facts is not None and 0 < facts.previews <= 120 - failures
+    # 121 made: after step 1, then every 10th of the 1200
+    assert facts is not None and 0 < facts.previews <= 121 - failures
     stored = _keys(s3, s3_bucket, "outage")
     assert "step-1200.mp4" in stored and down_at.preview is not None
     assert f"step-{down_at.preview.step:04d}.mp4" in stored

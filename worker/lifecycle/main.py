@@ -129,6 +129,13 @@ _pool_watch: PoolWatch | None = None
 
 
 @worker_ready.connect
+def _mark_pool_up(**_: Any) -> None:
+    """In the main process, its first pool processes started: a later one is a replacement
+    (its ready line counts from its own fork, not from this process's start)."""
+    startphases.pool_up()
+
+
+@worker_ready.connect
 def _start_pool_watch(sender: Any = None, **_: Any) -> None:
     """In the main process: stop the worker once its pool processes keep failing to start."""
     global _pool_watch

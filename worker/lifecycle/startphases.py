@@ -1,11 +1,14 @@
 """Where a worker's start went: process start → ready, by phase.
 
-The phases (seconds, wall clock) are those of the pool process that runs jobs, counted from the
-start of the worker's main process (the Celery process the launcher started; the pool process
-is forked from it):
+The phases (seconds, wall clock) are those of the pool process that runs jobs. A first pool
+process counts from the start of the worker's main process (the Celery process the launcher
+started; the pool process is forked from it, and the worker's start is what its phases tell).
+A pool process forked later, to replace one that died (or had run its tasks), counts from its
+own fork: it inherits an already-imported parent, and the parent's age is none of its start.
 
 - ``imports``: from the main process's start to the pool process's start hook (Python,
-  torch, diffusers and Celery imports, Celery's boot, the fork);
+  torch, diffusers and Celery imports, Celery's boot, the fork); a replacement's: its fork to
+  its start hook, about 0;
 - ``init``: the device and the decoder cache, the /metrics server;
 - ``read``: the warm-up model's weights read (fast path: straight to the device, cast there);
 - ``cast_move``: what its load did after the read (moving, tying, the text encoder's place);
@@ -48,13 +51,29 @@ def started_at(pid: int) -> float | None:
     return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
+#: Set in the main process once its first pool processes are up (``worker_ready``, which
+#: Celery sends after it has started its pool): a pool process forked later inherits True, and
+#: so knows it replaces one rather than being part of the worker's start.
+_pool_up = False
+
+
+def pool_up() -> None:
+    """In the main process, once its first pool processes are started: the processes forked
+    from now on replace others, and count their start from their own fork."""
+    global _pool_up
+    _pool_up = True
+
+
 def main_started_at() -> float:
-    """The start of the worker's main process: the parent of a pool process (Celery's prefork
-    pool), this process where there is no pool (solo pool, tests)."""
-    parent = started_at(os.getppid())
+    """Where this process's start phases count from: the start of the worker's main process
+    for one of its first pool processes (Celery's prefork pool: the parent), this process's
+    own start for a replacement forked after the worker was up, or where there is no pool
+    (solo pool, tests)."""
     own = started_at(os.getpid())
-    if parent is not None and own is not None and own - parent < 3600:
-        return parent
+    if not _pool_up:
+        parent = started_at(os.getppid())
+        if parent is not None and own is not None and own - parent < 3600:
+            return parent
     return own if own is not None else time.time()
 
 

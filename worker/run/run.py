@@ -62,9 +62,14 @@ class Run:
     #: The newest preview stored: every progress report from then on carries it.
     preview: PreviewInfo | None = None
 
+    #: Said with every progress report (a CPU worker's estimate of a long job).
+    warning: str | None = None
+
     def report(self, progress: Progress) -> None:
         if self.preview is not None and progress.preview is None:
             progress = progress.model_copy(update={"preview": self.preview})
+        if self.warning is not None and progress.warning is None:
+            progress = progress.model_copy(update={"warning": self.warning})
         for hook in self.progress_hooks:
             hook(progress)
 

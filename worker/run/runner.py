@@ -23,6 +23,7 @@ from worker.generate.job import tier_name
 from worker.owner import DEVICE
 from worker.pipeline import PipelineReport, run_pipeline
 from worker.run.decoders import DecoderCache
+from worker.run.estimate import warn_if_slow
 from worker.run.finish import finish, reused_output
 from worker.run.previews import PreviewPublisher
 from worker.run.publish import SegmentPublisher
@@ -52,8 +53,12 @@ def _run(spec: JobSpec, decoders: DecoderCache, run: Run) -> JobResult:
         return earlier
     # Previews are written while the job denoises and decodes; their writer ends before the
     # manifest, and on an error or a cancel with what it still holds dropped.
+    if spec.generate is not None:  # before its text encode and denoise: said at once
+        warn_if_slow(run, decoders.device)
     with PreviewPublisher.for_run(run, out) as previews:
         latents = latents_for(run, decoders, previews.previews())
+        if spec.generate is None:  # its size is the loaded latents'
+            warn_if_slow(run, decoders.device, latents)
         publisher = SegmentPublisher(run, out, frames_for_latents(latents.tensor.shape[1]))
         with tempfile.TemporaryDirectory(prefix="framefleet-", dir=run.settings.work_dir) as tmp:
             report = _decode(run, latents, publisher, Path(tmp))

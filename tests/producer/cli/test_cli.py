@@ -130,32 +130,56 @@ def test_submit_frame_rate_defaults_to_the_decoders_model(
     assert _queued_spec(env)["video"]["fps"] == fps
 
 
+def _where(url: str) -> str:
+    """host:port of a test Redis URL (redis://127.0.0.1:PORT/0)."""
+    return url.split("://", 1)[1].split("@")[-1].split("/")[0]
+
+
 def test_status_cancel_wait_of_an_unknown_id(env: str) -> None:
+    # Each answer names the broker it asked: a new terminal without FRAMEFLEET_BROKER_URL
+    # asks 127.0.0.1:6379, and "unknown" alone would not say so
+    where = _where(env)
     status = runner.invoke(cli, ["status", "never-cli"])
-    assert status.exit_code == 1 and "never-cli: UNKNOWN (never submitted" in status.output
+    assert status.exit_code == 1
+    assert f"never-cli: UNKNOWN (no such job on {where}: never submitted" in status.output
     cancel = runner.invoke(cli, ["cancel", "never-cli"])
     assert cancel.exit_code == 1
-    assert "never-cli: no such job" in _one_error_line(cancel.output)
+    assert f"never-cli: no such job on {where}" in _one_error_line(cancel.output)
     assert not redis.Redis.from_url(env).exists("framefleet:cancel:never-cli")
     t0 = time.monotonic()
     wait = runner.invoke(cli, ["wait", "never-cli", "--json"])
-    assert wait.exit_code == 1 and "no such job" in _one_error_line(wait.output)
+    assert wait.exit_code == 1 and f"no such job on {where}" in _one_error_line(wait.output)
     assert time.monotonic() - t0 < 10  # the 5 s grace, not the 3600 s timeout
+
+
+def test_a_terminal_without_the_broker_url_is_told_which_it_asked() -> None:
+    # Given a new terminal: no FRAMEFLEET_BROKER_URL, and a Redis of its own on 6379 or none
+    out = _framefleet("status", "from-elsewhere")
+    # Then the answer names the default broker, whatever it says of the job
+    assert "127.0.0.1:6379" in out.stdout + out.stderr, out.stdout + out.stderr
+    # and a password never shows
+    out = _framefleet("status", "from-elsewhere",
+                      FRAMEFLEET_BROKER_URL=f"redis://:hunter2@127.0.0.1:{free_port()}/0")
+    assert "hunter2" not in out.stdout + out.stderr
 
 
 def test_status_of_a_queued_job_and_wait_timing_out(env: str, tmp_path: Path) -> None:
     submit = runner.invoke(cli, ["submit", "--input", (tmp_path / "z.npy").as_uri(),
                                  "--output", (tmp_path / "o").as_uri(), "--decoder", "pattern",
                                  "--job-id", "queued-cli"])
+    where = _where(env)
     assert submit.exit_code == 0 and submit.stdout.strip() == "queued-cli"
+    assert f"note: queued on the broker at {where}" in submit.stderr
     # No FRAMEFLEET_FILE_ROOTS here: the CLI says that the workers decide on local paths
     assert "warning: input.uri, output.uri: local paths on the workers" in submit.stderr
-    assert runner.invoke(cli, ["status", "queued-cli"]).stdout.strip() == "queued-cli: QUEUED"
+    assert runner.invoke(cli, ["status", "queued-cli"]).stdout.strip() == (
+        f"queued-cli: QUEUED, broker {where}")
     wait = runner.invoke(cli, ["wait", "queued-cli", "--timeout", "0.5", "--json"])
     assert wait.exit_code == EXIT_TIMEOUT
-    assert "still QUEUED after 0.5 s" in _one_error_line(wait.output)
+    assert f"still QUEUED after 0.5 s (broker {where})" in _one_error_line(wait.output)
     cancel = runner.invoke(cli, ["cancel", "queued-cli"])
-    assert cancel.exit_code == 0 and "cancel requested for queued-cli" in cancel.output
+    assert cancel.exit_code == 0
+    assert f"cancel requested for queued-cli (was QUEUED) on {where}" in cancel.output
 
 
 @pytest.mark.parametrize("args", [["status", "j1"], ["wait", "j1"], ["cancel", "j1"],
@@ -238,3 +262,25 @@ def test_ctrl_c_ends_a_command_whose_main_thread_never_sees_it() -> None:
     assert proc.returncode == EXIT_INTERRUPTED
     assert err == "error: interrupted: the job goes on\n"
     assert CTRL_C_GRACE_S <= time.monotonic() - t0 < CTRL_C_GRACE_S + 20
+
+
+@pytest.mark.parametrize(("given", "every"), [("3", 3), ("off", 0), (None, None)])
+def test_submit_preview_option(env: str, given: str | None, every: int | None) -> None:
+    args = ["submit", "--prompt", "a fox", "--model", "/models/tiny", "--size", "64x64",
+            "--frames", "9", "--steps", "4", "--output", "/o", "--job-id", "pv-cli"]
+    result = runner.invoke(cli, args + (["--preview", given] if given else []))
+    assert result.exit_code == 0, result.output
+    preview = _queued_spec(env)["generate"].get("preview")
+    # left out: the worker's default (every 2), and the spec's digest as it always was
+    assert (preview["every"] if preview else None) == every
+
+
+def test_submit_preview_option_refused_naming_it(env: str) -> None:
+    args = ["submit", "--prompt", "a fox", "--model", "/models/tiny", "--output", "/o"]
+    for bad in ("x", "-1"):
+        result = runner.invoke(cli, [*args, "--preview", bad])
+        assert result.exit_code == 1 and "--preview: expected a number of steps" in \
+            _one_error_line(result.output), result.output
+    result = runner.invoke(cli, [*args, "--steps", "4", "--preview", "5"])
+    assert result.exit_code == 1 and "preview.every: 5 is more than num_inference_steps 4" in \
+        _one_error_line(result.output), result.output

@@ -66,7 +66,7 @@ def test_every_step_and_none_are_fine() -> None:
 
 
 def test_the_default_is_a_range_checked_setting(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert Settings().preview_every == 0  # off unless the operator turns previews on
+    assert Settings().preview_every == 2  # on unless the operator turns previews off
     monkeypatch.setenv("FRAMEFLEET_PREVIEW_EVERY", "4")
     assert Settings().preview_every == 4
     monkeypatch.setenv("FRAMEFLEET_PREVIEW_EVERY", "-1")

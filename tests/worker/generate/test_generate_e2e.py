@@ -111,7 +111,9 @@ def test_hand_off_exact_and_progress_in_order(
         assert len(a) == len(b) == got.frames
         assert all((x == y).all() for x, y in zip(a, b, strict=True))
     assert result.cost is not None
-    assert [s.stage for s in result.cost.stages] == ["text_encode", "denoise", "decode", "s3"]
+    # previews are on by default: their stage is priced too
+    assert [s.stage for s in result.cost.stages] == ["text_encode", "denoise", "preview",
+                                                     "decode", "s3"]
     assert result.timings.denoise_s > 0
 
 
@@ -124,7 +126,8 @@ def test_cancel_mid_denoise_is_revoked_without_manifest(
     with pytest.raises(JobCancelled):
         handle.wait(timeout=60)
     assert handle.status() == "REVOKED"
-    assert not _keys(s3, s3_bucket, "out/gen/gen-cancel/")  # no manifest, no segment
+    # no manifest, no segment (the previews made before the cancel stay, by design)
+    assert not {k for k in _keys(s3, s3_bucket, "out/gen/gen-cancel/") if "/previews/" not in k}
     assert "gen-cancel cancelled while denoising" in worker.log_text()
     print(f"cancelled at denoise {p.steps_done}/{p.steps_total} or later")
 

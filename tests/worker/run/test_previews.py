@@ -64,11 +64,12 @@ def test_previews_land_in_order_and_decode_as_announced(
     run.preview_hooks.append(landed.append)
     run.progress_hooks.append(reports.append)
     result = run_job(spec, decoders, run)
-    # Then steps 3, 6 and 9 were stored and announced, in that order
-    assert [p.step for p in landed] == [3, 6, 9] and {p.steps_total for p in landed} == {10}
+    # Then steps 1 (the first preview comes at once), 3, 6 and 9 were stored and announced,
+    # in that order
+    assert [p.step for p in landed] == [1, 3, 6, 9] and {p.steps_total for p in landed} == {10}
     folder = _folder(tmp_path, "p1")
     assert sorted(p.name for p in folder.iterdir()) == [
-        "latest.mp4", "step-0003.mp4", "step-0006.mp4", "step-0009.mp4"]
+        "latest.mp4", "step-0001.mp4", "step-0003.mp4", "step-0006.mp4", "step-0009.mp4"]
     for p in landed:
         # each decodes at the size and frame count it states: the 6x4 latent grid x4, one
         # frame per latent frame (9 frames: 3), a quarter of the video's rate
@@ -81,12 +82,12 @@ def test_previews_land_in_order_and_decode_as_announced(
     # and every progress report after the first preview carries the newest one
     shown = [(r.steps_done, r.preview.step if r.preview else 0) for r in reports
              if r.stage == "denoise"]
-    assert all(step <= n // 3 * 3 for n, step in shown), shown  # never ahead of the denoise
+    assert all(step <= n for n, step in shown), shown  # never ahead of the denoise
     assert [step for _, step in shown] == sorted(step for _, step in shown)
     assert reports[-1].preview is not None and reports[-1].preview.step == 9
     # and the manifest, the stage timings and the cost say so
     facts = result.manifest.generate
-    assert facts is not None and (facts.preview_every, facts.previews) == (3, 3)
+    assert facts is not None and (facts.preview_every, facts.previews) == (3, 4)
     assert result.timings.preview_s > 0
     assert result.cost is not None
     stages = {s.stage: s for s in result.cost.stages}
@@ -96,12 +97,13 @@ def test_previews_land_in_order_and_decode_as_announced(
 
 def test_the_workers_default_applies_and_every_0_writes_none(
         tmp_path: Path, model: Path, decoders: DecoderCache) -> None:
-    settings = _settings(tmp_path, model, preview_every=2)
-    # A job that does not say gets the worker's FRAMEFLEET_PREVIEW_EVERY
+    settings = _settings(tmp_path, model)
+    # A job that does not say gets the worker's FRAMEFLEET_PREVIEW_EVERY, every 2 steps unless
+    # its operator says: a preview after step 1, then steps 2 and 4
     spec = _spec("d1", tmp_path, model, num_inference_steps=4)
     result = run_job(spec, decoders, Run(spec, settings=settings))
     assert sorted(p.name for p in _folder(tmp_path, "d1").iterdir()) == [
-        "latest.mp4", "step-0002.mp4", "step-0004.mp4"]
+        "latest.mp4", "step-0001.mp4", "step-0002.mp4", "step-0004.mp4"]
     assert result.manifest.generate is not None
     assert result.manifest.generate.preview_every == 2
     # and one with every 0 writes none, whatever the default
@@ -160,7 +162,7 @@ def test_a_store_that_refuses_previews_never_fails_the_job(
     run.preview_hooks.append(lambda p: pytest.fail(f"announced: {p}"))
     result = run_job(spec, decoders, run)
     # Then each preview failed on its own (each one tried again) and the job succeeded whole
-    assert len(failures) == 3, failures
+    assert len(failures) == 4, failures  # after steps 1, 2, 4 and 6
     assert result.manifest.generate is not None and result.manifest.generate.previews == 0
     frames = sum(len(_decode(Path(s.uri.removeprefix("file://"))))
                  for s in result.manifest.segments)

@@ -80,7 +80,9 @@ class PreviewSink(Protocol):
 
 
 class Previews:
-    """Makes a preview after every ``every``-th denoise step and offers it to ``sink``."""
+    """Makes a preview after the first denoise step and after every ``every``-th one, and
+    offers it to ``sink``: the first one shows the video's layout at once (a 20-step job,
+    every 2: after steps 1, 2, 4, … 20)."""
 
     def __init__(self, every: int, sink: PreviewSink) -> None:
         if every < 1:
@@ -109,7 +111,7 @@ class Previews:
 
     def wants(self, step: int) -> bool:
         """Whether denoise step ``step`` (1-based: steps done) makes a preview."""
-        return self._weight is not None and step % self.every == 0
+        return self._weight is not None and (step == 1 or step % self.every == 0)
 
     def __call__(self, step: int, steps: int, x0: torch.Tensor) -> None:
         """x0 (1, C, T, h, w) after ``step`` of ``steps``: project, copy, offer. Never raises."""

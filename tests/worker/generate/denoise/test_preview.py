@@ -161,13 +161,14 @@ def test_the_clip_is_the_factors_on_x0_one_pixel_per_latent_cell(tiny_model: Pat
     gen = tiny_generate(tiny_model, num_inference_steps=4)
     pipe, positive, negative = _embeds(tiny_model, gen)
     info = read_model(tiny_model)
-    ref = Recorder(every=2)
+    ref = Recorder(every=1)
     _run(pipe, gen, positive, negative, watch=lambda s: watch_x0(s, ref, 4))  # type: ignore[arg-type]
     # When the job's denoise makes previews every 2 steps
     sink = Sink()
     latents, stopped = denoise(pipe, gen, info, positive, negative, lambda d, t: None,
                                lambda: False, previews=Previews(2, sink))
-    assert not stopped and sorted(sink.clips) == [2, 4] and not sink.failures
+    # Then the first comes after step 1 (something to see at once), then every 2nd step
+    assert not stopped and sorted(sink.clips) == [1, 2, 4] and not sink.failures
     # Then each clip is ComfyUI's projection of that step's x0, computed here with numpy
     weight = np.array(WAN21_RGB, dtype=np.float64)  # (C, 3)
     for step, clip in sink.clips.items():
