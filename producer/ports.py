@@ -17,7 +17,7 @@ DEFAULT_METRICS_PORT = 9400
 #: Default ``FRAMEFLEET_EXPORTER_PORT``: ``framefleet exporter``'s ``/metrics``.
 DEFAULT_EXPORTER_PORT = 9410
 #: Default ``FRAMEFLEET_API_PORT``: ``framefleet api``, the HTTP gateway.
-DEFAULT_API_PORT = 8080
+DEFAULT_API_PORT = 8000
 
 #: CPU workers start this far above the base (a host has at most a few dozen GPUs).
 CPU_PORT_OFFSET = 100

@@ -82,3 +82,12 @@ def test_the_exit_statuses_are_the_clis() -> None:
     table = dict(re.findall(r"(?m)^\| (\d+) \| ([^|]+) \|$", _section("CLI")))
     codes = {getattr(output, n) for n in dir(output) if n.startswith("EXIT_")}
     assert codes | {0, 2} == {int(c) for c in table}, table
+
+
+def test_the_first_paragraph_says_what_the_fleet_generates() -> None:
+    # A user searches for what the fleet does: prompts and images in, video out, per-job cost.
+    first = README.split("\n\n", 2)[1]
+    for words in ("text-to-video", "image-to-video", "Wan2.1/2.2", "Celery", "Redis", "GPU",
+                  "fMP4/HLS", "S3", "cost"):
+        assert words in first, words
+    assert "latents into" not in first

@@ -29,7 +29,7 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'se
        "frame-ancestors 'none'")
 HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
            "Referrer-Policy": "no-referrer", "Cache-Control": "no-cache"}
-STATIC = {"page.js": "text/javascript", "page.css": "text/css"}
+STATIC = {"page.js": "text/javascript", "page.css": "text/css", "favicon.svg": "image/svg+xml"}
 #: The hls.js release the package ships (npm ``hls.js``, ``dist/hls.min.js``) and its sha256.
 HLS_JS_VERSION = "1.7.4"
 HLS_JS_SHA256 = "cfc70cc9e9fc63d071919e087670abc760c8fd1bc889b88588026e4d22193bbe"
@@ -80,6 +80,13 @@ def hls_js(settings: Settings) -> HlsJs:
 def index() -> Response:
     return Response(_static("index.html"), media_type="text/html; charset=utf-8",
                     headers=HEADERS)
+
+
+@router.get("/favicon.ico")
+def favicon() -> Response:
+    # Browsers ask for /favicon.ico whatever the page links; an SVG answers both (a 404 here
+    # filled every gateway log and the browser console with one error per page load).
+    return Response(_static("favicon.svg"), media_type=STATIC["favicon.svg"], headers=HEADERS)
 
 
 @router.get("/static/{name}")

@@ -147,7 +147,7 @@ cli.command(help=fleet.EXPORTER_HELP)(fleet.exporter)
 def api() -> None:
     """HTTP gateway: /v1/videos (the OpenAI Videos shape), /v1/jobs with Server-Sent Events,
     and a page at / to watch jobs. Listens on FRAMEFLEET_API_ADDR:FRAMEFLEET_API_PORT
-    (127.0.0.1:8080 unless set); needs FRAMEFLEET_API_KEYS_FILE, FRAMEFLEET_API_MODELS_FILE
+    (127.0.0.1:8000 unless set); needs FRAMEFLEET_API_KEYS_FILE, FRAMEFLEET_API_MODELS_FILE
     and an s3:// FRAMEFLEET_OUTPUT_PREFIX, and the api extra (pip install 'framefleet[api]')."""
     from producer.settings import get_settings
 

@@ -103,7 +103,10 @@ def run_demo(decoder: str, frames: int, out: Path, width: int, height: int,
     # The worker process reads the embedded mode from its environment; this process gets
     # the same settings explicitly.
     env = {k: v for k, v in os.environ.items() if k != "FRAMEFLEET_RESULT_BACKEND"}
-    env.update(FRAMEFLEET_BROKER_URL="filesystem://", FRAMEFLEET_DATA_DIR=str(data_dir))
+    # The demo's records go to a ledger of its own: inherited, the fleet's ledger would count
+    # the demo's runs in `framefleet cost report` among the fleet's jobs.
+    env.update(FRAMEFLEET_BROKER_URL="filesystem://", FRAMEFLEET_DATA_DIR=str(data_dir),
+               FRAMEFLEET_LEDGER_URI=(data_dir / "ledger").as_uri())
     settings = Settings(broker_url="filesystem://", data_dir=str(data_dir), result_backend=None)
     job: dict[str, Any] = {
         "job_id": f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}", "tenant": "demo",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -136,10 +137,15 @@ def fleet(
     from producer.state.readiness import live_states, state_dir
 
     with errors():
-        states = live_states(state_dir(get_settings()))
+        settings = get_settings()
+        states = live_states(state_dir(settings))
     if json_out:
         sys.stdout.write(json.dumps([asdict(s) for s in states], indent=2) + "\n")
         return
+    # Which host and which broker this answer is about: a new terminal without
+    # FRAMEFLEET_BROKER_URL talks to another broker than the workers may.
+    console.print(f"host {socket.gethostname()}, broker {broker_address(settings.broker_url)}",
+                  markup=False)
     if not states:
         console.print("no worker process on this host has started", markup=False)
         return
@@ -150,6 +156,17 @@ def fleet(
         if total is not None:
             head += f" {total:.1f} s after its start"
         console.print(head + (f" ({phases})" if phases else ""), markup=False)
+
+
+def broker_address(url: str) -> str:
+    """``url`` without its password or path: scheme://host:port (``filesystem://`` as is)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if not parts.hostname:
+        return f"{parts.scheme}://"
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{parts.hostname}{port}"
 
 
 EXPORTER_HELP = (

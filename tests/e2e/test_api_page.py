@@ -99,9 +99,9 @@ def http(url: str, headers: dict[str, str] | None = None, data: Any = None,
         return e.code, e.read()
 
 
-def job_state(fleet: ApiFleet, job: str = JOB) -> str:
-    _, body = http(fleet.gateway.url + f"/v1/jobs/{job}", fleet.keys["acme"].headers)
-    return str(json.loads(body)["state"])
+def job_state(fleet: ApiFleet, job: str = JOB, tenant: str = "acme") -> str:
+    _, body = http(fleet.gateway.url + f"/v1/jobs/{job}", fleet.keys[tenant].headers)
+    return str(json.loads(body).get("state", body))
 
 
 def open_page(browser: Browser, url: str, key: str) -> DevTools:
@@ -269,3 +269,47 @@ def test_a_gateway_without_hls_js_says_so_at_start_and_on_the_page(
             browser.stop()
     finally:
         gateway.stop()
+
+
+def test_the_empty_table_says_what_to_do_and_a_small_video_keeps_download_in_view(
+        api_fleet: ApiFleet, tmp_path: Path) -> None:  # noqa: F811
+    binary = require_binary("chromium", "Debian package chromium")
+    fresh = api_fleet.keys["evil"]  # no job of this tenant in this module before this test
+    browser = Browser(binary, tmp_path)
+    browser.start()
+    try:
+        # Given a laptop-sized window and a key with no job yet
+        page = browser.devtools()
+        page.call("Emulation.setDeviceMetricsOverride", width=1280, height=720,
+                  deviceScaleFactor=1, mobile=False)
+        page = open_page(browser, api_fleet.gateway.url, fresh.secret)
+        # Then the empty table says how to submit one, with this gateway's address
+        hint = str(wait_for(lambda: page.eval(
+            "(e => !e.hidden && e.textContent || null)(document.getElementById('empty'))"),
+            30, "the empty table's hint"))
+        assert f"{api_fleet.gateway.url}/v1/videos" in hint and "Authorization" in hint, hint
+        assert "openai" in hint
+        assert page.eval("document.querySelector('#jobs tbody').rows.length") == 0
+        # And when a 64x64 job has rendered and is clicked
+        status, body = http(api_fleet.gateway.url + "/v1/videos", fresh.headers,
+                            {"model": "tiny", "prompt": "a red fox", "seconds": "0.5",
+                             "size": "64x64"})
+        assert status == 200, body
+        video = json.loads(body)["id"]
+        wait_for(lambda: job_state(api_fleet, video, "evil") == "SUCCESS" or None, 180, "its end")
+        row_text(page, video, has="completed")
+        assert page.eval("document.getElementById('empty').hidden") is True
+        frames_shown(page, video)
+        # Then the video keeps its aspect, and the note and Download stay in the first viewport
+        box = page.eval("JSON.stringify((v => { const r = v.getBoundingClientRect(); return "
+                        "{w: r.width, h: r.height, vw: v.videoWidth, vh: v.videoHeight}; })"
+                        "(document.getElementById('video')))")
+        box = json.loads(box)
+        assert (box["vw"], box["vh"]) == (64, 64) and abs(box["w"] - box["h"]) <= 1, box
+        bottom = page.eval("document.getElementById('download').getBoundingClientRect().bottom")
+        assert 0 < bottom <= 720, (bottom, box)
+        shot = page.call("Page.captureScreenshot")["data"]
+        (tmp_path / "page-64x64.png").write_bytes(base64.b64decode(shot))
+        assert page.eval("window.cspViolations") == []
+    finally:
+        browser.stop()

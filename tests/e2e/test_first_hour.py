@@ -143,13 +143,21 @@ def test_a_retrying_job_shows_retry_and_its_reason(
 
 
 def test_the_demo_says_it_uses_random_weights(tmp_path: Path) -> None:
+    fleet_ledger = tmp_path / "fleet-ledger"
+    fleet_ledger.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FRAMEFLEET_")}
     out = subprocess.run(
         [sys.executable, "-m", "producer.cli", "demo", "--frames", "5", "--width", "32",
          "--height", "32", "--out", str(tmp_path / "demo")],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
-        env={**env, "PYTHONPATH": str(REPO_ROOT), "FRAMEFLEET_METRICS_PORT": "0"})
+        env={**env, "PYTHONPATH": str(REPO_ROOT), "FRAMEFLEET_METRICS_PORT": "0",
+             # a fleet's ledger in this shell: the demo's run must not land among its jobs
+             "FRAMEFLEET_LEDGER_URI": fleet_ledger.as_uri(),
+             "FRAMEFLEET_FILE_ROOTS": str(tmp_path)})
     assert out.returncode == 0, out.stdout + out.stderr
+    assert not any(p.is_file() for p in fleet_ledger.rglob("*"))
+    own = [p for p in (tmp_path / "demo" / ".framefleet" / "ledger").rglob("*") if p.is_file()]
+    assert own, "the demo's run is in its own ledger"
     assert out.stdout.startswith('demo: random weights (decoder.weights "random")')
     assert out.stdout.splitlines()[-1].endswith("(wan2.1-vae, 32x32, random weights: noise)")
     (manifest,) = (tmp_path / "demo" / "videos" / "demo").glob("*/manifest.json")

@@ -36,7 +36,7 @@ RES = API["Resources"]
 
 def test_the_load_balancer_checks_readiness_and_serves_https_only() -> None:
     group = RES["TargetGroup"]["Properties"]
-    assert (group["HealthCheckPath"], group["Port"], group["Protocol"]) == ("/readyz", 8080,
+    assert (group["HealthCheckPath"], group["Port"], group["Protocol"]) == ("/readyz", 8000,
                                                                             "HTTP")
     assert group["Matcher"] == {"HttpCode": "200"}
     listeners = [r["Properties"] for r in RES.values()
@@ -95,12 +95,12 @@ def test_the_boot_script_starts_the_gateway_with_its_settings(tmp_path: Path) ->
     assert (settings.api_rate_per_minute, settings.api_anon_rate_per_minute,
             settings.api_max_in_flight, settings.api_max_streams) == (600, 120, 16, 8)
     assert f":{TOKEN}@{PARAMS['RedisHost']}:6379/" in env["FRAMEFLEET_BROKER_URL"]
-    # One container: the image's `api` command, on 8080, read-only, the folder mounted.
+    # One container: the image's `api` command, on 8000, read-only, the folder mounted.
     runs = [c for c in calls if c[:2] == ["docker", "run"]]
     assert len(runs) == 1
     image = "123456789012.dkr.ecr.us-east-2.amazonaws.com/framefleet-producer:0.1.0"
     assert runs[0][runs[0].index(image):] == [image, "api"]
-    assert option(runs[0], "--publish") == ["8080:8080"] and "--read-only" in runs[0]
+    assert option(runs[0], "--publish") == ["8000:8000"] and "--read-only" in runs[0]
     assert option(runs[0], "--volume") == [f"{api}:/etc/framefleet/api:ro"]
     assert env["FRAMEFLEET_API_KEYS_FILE"] == "/etc/framefleet/api/keys.toml"
     assert ["systemctl", "enable", "--now", "framefleet-api-keys.timer"] in calls

@@ -160,7 +160,7 @@ def test_nothing_is_reachable_from_outside_but_the_apis_https() -> None:
     door = api["GatewayFromLoadBalancer"]["Properties"]
     assert door["GroupId"] == {"Ref": "GatewaySecurityGroup"}
     assert door["SourceSecurityGroupId"] == {"Ref": "LoadBalancerSecurityGroup"}
-    assert (door["FromPort"], door["ToPort"]) == (8080, 8080)
+    assert (door["FromPort"], door["ToPort"]) == (8000, 8000)
     launch_templates = (("fleet.yaml", "WorkerLaunchTemplate"),
                         ("fleet.yaml", "ExporterLaunchTemplate"),
                         ("api.yaml", "GatewayLaunchTemplate"))

@@ -352,7 +352,7 @@ def test_the_api_service_listens_for_the_host_on_loopback_only(
     env = api["environment"]
     s = settings_of(env)
     assert str(s.api_addr) == "0.0.0.0"  # inside its container; published on loopback only
-    assert api["ports"] == [f"127.0.0.1:8080:{s.api_port}/tcp"]
+    assert api["ports"] == [f"127.0.0.1:8000:{s.api_port}/tcp"]
     assert api["volumes"] == [f"{DOCKER / 'api'}:/etc/framefleet/api:ro"]
     assert env["FRAMEFLEET_API_MODELS_FILE"].startswith("/etc/framefleet/api/")
     assert (DOCKER / "api" / Path(env["FRAMEFLEET_API_MODELS_FILE"]).name).is_file()

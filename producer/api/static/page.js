@@ -28,6 +28,8 @@
 
   function render(videos) {
     rows.replaceChildren();
+    // An empty table says how to fill it: the page itself submits nothing.
+    $("empty").hidden = videos.length > 0;
     for (const v of videos) {
       const tr = document.createElement("tr");
       tr.dataset.id = v.id;
@@ -47,7 +49,7 @@
   }
 
   async function refresh() {
-    if (!key()) { rows.replaceChildren(); return; }
+    if (!key()) { rows.replaceChildren(); $("empty").hidden = true; return; }
     try {
       const r = await fetch("/v1/videos?limit=50", { headers: auth() });
       const body = await r.json();
@@ -161,7 +163,8 @@
     refresh();
   });
   $("forget").addEventListener("click", () => {
-    sessionStorage.removeItem(KEY); state.jobs = []; rows.replaceChildren(); say("key forgotten");
+    sessionStorage.removeItem(KEY); state.jobs = []; rows.replaceChildren();
+    $("empty").hidden = true; say("key forgotten");
   });
   $("download").addEventListener("click", download);
   // No hls.js (the gateway could not find it): say what is missing, never a silent player.
@@ -171,6 +174,7 @@
     }).catch(() => { state.missing = "no hls.js: this page cannot play videos"; })
       .finally(() => { $("missing").textContent = state.missing; $("missing").hidden = false; });
   }
+  for (const el of document.querySelectorAll("#empty .origin")) el.textContent = location.origin;
   refresh();
   timer = setInterval(refresh, 2000);
   window.addEventListener("pagehide", () => { clearInterval(timer); stopPreview(); });

@@ -45,6 +45,11 @@ def test_open_routes_answer_without_a_key(client: TestClient) -> None:
     assert schema["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
     page = client.get("/")
     assert page.status_code == 200 and "<video" in page.text
+    # A browser asks for /favicon.ico on every page: an icon, not a 404 in every log.
+    icon = client.get("/favicon.ico")
+    assert icon.status_code == 200 and icon.headers["content-type"] == "image/svg+xml"
+    assert icon.content.startswith(b"<svg") and '/static/favicon.svg"' in page.text
+    assert client.get("/static/favicon.svg").content == icon.content
     # TestClient's peer is "testclient", not loopback: /metrics is not there for it.
     assert client.get("/metrics").status_code == 404
 

@@ -137,6 +137,14 @@ def test_bad_loras_fail_and_leave_the_base_exact(tiny_model: Path, i2v_model: Pa
     with pytest.raises(InvalidJobError, match=r"generate.loras\[0\]: .* is a pickle or zip "
                                               "checkpoint .* refused"):
         _run(decoders, tmp_path / "c", tiny_model, loras=[{"uri": fake.as_uri()}])
+    # A LoRA made for the ti2v layout fits a t2v model's widths: its metadata says whose it is
+    from worker.generate.model.tiny import write_tiny
+
+    ti2v = tmp_path / "ti2v.safetensors"
+    write_tiny(tmp_path / "ti2v-model", "ti2v", lora=ti2v)
+    with pytest.raises(InvalidJobError, match=r"generate.loras\[0\]: .*ti2v.safetensors is a "
+                                              "LoRA made for a ti2v model; this model is t2v"):
+        _run(decoders, tmp_path / "e", tiny_model, loras=[{"uri": ti2v.as_uri()}])
     _, again = _run(decoders, tmp_path / "d", tiny_model)
     assert torch.equal(again, plain)  # the base model untouched
 

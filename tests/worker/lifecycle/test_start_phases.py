@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -48,6 +49,7 @@ def test_phases_are_published_before_ready(tmp_path: Path,
     assert gauge == state.phases
     # and `framefleet fleet` shows them for this host's worker process
     monkeypatch.setenv("FRAMEFLEET_WORK_DIR", str(tmp_path))
+    monkeypatch.setenv("FRAMEFLEET_BROKER_URL", "redis://:s3cret@10.1.2.3:6380/0")
     get_settings.cache_clear()
     try:
         out = CliRunner().invoke(cli, ["fleet"])
@@ -56,4 +58,8 @@ def test_phases_are_published_before_ready(tmp_path: Path,
         get_settings.cache_clear()
     assert out.exit_code == 0, out.output
     assert f"worker process {os.getpid()}: ready " in out.output and "read " in out.output
+    # naming this host and the broker asked, without its password
+    assert out.output.splitlines()[0] == \
+        f"host {socket.gethostname()}, broker redis://10.1.2.3:6380", out.output
+    assert "s3cret" not in out.output
     assert [s["phases"] for s in shown] == [state.phases]

@@ -6,8 +6,10 @@
   ``safetensors`` parses it.
 - **Checked before anything is loaded**: after diffusers' own key conversion
   (``lora_state_dict``: original Wan and musubi formats), every ``lora_A``/``lora_B`` must name
-  a linear layer of the transformer with matching widths. A LoRA for another model fails the
-  job naming ``generate.loras[i]`` and the base model is untouched.
+  a linear layer of the transformer with matching widths, and a LoRA whose metadata says it
+  was made for another layout (``framefleet.made_for``, which ``models tiny --lora`` writes: a
+  ti2v LoRA's widths fit a t2v model) is refused naming both. A LoRA for another model fails
+  the job naming ``generate.loras[i]`` and the base model is untouched.
 - **Loaded** with ``load_lora_weights`` (``load_into_transformer_2`` for a two-expert model's
   low-noise expert) under a name derived from the file's sha256, and kept for the next job
   that names the same file, within ``FRAMEFLEET_LORA_CACHE_MIB`` per resident model (the least
@@ -69,6 +71,33 @@ def parse(data: bytes, field_name: str, uri: str) -> dict[str, Any]:
         return dict(load(data))
     except (SafetensorError, ValueError, RuntimeError) as e:
         raise InvalidJobError(f"{field_name}: {uri}: corrupt safetensors file: {e}") from None
+
+
+def model_layout(pipe: Any) -> str:
+    """The layout of ``pipe``'s model, as ``framefleet models tiny --layout`` names them: i2v
+    (image channels beside the noise), ti2v (Wan2.2 TI2V's 48 latent channels) or t2v."""
+    config = pipe.transformer.config
+    if config.in_channels != config.out_channels:
+        return "i2v"
+    return "ti2v" if config.out_channels == 48 else "t2v"
+
+
+def check_made_for(pipe: Any, data: bytes, field_name: str, uri: str) -> None:
+    """Refuse a LoRA whose safetensors metadata says it was made for another layout
+    (``framefleet.made_for``): a ti2v LoRA's widths fit a t2v model, so shapes cannot tell."""
+    import json
+
+    from worker.generate.model.tiny import LORA_MADE_FOR
+
+    try:
+        head = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
+    except ValueError:
+        return  # parse() names what is wrong with the file
+    made_for = (head.get("__metadata__") or {}).get(LORA_MADE_FOR)
+    layout = model_layout(pipe)
+    if made_for and made_for != layout:
+        raise InvalidJobError(f"{field_name}: {uri} is a LoRA made for a {made_for} model; this "
+                              f"model is {layout}")
 
 
 def check_fits(pipe: Any, state: dict[str, Any], targets: tuple[str, ...], field_name: str,
@@ -140,6 +169,7 @@ def prepare(pipe: Any, adapters: Adapters, gen: GenerateSpec, settings: Settings
         entry = adapters.loaded.get(name)
         missing = tuple(t for t in targets if entry is None or t not in entry.targets)
         if missing:
+            check_made_for(pipe, data, field_name, lora.uri)
             state = check_fits(pipe, parse(data, field_name, lora.uri), missing, field_name,
                                lora.uri)
             _load(pipe, name, state, missing, field_name, lora.uri)

@@ -18,6 +18,8 @@ from typing import Any
 RANDOM_MARKER = "framefleet_random_weights.json"
 #: The linear layers of each attention block a tiny LoRA adapts.
 LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")
+#: The safetensors metadata key where a LoRA written here records the layout it was made for.
+LORA_MADE_FOR = "framefleet.made_for"
 
 
 def write_tiny(path: Path, layout: str, seed: int = 0, lora: Path | None = None) -> str:
@@ -39,14 +41,25 @@ def write_tiny(path: Path, layout: str, seed: int = 0, lora: Path | None = None)
         "seed": seed, "note": "seeded random weights: the videos of this model are noise"},
         indent=2) + "\n")
     if lora is not None:
-        write_lora(pipe.transformer, lora, seed)
+        write_lora(pipe.transformer, lora, seed, made_for=layout)
+    readable(path)
     return preset
 
 
-def write_lora(transformer: Any, path: Path, seed: int = 0, rank: int = 4) -> Path:
+def readable(path: Path) -> None:
+    """Make the files under ``path`` (or ``path`` itself) 0644. safetensors writes through a
+    0600 temporary file, and a worker in another user's container could not read a model or
+    LoRA made here."""
+    for f in [path] if path.is_file() else (p for p in path.rglob("*") if p.is_file()):
+        f.chmod(0o644)
+
+
+def write_lora(transformer: Any, path: Path, seed: int = 0, rank: int = 4,
+               made_for: str | None = None) -> Path:
     """A random LoRA of ``rank`` on ``transformer``'s attention projections, in diffusers'
-    format (``transformer.``-prefixed ``lora_A``/``lora_B`` weights), as ``.safetensors``.
-    ``transformer`` is left as it was."""
+    format (``transformer.``-prefixed ``lora_A``/``lora_B`` weights), as ``.safetensors``
+    readable by all (0644). ``made_for`` (a layout: t2v, ti2v, i2v) is recorded in the file's
+    metadata as :data:`LORA_MADE_FOR`. ``transformer`` is left as it was."""
     import copy
 
     import torch
@@ -63,5 +76,7 @@ def write_lora(transformer: Any, path: Path, seed: int = 0, rank: int = 4) -> Pa
         torch.random.set_rng_state(state)
     tensors = get_peft_model_state_dict(model)
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_file({f"transformer.{k}": v.contiguous() for k, v in tensors.items()}, str(path))
+    save_file({f"transformer.{k}": v.contiguous() for k, v in tensors.items()}, str(path),
+              metadata={LORA_MADE_FOR: made_for} if made_for else None)
+    readable(path)
     return path
