@@ -4,8 +4,8 @@ The first pass runs every test not marked ``serial`` over ``pytest-xdist`` worke
 (``-n``, ``--dist loadfile``): each worker is its own pytest session, so it starts its own Redis
 and SeaweedFS (session fixtures, free loopback ports, its own temporary folders), and a module's
 tests stay together on one worker (their module fixtures are built once, in order). Most of
-the suite's time is spent waiting on subprocesses (Celery workers, servers), so two workers on
-two cores save time without starving each other.
+the suite's time is spent in subprocesses (Celery workers, servers) that need cores of their
+own: the Makefile starts half as many workers as cores, and none below 4 cores.
 
 The second pass runs the ``serial`` tests alone, one at a time: the tests whose assertions
 depend on owning the machine, or that take host-wide names. They are marked here, by marker and
