@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from tests.parallel import mark_serial, own_database
 from tests.require import require_binary
 from tests.services import (
     REDIS_INSTALL,
@@ -37,14 +38,21 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", line)
 
 
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects (the ``serial`` pass of make test)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    mark_serial(items)
+
+
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """URL of an empty Redis database: ``FRAMEFLEET_TEST_REDIS_URL``, else a throwaway server.
 
     The database is flushed once, at session start; tests that need isolation from each other
-    use unique keys and queue names, or their own ``RedisServer``.
+    use unique keys and queue names, or their own ``RedisServer``. Under ``pytest-xdist`` each
+    worker is a session of its own: its own server, or its own database of the given one.
     """
     url = os.environ.get("FRAMEFLEET_TEST_REDIS_URL")
+    url = own_database(url) if url else url
     server: RedisServer | None = None
     if not url:
         binary = require_binary("redis-server", REDIS_INSTALL)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -31,6 +32,26 @@ from worker.lifecycle.launcher import (
 )
 
 ROOT = Path(__file__).resolve().parents[3]
+
+# ``framefleet worker`` (it execs ``python -m worker``) under a host name of the test's own:
+# the launcher names its workers ``cpu<j>@<name>`` and reserves those names, so a
+# ``framefleet worker --cpu`` that a user runs on this host (``cpu0@<real host>``) takes none
+# of the test's names or indices, and the test sees only its own workers.
+_LAUNCH = ("import socket, sys; name = sys.argv.pop(1); socket.gethostname = lambda: name; "
+           "from worker.__main__ import main; sys.exit(main(sys.argv[1:]))")
+
+
+def _launcher_argv(cpu: int, host: str) -> list[str]:
+    return [sys.executable, "-c", _LAUNCH, host, "--cpu", str(cpu)]
+
+
+@pytest.fixture
+def own_host(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A host name no other process on this machine uses, for the node names of this test's
+    launchers (in this process too: ``plan_for`` reserves ``<slot>@<host>``)."""
+    host = f"ff-test-{secrets.token_hex(4)}"
+    monkeypatch.setattr(socket, "gethostname", lambda: host)
+    return host
 
 
 @pytest.mark.parametrize(
@@ -85,28 +106,30 @@ def _wait_nodes(app: object, count: int, timeout: float = 90) -> set[str]:
     raise AssertionError(f"expected {count} workers, saw {nodes}")
 
 
-def test_cpu_workers_are_supervised_and_stop_on_sigterm(redis_url: str, tmp_path: Path) -> None:
+def test_cpu_workers_are_supervised_and_stop_on_sigterm(
+    redis_url: str, tmp_path: Path, own_host: str
+) -> None:
     redis.Redis.from_url(redis_url).flushdb()
     env = {**os.environ, "FRAMEFLEET_BROKER_URL": redis_url, "FRAMEFLEET_RESULT_BACKEND": redis_url,
            "FRAMEFLEET_METRICS_PORT": "0", "PYTHONUNBUFFERED": "1"}
     log = (tmp_path / "launcher.log").open("wb")
-    launcher = subprocess.Popen([sys.executable, "-m", "producer.cli", "worker", "--cpu", "2"],
+    launcher = subprocess.Popen(_launcher_argv(2, own_host),
                                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     app = make_app(redis_url, redis_url)
     try:
         # Given the launcher with two CPU workers
         nodes = _wait_nodes(app, 2)
-        assert {n.split("@")[0] for n in nodes} == {"cpu0", "cpu1"}
+        assert nodes == {f"cpu0@{own_host}", f"cpu1@{own_host}"}
         # When one worker process dies
-        out = subprocess.run(["pgrep", "-f", "-n", "-P", str(launcher.pid), "cpu1@"],
+        out = subprocess.run(["pgrep", "-f", "-n", "-P", str(launcher.pid), f"cpu1@{own_host}"],
                              capture_output=True, text=True, timeout=10)
         pid = int(out.stdout.split()[0])
         os.kill(pid, signal.SIGKILL)
         # Then the launcher starts it again (after its back-off) and both answer
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
-            again = subprocess.run(["pgrep", "-f", "-P", str(launcher.pid), "cpu1@"],
+            again = subprocess.run(["pgrep", "-f", "-P", str(launcher.pid), f"cpu1@{own_host}"],
                                    capture_output=True, text=True, timeout=10).stdout.split()
             if again and int(again[0]) != pid:
                 break
@@ -159,8 +182,8 @@ def test_a_stopped_launcher_kills_what_outlives_the_drain_wait(
     assert [s.proc.returncode for s in launcher.slots if s.proc] == [-signal.SIGKILL] * 2
 
 
-def test_a_gpu_another_launcher_runs_is_refused() -> None:
-    host = socket.gethostname()
+def test_a_gpu_another_launcher_runs_is_refused(own_host: str) -> None:
+    host = own_host
     held = HostNames()
     try:
         # Given another launcher on this host that runs GPU 0 (it holds the node name)
@@ -172,8 +195,8 @@ def test_a_gpu_another_launcher_runs_is_refused() -> None:
         held.close()
 
 
-def test_cpu_workers_take_names_no_other_launcher_holds() -> None:
-    host = socket.gethostname()
+def test_cpu_workers_take_names_no_other_launcher_holds(own_host: str) -> None:
+    host = own_host
     first, second = HostNames(), HostNames()
     try:
         # Given a launcher with two CPU workers on this host
@@ -235,7 +258,7 @@ def _scrape(port: int, timeout: float = 60) -> bytes:
 
 
 def test_two_launchers_on_one_host_get_distinct_names_and_metrics_ports(
-    redis_url: str, tmp_path: Path
+    redis_url: str, tmp_path: Path, own_host: str
 ) -> None:
     redis.Redis.from_url(redis_url).flushdb()
     base = _metrics_base()
@@ -249,11 +272,11 @@ def test_two_launchers_on_one_host_get_distinct_names_and_metrics_ports(
         # When a second launcher of one CPU worker starts on the same host
         for n, log in enumerate(logs, start=1):
             launchers.append(subprocess.Popen(
-                [sys.executable, "-m", "producer.cli", "worker", "--cpu", "1"], cwd=ROOT,
+                _launcher_argv(1, own_host), cwd=ROOT,
                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
             nodes = _wait_nodes(app, n)
         # Then both workers answer, under two names, each with its own /metrics port
-        assert all(n.startswith("cpu") for n in nodes), nodes
+        assert nodes == {f"cpu0@{own_host}", f"cpu1@{own_host}"}, nodes
         for node in nodes:
             j = int(node.split("@")[0].removeprefix("cpu"))
             assert b"framefleet_" in _scrape(base + 100 + j), node
