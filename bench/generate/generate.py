@@ -24,8 +24,7 @@ WanImageToVideoPipeline; ``--lora`` the cost of a LoRA switch (gen_extra.py);
 ``--previews N`` runs each framefleet row again with a preview every N steps: the overhead in %
 of the denoise, the time to the first preview, one preview frame as a PNG (gen_previews.py).
 ``--budget-s`` stops the run in time: an item whose estimate does not fit is skipped and
-listed with the reason, and what ran is saved after every row.
-
+listed with the reason, and what ran is saved after every row. For example:
   python bench/generate/generate.py --models wan2.2-ti2v-5b --steps 20,4 \
       --tiers exact,fp8,cache,fp8+cache --json denoise-h200.json --out DIR
   python bench/generate/generate.py --tiny --out DIR       # CPU, the same code paths (CI runs it)
