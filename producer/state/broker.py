@@ -120,7 +120,8 @@ def redis_client(url: str, settings: Settings | None = None, **kwargs: Any) -> r
                                        ("password", first.password)) if v}
     db = int(first.path.strip("/") or 0)
     sentinel = Sentinel(sentinel_hosts(url), sentinel_kwargs=options["sentinel_kwargs"])
-    return sentinel.master_for(options["master_name"], db=db, **auth, **kwargs)
+    connect: dict[str, Any] = {"db": db, **auth, **kwargs}  # typed loosely: redis 8.2's stubs
+    return sentinel.master_for(options["master_name"], **connect)
 
 
 def server_identity(client: Any) -> tuple[Any, ...]:
