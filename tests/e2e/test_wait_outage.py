@@ -185,4 +185,5 @@ def test_wait_says_why_a_queued_job_waits(own_redis: RedisServer, s3: Any,
     assert notes[0].startswith("note: job alone-1 is queued: no worker has taken a job since "
                                "Redis kept count (this one waits ")
     assert "no worker answers a ping" in notes[0]
-    assert err.strip().splitlines()[-1] == "error: job alone-1 still QUEUED after 6 s"
+    # (the broker it asked is named after it)
+    assert err.strip().splitlines()[-1].startswith("error: job alone-1 still QUEUED after 6 s")
