@@ -128,7 +128,8 @@ def healthcheck(
 def fleet(
     json_out: Annotated[bool, typer.Option("--json", help="print the states as JSON")] = False,
 ) -> None:
-    """This host's worker processes: ready or warming up, and where each one's start went
+    """This host's worker processes, by Celery node name (``gpu0@host``, as Flower and the
+    cost report name them): ready or warming up, and where each one's start went
     (seconds from process start: imports, init, read, cast_move, prepare, compile_cache,
     warmup, total; the same as framefleet_worker_start_seconds)."""
     from dataclasses import asdict
@@ -152,7 +153,8 @@ def fleet(
     for s in states:
         phases = ", ".join(f"{k} {v:.1f} s" for k, v in s.phases.items() if k != "total")
         total = s.phases.get("total")
-        head = f"worker process {s.pid}: {'ready' if s.ready else 'warming up'}"
+        node = f" ({s.node})" if s.node else ""
+        head = f"worker process {s.pid}{node}: {'ready' if s.ready else 'warming up'}"
         if total is not None:
             head += f" {total:.1f} s after its start"
         console.print(head + (f" ({phases})" if phases else ""), markup=False)

@@ -26,6 +26,8 @@ class WarmupState:
 
     pid: int
     start: str  # the process's start time (clock ticks since boot): tells a reused pid apart
+    #: the Celery node it serves (``gpu0@host``): what Flower, logs and the cost report name
+    node: str | None = None
     ready: bool = False
     decoder: str | None = None
     sizes: list[dict[str, Any]] = field(default_factory=list)

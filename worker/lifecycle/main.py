@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 
 from celery import Celery
 from celery.signals import (
+    celeryd_init,
     task_revoked,
     worker_init,
     worker_process_init,
@@ -113,7 +114,7 @@ def _start_process(settings: Settings) -> None:
     # Weights loaded, the warm-up model's transformer and the decoder's graphs compiled (from
     # the compile cache) and captured before the first job, not during it; the worker reports
     # ready (healthcheck, gauge) only after this.
-    state = warmup.warm_up(decoders, settings, started=started, phases={
+    state = warmup.warm_up(decoders, settings, started=started, node=_node, phases={
         "imports": max(0.0, hook - started), "init": time.time() - hook})
     if decoders.device.type == "cuda":
         shutdown.start_sampler()
@@ -125,6 +126,15 @@ def _start_process(settings: Settings) -> None:
 
 
 _watcher: SpotWatcher | None = None
+#: This worker's Celery node name (``gpu0@host``), set in the main process before its pool
+#: processes fork, so that each one's readiness state names it.
+_node: str | None = None
+
+
+@celeryd_init.connect
+def _remember_node(sender: Any = None, **_: Any) -> None:
+    global _node
+    _node = str(sender) if sender else None
 _pool_watch: PoolWatch | None = None
 
 

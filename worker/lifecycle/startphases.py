@@ -41,14 +41,19 @@ PHASES = ("imports", "init", "read", "cast_move", "prepare", "artifacts", "compi
 
 
 def started_at(pid: int) -> float | None:
-    """When process ``pid`` started (epoch seconds), from /proc; None where it cannot be told."""
+    """When process ``pid`` started (epoch seconds, to the clock tick); None where it cannot be
+    told.
+
+    /proc gives the start in ticks since boot. It is turned into an age against the boot clock
+    now, and the age taken from the wall clock now: /proc/stat's ``btime`` is whole seconds (and
+    drifts from the wall clock as NTP slews it), which would put a process forked a moment ago
+    up to a second before its parent's own reading of the time."""
     try:
         ticks = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[19])
-        boot = next(float(line.split()[1]) for line in open("/proc/stat")
-                    if line.startswith("btime "))
-    except (OSError, ValueError, IndexError, StopIteration):
+    except (OSError, ValueError, IndexError):
         return None
-    return boot + ticks / os.sysconf("SC_CLK_TCK")
+    age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    return time.time() - max(0.0, age)
 
 
 #: Set in the main process once its first pool processes are up (``worker_ready``, which

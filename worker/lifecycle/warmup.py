@@ -68,7 +68,8 @@ def _warm_model(decoders: DecoderCache, settings: Settings) -> dict[str, Any]:
 
 
 def warm_up(decoders: DecoderCache, settings: Settings,
-            phases: dict[str, float] | None = None, started: float | None = None) -> WarmupState:
+            phases: dict[str, float] | None = None, started: float | None = None,
+            node: str | None = None) -> WarmupState:
     """Load and compile ``FRAMEFLEET_WARMUP_MODEL`` (``worker.generate.model.warm``), build and warm
     up ``FRAMEFLEET_WARMUP_DECODER`` at every warm-up size, then report ready. Without either
     the worker is ready at once. A size whose graph could not be captured (logged by the graph
@@ -76,12 +77,13 @@ def warm_up(decoders: DecoderCache, settings: Settings,
     device as a job (``worker.owner``): first-chunk graphs are queued as builds and run after it.
 
     The start's phases (``worker.lifecycle.startphases``: ``phases`` holds those before the
-    warm-up, ``started`` is the process start, epoch seconds) are published before ready.
+    warm-up, ``started`` is the process start, epoch seconds) are published before ready;
+    ``node`` (the Celery node name) goes in the state for ``framefleet fleet``.
     """
     from worker.owner import DEVICE
 
     with DEVICE.job("warm-up"):
-        return _warm_up(decoders, settings, dict(phases or {}), started)
+        return _warm_up(decoders, settings, dict(phases or {}), started, node)
 
 
 def _publish_phases(state: WarmupState, phases: dict[str, float], decoder_s: float,
@@ -100,14 +102,14 @@ def _publish_phases(state: WarmupState, phases: dict[str, float], decoder_s: flo
 
 
 def _warm_up(decoders: DecoderCache, settings: Settings, phases: dict[str, float],
-             started: float | None) -> WarmupState:
+             started: float | None, node: str | None) -> WarmupState:
     from producer.wire.spec import RANDOM_WEIGHTS, DecoderSpec
     from producer.wire.weights import needs_weights
     from worker import metrics
 
     metrics.WORKER_READY.set(0)
     pid = os.getpid()
-    state = WarmupState(pid=pid, start=process_start_time(pid) or "",
+    state = WarmupState(pid=pid, start=process_start_time(pid) or "", node=node,
                         decoder=settings.warmup_decoder,
                         cache_dir=use_compile_cache(settings.compile_cache_dir))
     folder = state_dir(settings)

@@ -10,6 +10,9 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -17,7 +20,7 @@ import psutil
 import pytest
 import redis
 
-from tests.services.celery_worker import WorkerProcess
+from tests.services.celery_worker import REPO_ROOT, WorkerProcess
 from tests.waiting import wait_for
 from worker.lifecycle.startphases import started_at
 
@@ -26,6 +29,14 @@ READY = re.compile(r"framefleet worker process ready on \S+ \(metrics port \S+\)
                    r"([0-9.]+) s after its start: (.*)$", re.M)
 #: The main process's age before the kill: a replacement counted from it would say as much.
 MAIN_AGE_S = 20.0
+NODE = "replaced"
+
+
+def _fleet(work_dir: Path, redis_url: str) -> str:
+    env = {**os.environ, "FRAMEFLEET_WORK_DIR": str(work_dir), "FRAMEFLEET_BROKER_URL": redis_url}
+    out = subprocess.run([sys.executable, "-m", "producer.cli", "fleet"], env=env, cwd=REPO_ROOT,
+                         capture_output=True, text=True, timeout=60, check=True)
+    return out.stdout
 
 
 def _ready_lines(w: WorkerProcess) -> list[tuple[float, dict[str, float]]]:
@@ -36,7 +47,7 @@ def _ready_lines(w: WorkerProcess) -> list[tuple[float, dict[str, float]]]:
 def test_a_replacements_ready_line_counts_from_its_own_fork(
         tmp_path: Path, redis_url: str) -> None:
     redis.Redis.from_url(redis_url).flushdb()
-    w = WorkerProcess("replaced", tmp_path / "workers", {
+    w = WorkerProcess(NODE, tmp_path / "workers", {
         "FRAMEFLEET_BROKER_URL": redis_url, "FRAMEFLEET_RESULT_BACKEND": redis_url,
         "FRAMEFLEET_DEVICE": "cpu", "FRAMEFLEET_METRICS_PORT": "0",
         "FRAMEFLEET_FILE_ROOTS": str(tmp_path), "FRAMEFLEET_WORK_DIR": str(tmp_path)})
@@ -51,6 +62,9 @@ def test_a_replacements_ready_line_counts_from_its_own_fork(
         wait_for(lambda: time.time() - main_start >= MAIN_AGE_S or None, 120,
                  "the main process's age", interval=0.5)
         (first,) = wait_for(lambda: _ready_lines(w) or None, 60, "the first ready line")
+        # (and `framefleet fleet` names its Celery node, as Flower and the logs do)
+        shown = _fleet(tmp_path, redis_url)
+        assert f"({NODE}@{socket.gethostname()}): ready" in shown, shown
         (old,) = main.children()
         # When its pool process is SIGKILLed
         os.kill(old.pid, signal.SIGKILL)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -26,6 +28,21 @@ def test_a_process_start_is_read_from_proc() -> None:
     assert started is not None and 0 <= time.time() - started < 3600
     assert startphases.started_at(2**22 + 1) is None  # no such process
     assert startphases.main_started_at() <= time.time()
+
+
+def test_a_child_started_now_is_told_to_the_clock_tick() -> None:
+    # /proc/stat's btime is whole seconds: a start read through it can fall up to a second
+    # before the moment the child was forked (the CI failure this guards against)
+    for _ in range(5):
+        before = time.time()
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+        try:
+            started = startphases.started_at(child.pid)
+            assert started is not None
+            assert before - 0.02 <= started <= time.time() + 0.02, (before, started)
+        finally:
+            child.kill()
+            child.wait()
 
 
 def test_phases_are_published_before_ready(tmp_path: Path,
