@@ -14,31 +14,17 @@ costs two ``stat`` calls.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from pathlib import Path
-from typing import Any
 from urllib.parse import unquote, urlparse
 
+from producer.wire.layouts import read_json
 from producer.wire.reach import Reach, reach
 
-#: A config.json is a few KB; a larger one is not read here (the worker judges it).
-MAX_CONFIG_BYTES = 1024**2
 _FILES = ("transformer/config.json", "vae/config.json")
 _lock = threading.Lock()
 _known: dict[str, tuple[tuple[int, ...], Reach | None]] = {}
-
-
-def _read(path: Path) -> dict[str, Any]:
-    with path.open("rb") as f:
-        raw = f.read(MAX_CONFIG_BYTES + 1)
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise ValueError(f"{path} is over {MAX_CONFIG_BYTES} bytes")
-    data = json.loads(raw)
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} is not a JSON object")
-    return data
 
 
 def folder_reach(folder: str) -> Reach | None:
@@ -55,7 +41,7 @@ def folder_reach(folder: str) -> Reach | None:
     if known is not None and known[0] == stamp:
         return known[1]
     try:
-        found: Reach | None = reach(_read(paths[0]), _read(paths[1]))
+        found: Reach | None = reach(read_json(paths[0]), read_json(paths[1]))
     except (OSError, ValueError, TypeError, RecursionError):
         found = None
     with _lock:

@@ -36,6 +36,7 @@ from typing import Any
 from producer.errors import InputNotFoundError, InvalidJobError, PathRefusedError
 from producer.settings import Settings
 from producer.webhooks.rules import UrlPolicy, check_notify
+from producer.wire import layouts
 from producer.wire.base import decode_uri
 from producer.wire.spec import RANDOM_WEIGHTS, JobSpec
 from producer.wire.weights import check_job_weights
@@ -156,20 +157,28 @@ def check_local_paths(spec: JobSpec, settings: Settings) -> list[str]:
 FOLDER_FIELDS = ("decoder.weights", "generate.model")
 
 
+def _visible(uri: str, field: str, roots: tuple[PurePosixPath, ...]) -> PurePosixPath | None:
+    """The path of ``uri`` where it lies under a root that is a folder on this host."""
+    path = PurePosixPath(decode_uri(uri, field=field).path)
+    root = next((r for r in roots if path == r or path.is_relative_to(r)), None)
+    return path if root is not None and os.path.isdir(root) else None
+
+
 def check_local_files(spec: JobSpec, settings: Settings) -> None:
     """At submit: raise ``InputNotFoundError`` naming the first local input (file or folder)
     that does not exist where this producer can see it: under a root of
     ``FRAMEFLEET_FILE_ROOTS`` that is a folder on this host (or the embedded mode's folder).
-    A path under a root this host does not have is the workers' to judge."""
+    A path under a root this host does not have is the workers' to judge. Then
+    ``InvalidJobError`` for a LoRA made for another layout than the model's, where this host
+    sees both (``producer.wire.layouts``)."""
     roots = submit_roots(settings)
     if not roots:
         return
     for field, uri in local_paths(spec):
         if field == "output.uri":  # made by the job
             continue
-        path = PurePosixPath(decode_uri(uri, field=field).path)
-        root = next((r for r in roots if path == r or path.is_relative_to(r)), None)
-        if root is None or not os.path.isdir(root):
+        path = _visible(uri, field, roots)
+        if path is None:
             continue
         folder = field in FOLDER_FIELDS
         if not (Path(path).is_dir() if folder else Path(path).is_file()):
@@ -178,3 +187,26 @@ def check_local_files(spec: JobSpec, settings: Settings) -> None:
             raise InputNotFoundError(f"{field}: {state}: {path} (looked for where the job "
                                      "was submitted, under FRAMEFLEET_FILE_ROOTS; nothing "
                                      "was queued)")
+    _check_lora_layouts(spec, roots)
+
+
+def _check_lora_layouts(spec: JobSpec, roots: tuple[PurePosixPath, ...]) -> None:
+    gen = spec.generate
+    if gen is None or not gen.loras or gen.model[:7].lower() != "file://":
+        return
+    folder = _visible(gen.model, "generate.model", roots)
+    try:
+        model = layouts.layout(layouts.read_json(Path(folder, "transformer", "config.json"))) \
+            if folder is not None else None
+    except (OSError, ValueError):
+        return  # the worker reads the folder and names what is wrong with it
+    if model is None:
+        return
+    for i, lora in enumerate(gen.loras):
+        field = f"generate.loras[{i}].uri"
+        path = _visible(lora.uri, field, roots) if lora.uri[:7].lower() == "file://" else None
+        try:
+            made = layouts.read_made_for(Path(path)) if path is not None else None
+        except OSError:
+            continue
+        layouts.check_made_for(made, model, field, lora.uri)

@@ -74,30 +74,19 @@ def parse(data: bytes, field_name: str, uri: str) -> dict[str, Any]:
 
 
 def model_layout(pipe: Any) -> str:
-    """The layout of ``pipe``'s model, as ``framefleet models tiny --layout`` names them: i2v
-    (image channels beside the noise), ti2v (Wan2.2 TI2V's 48 latent channels) or t2v."""
-    config = pipe.transformer.config
-    if config.in_channels != config.out_channels:
-        return "i2v"
-    return "ti2v" if config.out_channels == 48 else "t2v"
+    """The layout of ``pipe``'s model (``producer.wire.layouts.layout``: i2v, ti2v or t2v)."""
+    from producer.wire.layouts import layout
+
+    return layout(dict(pipe.transformer.config))
 
 
 def check_made_for(pipe: Any, data: bytes, field_name: str, uri: str) -> None:
     """Refuse a LoRA whose safetensors metadata says it was made for another layout
-    (``framefleet.made_for``): a ti2v LoRA's widths fit a t2v model, so shapes cannot tell."""
-    import json
+    (``producer.wire.layouts``): a ti2v LoRA's widths fit a t2v model, so shapes cannot tell."""
+    from producer.wire.layouts import check_made_for as check
+    from producer.wire.layouts import made_for
 
-    from worker.generate.model.tiny import LORA_MADE_FOR
-
-    try:
-        head = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
-    except ValueError:
-        return  # parse() names what is wrong with the file
-    made_for = (head.get("__metadata__") or {}).get(LORA_MADE_FOR)
-    layout = model_layout(pipe)
-    if made_for and made_for != layout:
-        raise InvalidJobError(f"{field_name}: {uri} is a LoRA made for a {made_for} model; this "
-                              f"model is {layout}")
+    check(made_for(data), model_layout(pipe), field_name, uri)
 
 
 def check_fits(pipe: Any, state: dict[str, Any], targets: tuple[str, ...], field_name: str,

@@ -13,13 +13,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from producer.wire.layouts import LORA_MADE_FOR
+
 #: The marker file of a folder of random weights (its presence is what counts; the content
 #: says who wrote it and how).
 RANDOM_MARKER = "framefleet_random_weights.json"
 #: The linear layers of each attention block a tiny LoRA adapts.
 LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")
-#: The safetensors metadata key where a LoRA written here records the layout it was made for.
-LORA_MADE_FOR = "framefleet.made_for"
 
 
 def write_tiny(path: Path, layout: str, seed: int = 0, lora: Path | None = None) -> str:

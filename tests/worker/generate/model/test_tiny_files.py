@@ -8,7 +8,8 @@ from pathlib import Path
 
 from safetensors import safe_open
 
-from worker.generate.model.tiny import LORA_MADE_FOR, write_tiny
+from producer.wire.layouts import LORA_MADE_FOR
+from worker.generate.model.tiny import write_tiny
 
 
 def test_the_tiny_model_and_its_lora_are_0644_and_the_lora_names_its_layout(
