@@ -229,11 +229,23 @@ return 0
 
 # --- Lua: the host-loss sweep (worker.lifecycle.recovery) -----------------------------------
 
+#: A Lua function both the sweep and the reconciler start with: whether the result meta at
+#: ``key`` says the job has ended (SUCCESS, FAILURE or REVOKED).
+_IS_FINAL = """
+local function is_final(key)
+  local meta = redis.call('GET', key)
+  if not meta then return false end
+  local ok, m = pcall(cjson.decode, meta)
+  return ok and type(m) == 'table' and (m.status == 'SUCCESS' or m.status == 'FAILURE'
+      or m.status == 'REVOKED')
+end
+"""
+
 #: Restore an orphaned message once. KEYS: 1 unacked, 2 unacked_index, 3 destination list,
 #: 4 lease, 5 claim, 6 result meta. ARGV: 1 tag, 2 entry as read, 3 newest untouched time,
 #: 4 message to push, 5 backend db ('' = the broker's), 6 broker db, 7 spec digest,
 #: 8 REQUEUED meta, 9 its TTL ('' none).
-RESTORE = """
+RESTORE = _IS_FINAL + """
 if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 'gone' end
 local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
 if not score then return 'gone' end
@@ -245,15 +257,8 @@ if redis.call('EXISTS', KEYS[4]) == 1 then
   verdict = 'leased'
 elseif redis.call('GET', KEYS[5]) ~= ARGV[7] then
   verdict = 'unclaimed'
-else
-  local meta = redis.call('GET', KEYS[6])
-  if meta then
-    local ok, m = pcall(cjson.decode, meta)
-    if ok and type(m) == 'table' and (m.status == 'SUCCESS' or m.status == 'FAILURE'
-        or m.status == 'REVOKED') then
-      verdict = 'final'
-    end
-  end
+elseif is_final(KEYS[6]) then
+  verdict = 'final'
 end
 if verdict == nil then
   if ARGV[9] ~= '' then
@@ -281,7 +286,7 @@ return 'restored'
 #: 3 claim, 4 result meta. ARGV: 1 job, 2 its sent time as read, 3 now. Returns 'resend' (the
 #: sent time is now ARGV[3]: no other reconciler sends it too), 'moved' (sent again meanwhile,
 #: or gone from the set), or why it left the set: 'received', 'unclaimed', 'final'.
-RESEND = """
+RESEND = _IS_FINAL + """
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not score or tonumber(score) ~= tonumber(ARGV[2]) then return 'moved' end
 local verdict = nil
@@ -289,15 +294,8 @@ if redis.call('HEXISTS', KEYS[2], 'started') == 1 then
   verdict = 'received'
 elseif redis.call('EXISTS', KEYS[3]) == 0 then
   verdict = 'unclaimed'
-else
-  local meta = redis.call('GET', KEYS[4])
-  if meta then
-    local ok, m = pcall(cjson.decode, meta)
-    if ok and type(m) == 'table' and (m.status == 'SUCCESS' or m.status == 'FAILURE'
-        or m.status == 'REVOKED') then
-      verdict = 'final'
-    end
-  end
+elseif is_final(KEYS[4]) then
+  verdict = 'final'
 end
 if verdict then
   redis.call('ZREM', KEYS[1], ARGV[1])
