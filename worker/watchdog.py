@@ -16,6 +16,14 @@ time limit, hours later, saying nothing. So each pool process has one ``Watchdog
   ``acks_late`` + ``reject_on_worker_lost``, delivers the job again; the poison cap
   (``worker.concerns.losses``) fails it there, naming the stage.
 
+A hang that holds the GIL (a C extension spinning in native code) stops that thread too. So
+a pool process also arms a backstop that needs no GIL: ``faulthandler``'s own timer thread
+(``backstop``, set when the pool process starts), at twice the limit plus
+:data:`BACKSTOP_SLACK_S`, re-armed as beats come (at most four times a limit). When the
+Python watchdog can run it always fires first; when it cannot, the timer dumps every thread's
+stack (headed ``Timeout``) and ends the process with status 1: Celery delivers the job again
+as above, without the stage in the run record (the stacks name it).
+
 One thread, one lock, a stop flag; the thread never calls out while holding the lock.
 """
 
@@ -42,6 +50,10 @@ START = "start"
 STAGES = ("start", "wait_device", "load", "denoise", "decode", "upload")
 #: Seconds ``on_stuck`` may take (it writes to Redis) before the process ends regardless.
 RECORD_TIMEOUT_S = 10.0
+
+#: Seconds the backstop waits beyond twice the limit: the Python watchdog's record and dump
+#: come first.
+BACKSTOP_SLACK_S = RECORD_TIMEOUT_S + 5.0
 
 #: ``on_stuck(stage, idle_s)``: record the stuck run before its process ends.
 OnStuck = Callable[[str, float], None]
@@ -76,6 +88,11 @@ class Watchdog:
         self._limit_s = 10.0
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
+        #: Arm faulthandler's timer too (a pool process; module docstring). Off by default:
+        #: it is process-wide and ends the process, no place for a test's fake clock.
+        self.backstop = False
+        self.backstop_slack_s = BACKSTOP_SLACK_S
+        self._rearmed = 0.0  # monotonic time the backstop was last armed
 
     def arm(self, job: str, limit_s: float, on_stuck: OnStuck) -> object:
         """Watch ``job`` from now; returns the token that ``disarm`` takes. ``limit_s`` 0: off."""
@@ -89,6 +106,7 @@ class Watchdog:
                 self._thread = threading.Thread(target=self._loop, name="framefleet-watchdog",
                                                 daemon=True)
                 self._thread.start()
+            self._arm_backstop(armed if limit_s > 0 else None)
         return armed
 
     def beat(self, stage: str | None = None) -> None:
@@ -98,6 +116,8 @@ class Watchdog:
                 self._armed.last = self._clock()
                 if stage is not None:
                     self._armed.stage = stage
+                if self.backstop and time.monotonic() - self._rearmed >= self._armed.limit_s / 4:
+                    self._arm_backstop(self._armed)
 
     def note(self, stage: str) -> None:
         """The armed run is in ``stage`` now (no progress: the clock runs on)."""
@@ -110,15 +130,29 @@ class Watchdog:
         with self._lock:
             if self._armed is token:
                 self._armed = None
+                self._arm_backstop(None)
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the thread and wait for it (the process's clean exit)."""
         with self._lock:
             self._armed = None
+            self._arm_backstop(None)
             thread, self._thread = self._thread, None
         self._stop.set()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
+
+    def _arm_backstop(self, armed: _Armed | None) -> None:
+        """(Re)start faulthandler's timer for ``armed`` (None: cancel it). Under the lock:
+        faulthandler takes none of ours."""
+        if not self.backstop:
+            return
+        if armed is None:
+            faulthandler.cancel_dump_traceback_later()
+            return
+        self._rearmed = time.monotonic()
+        faulthandler.dump_traceback_later(2 * armed.limit_s + self.backstop_slack_s,
+                                          exit=True, file=log_stream())
 
     def _loop(self) -> None:
         stop = self._stop

@@ -42,6 +42,7 @@ from worker.lifecycle.poolwatch import POOL_START_EXIT, PoolWatch, start_timeout
 from worker.lifecycle.spot import SpotWatcher
 from worker.memory import limit_mib
 from worker.owner import DEVICE
+from worker.watchdog import WATCHDOG
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,7 @@ def _init_process(**_: Any) -> None:
 def _start_process(settings: Settings) -> None:
     hook = time.time()
     DEVICE.idle_s = settings.build_idle_s
+    WATCHDOG.backstop = True  # a hang that holds the GIL is caught too (worker.watchdog)
     started = startphases.main_started_at()
     # Before anything in this process can compile (the decoder cache, a benchmark's own
     # models, the warm-up): a compile before it would read and fill another folder.
