@@ -42,7 +42,18 @@ _BUCKET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")
 
 
 class Frozen(BaseModel):
+    """What a producer sends (the job spec): a field this fleet does not know is an error
+    naming it, not a setting silently dropped."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Reported(BaseModel):
+    """What a worker reports (progress, results, manifests, the ledger): a field this reader
+    does not know is left out, so that clients and gateways of the release before read what
+    the workers of the next one write while a fleet is upgraded worker by worker."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
 
 
 @dataclass(frozen=True)

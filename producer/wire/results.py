@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from producer.wire.base import SCHEMA_VERSION, Frozen
+from producer.wire.base import SCHEMA_VERSION, Reported
 
 #: JobResult's own version. 2: the ten fields a result shared with its manifest moved into
 #: ``JobResult.manifest`` (read ``result.manifest.frames``, not ``result.frames``).
@@ -35,7 +35,7 @@ def preview_name(step: int) -> str:
     return f"previews/step-{step:04d}.mp4"
 
 
-class PreviewInfo(Frozen):
+class PreviewInfo(Reported):
     """A preview of a generate job's video, made while it denoises: a small MP4 of the model's
     estimate of the clean video after ``step`` (``previews/step-NNNN.mp4``; the newest is also
     ``previews/latest.mp4``), without the VAE: noisy early, the video's layout and colours
@@ -51,7 +51,7 @@ class PreviewInfo(Frozen):
     fps: float
 
 
-class Progress(Frozen):
+class Progress(Reported):
     """Payload of the Celery custom state ``PROGRESS``: denoise steps first (generate jobs),
     then frames (``decode``), then the last segments' encode and upload once every frame is
     decoded (``upload``). ``worker`` is the node that runs it (``gpu0@host``)."""
@@ -87,7 +87,7 @@ class Progress(Frozen):
         return f"decode {self.text}, {segments}"
 
 
-class SegmentInfo(Frozen):
+class SegmentInfo(Reported):
     index: int
     uri: str
     first_frame: int
@@ -97,7 +97,7 @@ class SegmentInfo(Frozen):
     seconds: float = Field(description="video duration of the segment")
 
 
-class StageTimings(Frozen):
+class StageTimings(Reported):
     """Seconds spent per stage. Stages overlap in async mode, so they do not add up to wall."""
 
     load_s: float = 0.0
@@ -131,7 +131,7 @@ def check_stage_fields(fields: Iterable[str], owner: str, skip: tuple[str, ...] 
 check_stage_fields(StageTimings.model_fields, "StageTimings")
 
 
-class WorkerInfo(Frozen):
+class WorkerInfo(Reported):
     hostname: str
     node: str
     pid: int
@@ -140,7 +140,7 @@ class WorkerInfo(Frozen):
     gpu_uuid: str | None = None
 
 
-class Prices(Frozen):
+class Prices(Reported):
     """The prices a CostReport used, with where each came from."""
 
     instance_type: str
@@ -153,7 +153,7 @@ class Prices(Frozen):
     sources: tuple[str, ...] = ()
 
 
-class StageCost(Frozen):
+class StageCost(Reported):
     """One stage's part of a job's cost: GPU-seconds held (none for s3), $ and share of total."""
 
     stage: str
@@ -162,7 +162,7 @@ class StageCost(Frozen):
     share: float
 
 
-class HeldRun(Frozen):
+class HeldRun(Reported):
     """GPU time a run held without a JobResult (it failed, was retried, requeued or
     cancelled): the worker writes one per such run, ``framefleet cost report`` adds them up.
 
@@ -182,7 +182,7 @@ class HeldRun(Frozen):
     prices: Prices | None = None
 
 
-class CostReport(Frozen):
+class CostReport(Reported):
     """Direct cost-to-serve of one job: its GPU time, S3 requests and storage, at ``prices``."""
 
     tenant: str
@@ -221,7 +221,7 @@ class CostReport(Frozen):
         return self.summary()
 
 
-class ImageFacts(Frozen):
+class ImageFacts(Reported):
     """An image a job conditioned on: which file (its sha256) and how it was sized."""
 
     sha256: str
@@ -231,7 +231,7 @@ class ImageFacts(Frozen):
     resize: str = Field(description="generate.image_resize")
 
 
-class LoraFacts(Frozen):
+class LoraFacts(Reported):
     """A LoRA a job ran with: which file (its sha256), at what scale, on which expert."""
 
     uri: str
@@ -241,7 +241,7 @@ class LoraFacts(Frozen):
     expert: str = "both"
 
 
-class GenerateFacts(Frozen):
+class GenerateFacts(Reported):
     """What a generate job ran with: its speed settings, so an output says how it was made."""
 
     tier: str = Field(description="exact or fp8 (GenerateSpec.tier)")
@@ -260,7 +260,7 @@ class GenerateFacts(Frozen):
     previews: int = Field(default=0, description="previews stored")
 
 
-class Manifest(Frozen):
+class Manifest(Reported):
     """``manifest.json``: written LAST, so its presence means every segment is in place."""
 
     schema_version: Literal[1] = SCHEMA_VERSION
@@ -284,7 +284,7 @@ class Manifest(Frozen):
         default=None, description="generate jobs: the tier, the step cache and the inputs")
 
 
-class JobResult(Frozen):
+class JobResult(Reported):
     """What a successful job returns through the result backend: the manifest it wrote (the
     facts about the output) and how the run went (where, how long, at what cost)."""
 
@@ -304,7 +304,7 @@ class JobResult(Frozen):
         return self.manifest.random_weights
 
 
-class StateTime(Frozen):
+class StateTime(Reported):
     """One state of a job's run in the ledger, and when it began (unix time)."""
 
     state: Literal["QUEUED", "STARTED", "SUCCESS", "FAILURE", "REVOKED"]
@@ -315,7 +315,7 @@ class StateTime(Frozen):
 LEDGER_SCHEMA_VERSION: Literal[1] = 1
 
 
-class LedgerRecord(Frozen):
+class LedgerRecord(Reported):
     """One ended job in the durable ledger (``FRAMEFLEET_LEDGER_URI``): written once by the
     worker that ended it (success, failure or cancel), one JSON object per file.
 
