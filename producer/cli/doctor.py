@@ -23,7 +23,6 @@ import redis
 
 from producer.settings import Settings
 from producer.state.broker import Persistence, check_broker_url, same_server
-from producer.wire.rules import HARD_LIMIT_AFTER_S
 
 Status = Literal["OK", "WARN", "FAIL"]
 #: worker/concerns/lease.py: a job's lease lives this long unless its run renews it.
@@ -43,7 +42,7 @@ class Check:
 
 def check_visibility(s: Settings) -> Check:
     """A running job must not be delivered again: the timeout exceeds the hard time limit."""
-    hard = s.max_time_limit_s + HARD_LIMIT_AFTER_S
+    hard = s.max_time_limit_s + s.hard_limit_after_s
     if s.visibility_timeout > hard:
         return Check("visibility timeout", "OK",
                      f"{s.visibility_timeout} s > hard time limit {hard} s")

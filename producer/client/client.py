@@ -103,7 +103,7 @@ class Client:
             # worker returns the output still stored as ``reused``, or runs it if it is gone).
             flags.clear_cancel(key)
         try:
-            send_job(self.app, spec, payload)
+            send_job(self.app, spec, payload, self.settings)
         except BaseException:
             # Nothing was queued: free the job_id, or a resubmission would wait forever.
             if existing is None:

@@ -9,20 +9,23 @@ from typing import Any
 from celery import Celery
 
 from producer.app import ENQUEUED_AT_HEADER, TASK_NAME, redis_priority
-from producer.wire.rules import HARD_LIMIT_AFTER_S
+from producer.settings import Settings
+from producer.wire.rules import time_limits
 from producer.wire.spec import JobSpec
 
 
-def send_job(app: Celery, spec: JobSpec, payload: dict[str, Any]) -> None:
+def send_job(app: Celery, spec: JobSpec, payload: dict[str, Any], settings: Settings) -> None:
     """Send ``spec`` (``payload``: its JSON form) as the task of id ``spec.key``, with its
-    priority and time limits."""
+    priority and time limits (``producer.wire.rules.time_limits``: the worker sets them again
+    from the spec and its own settings)."""
+    hard, soft = time_limits(payload, settings)
     app.send_task(
         TASK_NAME,
         args=[payload],
         task_id=spec.key,
         priority=redis_priority(spec.priority),
-        soft_time_limit=spec.time_limit_s,
-        time_limit=spec.time_limit_s + HARD_LIMIT_AFTER_S,
+        soft_time_limit=soft,
+        time_limit=hard,
         # Events and logs name the job, not its whole spec (and not its URIs).
         argsrepr=f"[<JobSpec {spec.key}>]",
         kwargsrepr="{}",

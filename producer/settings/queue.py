@@ -33,6 +33,12 @@ class QueueSettings(BaseModel):
     max_time_limit_s: int = Field(
         default=6 * 3600, ge=60, le=7 * 86_400, description="largest time_limit_s a job may ask"
     )
+    hard_limit_after_s: int = Field(
+        default=60, ge=1, le=600,  # below the default visibility margin (15 min)
+        description="seconds from a job's soft time limit (its time_limit_s: the run is asked to "
+        "stop) to the hard one, when the worker's main process kills the pool process that "
+        "still runs it (a hang in native code); decided where the worker runs",
+    )
     visibility_timeout_s: int | None = Field(
         default=None,
         ge=60,

@@ -21,8 +21,9 @@ input, image or LoRA file, or a missing model or weights folder, is refused befo
 is queued, naming the field, instead of a job that a worker fails a moment later.
 
 A job's time limits follow from its spec alone (``time_limits``): the soft limit is its
-``time_limit_s``, the hard one ``HARD_LIMIT_AFTER_S`` later. The client sends them with the
-message; the worker sets them again from the spec it receives, whatever the message says.
+``time_limit_s``, the hard one ``FRAMEFLEET_HARD_LIMIT_AFTER_S`` later. The client sends them
+with the message; the worker sets them again from the spec it receives and its own settings,
+whatever the message says.
 """
 
 from __future__ import annotations
@@ -41,9 +42,6 @@ from producer.wire.base import decode_uri
 from producer.wire.spec import RANDOM_WEIGHTS, JobSpec
 from producer.wire.weights import check_job_weights
 
-#: Seconds from a job's soft time limit (its ``time_limit_s``) to the hard one.
-HARD_LIMIT_AFTER_S = 60
-
 
 def time_limits(payload: Any, settings: Settings) -> tuple[int, int]:
     """(hard, soft) time limits of a job message's payload (the spec's JSON): from its
@@ -53,7 +51,7 @@ def time_limits(payload: Any, settings: Settings) -> tuple[int, int]:
     if isinstance(limit, bool) or not isinstance(limit, int) or not (
             1 <= limit <= settings.max_time_limit_s):
         limit = settings.max_time_limit_s
-    return limit + HARD_LIMIT_AFTER_S, limit
+    return limit + settings.hard_limit_after_s, limit
 
 
 def check_message_size(payload: Any, settings: Settings) -> None:

@@ -26,7 +26,6 @@ from producer.client import Client
 from producer.errors import JobFailed
 from producer.state import keys
 from producer.wire.results import LedgerRecord
-from producer.wire.rules import HARD_LIMIT_AFTER_S
 from producer.wire.spec import JobSpec, OutputSpec, VideoSpec
 from tests.e2e.chaos_helpers import CHAOS_ENV, new_pool_child, pool_child, wait_for
 from tests.e2e.helpers import pattern_spec, put_latents
@@ -35,6 +34,8 @@ from tests.worker.test_metrics import scrape, value
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
 JOBS = "framefleet_jobs_total"
+#: The worker's FRAMEFLEET_HARD_LIMIT_AFTER_S here (60 by default: a minute of waiting).
+HARD_LIMIT_AFTER_S = 8
 
 
 def _records(s3: Any, bucket: str) -> list[LedgerRecord]:
@@ -70,13 +71,14 @@ def test_every_route_to_an_end_leaves_one_record_and_one_count(
     port = free_port()
     (worker,) = worker_factory(1, env={
         **CHAOS_ENV, "FRAMEFLEET_METRICS_PORT": str(port), "FRAMEFLEET_MAX_REQUEUES": "2",
+        "FRAMEFLEET_HARD_LIMIT_AFTER_S": str(HARD_LIMIT_AFTER_S),
         "FRAMEFLEET_METRICS_TENANTS": "acme",
         "FRAMEFLEET_LEDGER_URI": f"s3://{s3_bucket}/ledger",
         "FRAMEFLEET_OUTPUT_PREFIX": f"s3://{s3_bucket}/out"})
     slow = put_latents(s3, s3_bucket, "in/slow.safetensors", latent_frames=250, h=48, w=64)
     small = put_latents(s3, s3_bucket, "in/small.safetensors", latent_frames=2)
 
-    # Given a job (soft limit 2 s, hard 62 s) whose pool process stops mid-decode, as if stuck
+    # Given a job (soft limit 2 s, hard 10 s) whose pool process stops mid-decode, as if stuck
     # in native code: the soft limit's signal waits, and no code of the run sees its end
     killed = pattern_spec("killed", slow, s3_bucket, tenant="acme", time_limit_s=2)
     killed = killed.model_copy(update={"video": VideoSpec(segment_frames=12,

@@ -38,8 +38,8 @@ from producer.state.broker import auth_problem
 log = logging.getLogger(__name__)
 #: The decoder a GPU worker warms up when ``FRAMEFLEET_WARMUP_DECODER`` is unset.
 GPU_WARMUP_DECODER = "wan2.1-vae"
-#: A job's hard time limit comes 60 s after its soft one; then 30 s to store the result and ack.
-DRAIN_MARGIN_S = 60 + 30
+#: After a job's hard time limit: 30 s to store the result and ack.
+ACK_MARGIN_S = 30
 #: CPU slot indices a launcher tries before it gives up finding a free node name.
 MAX_CPU_INDEX = 1000
 #: The exit status of a worker whose configuration cannot work (bad URL, refused password;
@@ -49,10 +49,11 @@ CONFIG_EXIT = 78
 
 def drain_timeout_s(settings: Settings) -> float:
     """Seconds a stopping launcher lets its workers finish their running jobs before it kills
-    them: the longest job (``FRAMEFLEET_MAX_TIME_LIMIT_S``, hard limit 60 s later) plus a
-    margin. The platform's grace period (compose ``stop_grace_period``, Kubernetes
-    ``terminationGracePeriodSeconds``, the ASG drain timeout) should be at least this."""
-    return float(settings.max_time_limit_s + DRAIN_MARGIN_S)
+    them: the longest job's hard limit (``FRAMEFLEET_MAX_TIME_LIMIT_S`` +
+    ``FRAMEFLEET_HARD_LIMIT_AFTER_S``) plus the ack's margin. The platform's grace period
+    (compose ``stop_grace_period``, Kubernetes ``terminationGracePeriodSeconds``, the ASG drain
+    timeout) should be at least this."""
+    return float(settings.max_time_limit_s + settings.hard_limit_after_s + ACK_MARGIN_S)
 
 
 class HostNames:

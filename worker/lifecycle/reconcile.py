@@ -157,6 +157,7 @@ def _text(value: Any) -> str:
 def app_sender(app: Any) -> Callable[[str, str], None]:
     """``send(job, spec_json)`` of a Celery app: the client's own message for that spec."""
     from producer.client.send import send_job
+    from producer.settings import get_settings
     from producer.wire.spec import parse_spec
 
     def send(job: str, spec_json: str) -> None:
@@ -164,6 +165,6 @@ def app_sender(app: Any) -> Callable[[str, str], None]:
         spec = parse_spec(payload)
         if spec.key != job:
             raise ValueError(f"job {job}: its kept spec is job {spec.key}")
-        send_job(app, spec, payload)
+        send_job(app, spec, payload, get_settings())
 
     return send

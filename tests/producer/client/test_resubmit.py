@@ -35,6 +35,7 @@ def test_resubmit_sends_again_only_a_job_whose_result_expired(
     redis_url: str, tmp_path: Path
 ) -> None:
     r = redis.Redis.from_url(redis_url)
+    r.flushdb()  # the queue holds only these jobs' messages: _queued reads it whole
     client = Client(broker_url=redis_url, backend_url=redis_url)
     queued, expired = _spec(tmp_path), _spec(tmp_path)
     try:
@@ -70,6 +71,7 @@ def test_a_resubmit_after_failure_starts_with_no_worker_losses(
     # Given a job that ended in FAILURE after its last run was killed without ending
     # (Celery's hard time limit), so its run record still names that run
     r = redis.Redis.from_url(redis_url)
+    r.flushdb()
     client = Client(broker_url=redis_url, backend_url=redis_url)
     spec = _spec(tmp_path)
     flags = flags_for(client.app)

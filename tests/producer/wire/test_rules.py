@@ -10,7 +10,6 @@ import pytest
 from producer.errors import InvalidJobError, PathRefusedError, SettingsError
 from producer.settings import Settings
 from producer.wire.rules import (
-    HARD_LIMIT_AFTER_S,
     check_local_paths,
     check_spec,
     check_uris,
@@ -151,8 +150,11 @@ def test_the_generate_uris_are_named_by_their_field() -> None:
 
 def test_time_limits_follow_the_spec_never_the_message() -> None:
     settings = Settings(max_time_limit_s=600)
-    assert time_limits({"time_limit_s": 30}, settings) == (30 + HARD_LIMIT_AFTER_S, 30)
+    assert time_limits({"time_limit_s": 30}, settings) == (30 + settings.hard_limit_after_s, 30)
     # anything but a limit the fleet allows gets the fleet's longest (refused on receipt)
     for payload in ({"time_limit_s": 0}, {"time_limit_s": 601}, {"time_limit_s": True},
                     {"time_limit_s": 1.5}, {"time_limit_s": "30"}, {}, None, [1]):
-        assert time_limits(payload, settings) == (600 + HARD_LIMIT_AFTER_S, 600), payload
+        assert time_limits(payload, settings) == (600 + settings.hard_limit_after_s, 600), payload
+    # the hard limit's distance is the worker's setting (FRAMEFLEET_HARD_LIMIT_AFTER_S)
+    assert settings.hard_limit_after_s == 60
+    assert time_limits({"time_limit_s": 30}, Settings(hard_limit_after_s=5)) == (35, 30)

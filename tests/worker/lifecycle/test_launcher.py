@@ -152,6 +152,7 @@ def test_the_drain_wait_follows_the_longest_job() -> None:
     # The hard time limit comes 60 s after the soft one; then storing the result and the ack
     assert drain_timeout_s(Settings(max_time_limit_s=3600)) == 3600 + 60 + 30
     assert drain_timeout_s(Settings()) == Settings().max_time_limit_s + 90
+    assert drain_timeout_s(Settings(max_time_limit_s=3600, hard_limit_after_s=5)) == 3600 + 35
 
 
 def test_a_stopped_launcher_kills_what_outlives_the_drain_wait(

@@ -17,7 +17,7 @@ from celery import Celery
 
 from producer.app import make_app
 from producer.client.send import send_job
-from producer.settings import Settings
+from producer.settings import Settings, get_settings
 from producer.state import keys
 from producer.state.control import flags_for
 from tests.e2e.helpers import pattern_spec
@@ -48,7 +48,7 @@ def submit(app: Celery, job_id: str) -> str:
     payload = spec.model_dump(mode="json")
     flags = flags_for(app)
     assert flags.claim(spec.key, spec.digest(), spec_json=json.dumps(payload)) is None
-    send_job(app, spec, payload)
+    send_job(app, spec, payload, get_settings())
     flags.mark_sent(spec.key)
     return spec.key
 
