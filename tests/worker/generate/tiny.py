@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,19 @@ from worker.generate.conditions.text import MAX_SEQUENCE_LENGTH
 from worker.generate.denoise.loop import generator
 from worker.generate.handoff import vae_latents
 from worker.generate.model.presets import build_pipeline
+
+
+@contextmanager
+def threads(n: int) -> Iterator[None]:
+    """torch's intra-op threads set to ``n`` for a reference computed here that must equal a
+    worker's bit for bit: a CPU reduction split over another count of threads rounds
+    otherwise (the tests' workers run with ``OMP_NUM_THREADS=1``)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _dtype(dtype: torch.dtype | None) -> dict[str, object]:
