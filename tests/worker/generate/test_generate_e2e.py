@@ -29,7 +29,12 @@ from producer.wire.spec import (
     job_key,
 )
 from tests.e2e.chaos_helpers import kill_pool_child, new_pool_child, wait_for
-from tests.worker.generate.tiny import reference_latents, tiny_generate, without_transformer
+from tests.worker.generate.tiny import (
+    reference_latents,
+    threads,
+    tiny_generate,
+    without_transformer,
+)
 from worker.pipeline.encode import read_frames_rgb
 from worker.run import Run, default_decoders, run_job
 
@@ -91,7 +96,8 @@ def test_hand_off_exact_and_progress_in_order(
     assert all(p.steps_total == 20 for p in states if p.stage == "denoise")
     # and its latents are exactly diffusers' own for the same seed (no host round trip)
     assert spec.generate is not None
-    reference = reference_latents(spec.generate)
+    with threads(1):  # as the worker (OMP_NUM_THREADS=1)
+        reference = reference_latents(spec.generate)
     prefix = "out/gen/gen-exact/"
     saved = load_safetensors(_get(s3, s3_bucket, prefix + "latents.safetensors"))["latents"]
     assert torch.equal(saved, reference)
@@ -102,7 +108,8 @@ def test_hand_off_exact_and_progress_in_order(
     decode = JobSpec(job_id="ref", input=InputSpec(uri=(tmp_path / "ref.safetensors").as_uri()),
                      decoder=DecoderSpec(weights=(tiny_model / "vae").as_uri()),
                      output=OutputSpec(uri=tmp_path.as_uri()), video=spec.video)
-    expected = run_job(decode, default_decoders(settings), Run(decode, settings=settings))
+    with threads(1):
+        expected = run_job(decode, default_decoders(settings), Run(decode, settings=settings))
     assert len(result.manifest.segments) == len(expected.manifest.segments) == 3
     for got, want in zip(result.manifest.segments, expected.manifest.segments, strict=True):
         path = tmp_path / f"got-{got.index}.mp4"
