@@ -19,18 +19,24 @@ import logging
 from dataclasses import dataclass
 from typing import Any, ClassVar, NoReturn
 
+import redis
 from celery import Task
+from celery.exceptions import Reject
+from kombu.exceptions import OperationalError
 
 from producer.errors import FatalJobError, RetryableError
 from producer.settings import Settings
 from worker.concerns.base import Concern, Failed, Outcome, Status
-from worker.concerns.lease import REDIS_DOWN
+from worker.concerns.lease import REDIS_DOWN, through_failover
 from worker.run.run import Run
 
 log = logging.getLogger(__name__)
 #: How the send of a retry rides out a broker that is away (a Redis failover): about
 #: ``worker.concerns.lease.FAILOVER_S``, as a run's claim and lease do. Celery's default
 #: gives up after about a second, and a retry it cannot send is rejected: the job was lost.
+#: This policy covers a publish on a channel that is open; a channel that must be opened
+#: anew (the connection died with the primary) fails before it, so ``retry_later`` sends the
+#: whole retry again until the same bound.
 SEND_THROUGH_FAILOVER = {"max_retries": 17, "interval_start": 0.2, "interval_step": 0.5,
                          "interval_max": 2.0}
 
@@ -50,8 +56,29 @@ def retry_later(
     Celery's retry limit never refuses: the caps are the counters of this module.
     """
     merged = {**(task.request.kwargs or {}), **(kwargs or {})}
-    raise task.retry(exc=error, countdown=countdown, kwargs=merged,
-                     max_retries=task.request.retries + 1, retry_policy=SEND_THROUGH_FAILOVER)
+
+    def send() -> NoReturn:
+        try:
+            raise task.retry(exc=error, countdown=countdown, kwargs=merged,
+                             max_retries=task.request.retries + 1,
+                             retry_policy=SEND_THROUGH_FAILOVER)
+        except Reject as e:  # Celery could not send it: the broker is away?
+            if isinstance(e.reason, (OperationalError, *REDIS_DOWN)):
+                raise _BrokerAway(e) from e
+            raise
+
+    try:
+        through_failover(send, f"job {task.request.id}: its retry not sent")
+    except _BrokerAway as e:  # away longer than a failover: rejected, as Celery does
+        raise e.reject from None
+
+
+class _BrokerAway(redis.exceptions.ConnectionError):
+    """A retry Celery could not send for want of a broker (``through_failover`` waits it out)."""
+
+    def __init__(self, reject: Reject) -> None:
+        super().__init__(str(reject.reason))
+        self.reject = reject
 
 
 def requeue_refused(job_id: str, requeues: int, settings: Settings,

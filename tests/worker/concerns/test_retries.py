@@ -2,23 +2,36 @@
 
 from __future__ import annotations
 
+import json
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 import torch
-from celery import Celery
+from celery import Celery, Task, _state
+from celery.exceptions import Retry
 
+from producer.app import QUEUE, make_app
 from producer.errors import DeviceOutOfMemory, FatalJobError, JobCancelled, StorageError
 from producer.settings import Settings, get_settings
 from producer.state import keys
 from producer.state.control import flags_for
 from producer.wire.spec import JobResult, JobSpec
+from tests.require import require_binary
+from tests.services import REDIS_INSTALL, RedisServer
+from tests.services.endpoint import TcpProxy
 from tests.worker.concerns.scripted import Scripted, counts, job_spec, real_run
 from worker import tasks
-from worker.concerns.retries import backoff
+from worker.concerns.lease import FAILOVER_S
+from worker.concerns.retries import backoff, retry_later
 from worker.run import DecoderCache, Run
+
+#: How long the broker's address answers nothing but closed connections (the failover run
+#: that lost a job this way had 12 s; Celery's own send gave up after about 6).
+AWAY_S = 8.0
 
 
 def test_backoff_doubles_up_to_its_cap() -> None:
@@ -147,3 +160,57 @@ def test_lease_waits_are_requeues_not_retries(
     # Then the error got its whole budget after the three lease waits: one run, two retries
     assert len(runs) == 3, runs
     assert result.state == "FAILURE" and "run 3" in str(result.result)
+
+
+def test_a_retry_sent_while_the_broker_is_away_goes_out_once_it_is_back(tmp_path: Path) -> None:
+    # Given a job's task on a worker that reaches its broker through one address (a managed
+    # Redis's endpoint), whose primary then dies: the address takes each new connection and
+    # closes it at once, until the new primary answers there AWAY_S later
+    server = RedisServer(require_binary("redis-server", REDIS_INSTALL), tmp_path)
+    server.start()
+    proxy = TcpProxy(server.port)
+    url = f"redis://127.0.0.1:{proxy.port}/0"
+    app = make_app(url, url)
+
+    @app.task(bind=True, name="framefleet.test_retry_probe")
+    def probe(self: Task) -> None:
+        """A task whose retry is sent by hand below."""
+
+    raised: list[BaseException] = []
+
+    def retry() -> None:  # a task's request is per thread: pushed on the sending one
+        probe.push_request(id="away-1", args=[], kwargs={}, retries=0, called_directly=False,
+                           delivery_info={"exchange": "", "routing_key": QUEUE})
+        try:
+            retry_later(probe, countdown=0)
+        except BaseException as e:  # noqa: BLE001 - what it raised is the assertion
+            raised.append(e)
+        finally:
+            probe.pop_request()
+
+    server.stop()
+    # When the run sends its retry meanwhile, from a pool process that has sent nothing yet
+    # (its producer's connection is made now) and never waits on results (Celery sets this
+    # in its pool processes: a send then subscribes to no result)
+    _state._set_task_join_will_block(True)
+    sender = threading.Thread(target=retry)
+    t0 = time.monotonic()
+    sender.start()
+    try:
+        time.sleep(AWAY_S)
+        server.start()  # from this thread: the server dies with the thread that started it
+        sender.join(FAILOVER_S + 10)
+        # Then the retry went out once the broker answered: Celery's Retry, not the Reject that
+        # lost the job (kombu gives up making a connection after broker_connection_timeout,
+        # 4 s), and its message is in the queue
+        assert [type(e) for e in raised] == [Retry], raised
+        assert AWAY_S < time.monotonic() - t0 < FAILOVER_S + 10
+        r = redis.Redis(port=server.port)
+        queued = [json.loads(m)["headers"]["id"] for key in r.scan_iter(match=f"{QUEUE}*")
+                  if r.type(key) == b"list" for m in r.lrange(key, 0, -1)]
+        assert queued == ["away-1"], queued
+    finally:
+        sender.join(FAILOVER_S + 10)
+        _state._set_task_join_will_block(False)
+        proxy.close()
+        server.stop()
