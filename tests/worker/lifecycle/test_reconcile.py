@@ -8,14 +8,12 @@ A message is lost as a failover loses it: taken off the queue (kombu's ``BRPOP``
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
 from celery import Celery
 
-from producer.app import make_app
 from producer.client.send import send_job
 from producer.settings import Settings, get_settings
 from producer.state import keys
@@ -25,21 +23,6 @@ from worker.lifecycle.reconcile import Reconciler, app_sender, task_id
 
 SETTINGS = Settings(max_time_limit_s=60, visibility_timeout_s=61, recovery_period_s=1,
                     recovery_grace_s=5, reconcile_after_s=5)
-
-
-@pytest.fixture
-def app(redis_url: str) -> Iterator[Celery]:
-    redis.Redis.from_url(redis_url).flushdb()
-    app = make_app(redis_url, redis_url, SETTINGS)
-    yield app
-    app.close()
-
-
-@pytest.fixture
-def r(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url)
-    yield client
-    client.close()
 
 
 def submit(app: Celery, job_id: str) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,21 +29,6 @@ from worker.lifecycle.recovery import REQUEUED, RecoveryThread, Sweeper, sweeper
 
 SETTINGS = Settings(max_time_limit_s=60, visibility_timeout_s=61, recovery_period_s=1,
                     recovery_grace_s=5)
-
-
-@pytest.fixture
-def app(redis_url: str) -> Iterator[Celery]:
-    redis.Redis.from_url(redis_url).flushdb()
-    app = make_app(redis_url, redis_url, SETTINGS)
-    yield app
-    app.close()
-
-
-@pytest.fixture
-def r(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url)
-    yield client
-    client.close()
 
 
 def submit(app: Celery, job_id: str, priority: int = 5) -> None:
