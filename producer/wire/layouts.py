@@ -61,7 +61,7 @@ def made_for(data: bytes) -> str | None:
         return None
     try:
         head = json.loads(data[8:8 + size])
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser's
         return None
     meta = head.get("__metadata__") if isinstance(head, dict) else None
     value = meta.get(LORA_MADE_FOR) if isinstance(meta, dict) else None

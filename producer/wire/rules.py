@@ -196,7 +196,7 @@ def _check_lora_layouts(spec: JobSpec, roots: tuple[PurePosixPath, ...]) -> None
     try:
         model = layouts.layout(layouts.read_json(Path(folder, "transformer", "config.json"))) \
             if folder is not None else None
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return  # the worker reads the folder and names what is wrong with it
     if model is None:
         return

@@ -50,6 +50,9 @@ def test_a_loras_layout_is_read_from_its_header_only(tmp_path: Path) -> None:
     garbage = tmp_path / "garbage.safetensors"
     garbage.write_bytes((4).to_bytes(8, "little") + b"{{{{")
     assert layouts.read_made_for(garbage) is None
+    deep = b"[" * 100_000  # nesting deeper than the JSON parser goes
+    garbage.write_bytes(len(deep).to_bytes(8, "little") + deep)
+    assert layouts.read_made_for(garbage) is None
 
 
 def _submit(cwd: Path, redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
