@@ -6,10 +6,11 @@ its row gets a ``previews`` object:
 
 - ``overhead_pct``: the denoise's seconds with previews over the row's without, in % (the
   projection runs inside the denoise; the encodes run on the writer thread, outside it);
-- ``first_preview_s`` and ``second_step_end_s``: from the job's start (``run_job`` called) to
-  the first preview stored and announced, and to the end of the second denoise step (the
-  target: the first preview no later than that); ``first_preview_during_step``: the denoise
-  step under way when it landed;
+- ``first_preview_s``, ``first_step_end_s`` and ``second_step_end_s``: from the job's start
+  (``run_job`` called) to the first preview stored and announced, and to the end of the first
+  and second denoise steps (the default makes the first preview from step 1's latents, so the
+  target is a preview no later than the end of step 2); ``first_preview_during_step``: the
+  denoise step under way when it landed;
 - ``latents_identical``: the latents with previews equal those without (the x0 watch never
   changes a step), ``count``, ``preview_s`` (the stage), the preview's size;
 - ``png``: one frame (the middle one) of the last preview, written as a PNG next to the
@@ -36,6 +37,7 @@ class Clock:
     def __init__(self) -> None:
         self.t0 = time.perf_counter()
         self.step = 0
+        self.step1_end: float | None = None
         self.step2_end: float | None = None
         self.first: float | None = None
         self.first_during: int | None = None
@@ -50,6 +52,8 @@ class Clock:
         if p.stage != "denoise":
             return
         self.step = p.steps_done
+        if p.steps_done >= 1 and self.step1_end is None:
+            self.step1_end = time.perf_counter() - self.t0
         if p.steps_done >= 2 and self.step2_end is None:
             self.step2_end = time.perf_counter() - self.t0
 
@@ -74,7 +78,8 @@ def measure(m: Any, spec: JobSpec, row: dict[str, Any], latents: torch.Tensor, o
     doc: dict[str, Any] = {
         "every": every, "denoise_s_off": off, "denoise_s_on": on,
         "overhead_pct": (on - off) / off * 100 if off else None,
-        "first_preview_s": clock.first, "second_step_end_s": clock.step2_end,
+        "first_preview_s": clock.first, "first_step_end_s": clock.step1_end,
+        "second_step_end_s": clock.step2_end,
         "first_preview_during_step": clock.first_during,
         "first_preview_by_step2_end": (clock.first is not None and clock.step2_end is not None
                                        and clock.first <= clock.step2_end),
@@ -112,8 +117,8 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
     lines = ["Previews (the same job again with `generate.preview`; times from the job's "
              "start):", "",
              "| model | steps | tier | every | denoise s off | on | overhead % | first preview "
-             "s | step 2 end s | landed in step | latents identical | PNG |",
-             "|" + "---|" * 12]
+             "s | step 1 end s | step 2 end s | landed in step | latents identical | PNG |",
+             "|" + "---|" * 13]
     for r in measured:
         p = r["previews"]
 
@@ -122,7 +127,8 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
         lines.append(
             f"| {r['model']} | {r['steps']} | {r['tier']} | {p['every']} | "
             f"{f(p['denoise_s_off'])} | {f(p['denoise_s_on'])} | {f(p['overhead_pct'], '.2f')} "
-            f"| {f(p['first_preview_s'])} | {f(p['second_step_end_s'])} | "
+            f"| {f(p['first_preview_s'])} | {f(p.get('first_step_end_s'))} | "
+            f"{f(p['second_step_end_s'])} | "
             f"{f(p['first_preview_during_step'], 'd')} | {p['latents_identical']} | "
             f"{p.get('png', '-')} |")
     return [*lines, ""]

@@ -80,7 +80,7 @@ def test_bench_generate_tiny_with_previews(tmp_path: Path) -> None:
         assert p["denoise_s_off"] == row["framefleet"]["denoise_s"] and p["denoise_s_on"] > 0
         assert p["overhead_pct"] == (p["denoise_s_on"] - p["denoise_s_off"]) / p[
             "denoise_s_off"] * 100
-        assert 0 < p["second_step_end_s"] < row["framefleet_wall_s"] * 2
+        assert 0 < p["first_step_end_s"] < p["second_step_end_s"] < row["framefleet_wall_s"] * 2
         assert 0 < p["first_preview_s"] and p["first_preview_during_step"] >= 2
         assert p["preview_s"] > 0
         # one preview frame per model, a PNG next to the results, of the preview's size
