@@ -91,5 +91,7 @@ def test_a_job_with_previews_has_the_latents_of_one_without() -> None:
     _, plain = job("plain")
     result, watched = job("previews", preview={"every": 2})
     assert torch.equal(watched, plain)
-    assert result.manifest.generate is not None and result.manifest.generate.previews == 3
+    # after steps 1, 2, 4 and 6 at most: one that finds the writer still busy with the last
+    # is dropped by design (the denoise never waits for a preview)
+    assert result.manifest.generate is not None and 1 <= result.manifest.generate.previews <= 4
     assert result.timings.preview_s > 0
