@@ -183,6 +183,17 @@ def received(workers: Sequence[WorkerProcess], job_id: str) -> int:
 _STAMP = r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): INFO/MainProcess\] "
 
 
+def story(workers: Sequence[WorkerProcess], job_id: str, limit: int = 60) -> str:
+    """Every log line of ``workers`` that names ``job_id`` or a lapsed lease or a held-off
+    sweep, by worker: what an assertion on deliveries prints when it fails."""
+    words = (job_id, "lease", "sweep", "connection", "Connection")
+    parts = []
+    for w in workers:
+        lines = [line for line in w.log_text().splitlines() if any(k in line for k in words)]
+        parts.append(f"--- {w.nodename}:\n" + "\n".join(lines[-limit:]))
+    return "\n".join(parts)
+
+
 def received_at(workers: Sequence[WorkerProcess], job_id: str) -> list[float]:
     """Unix times (from the worker logs) at which ``job_id`` was received, sorted."""
     pattern = re.compile(

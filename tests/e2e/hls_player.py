@@ -66,15 +66,18 @@ function frameIndex() {
   }
   return index;
 }
+function dropped() { return video.getVideoPlaybackQuality().droppedVideoFrames; }
 function onFrame(now, meta) {
-  seen.push({index: frameIndex(), mediaTime: meta.mediaTime, presented: meta.presentedFrames});
+  seen.push({index: frameIndex(), mediaTime: meta.mediaTime, presented: meta.presentedFrames,
+             dropped: dropped()});
   video.requestVideoFrameCallback(onFrame);
 }
 video.requestVideoFrameCallback(onFrame);
 // "ended" is a task of its own and may run before the rendering step that calls back for the
 // last frame (a busy machine): the frame the video shows at its end is read here instead.
 video.addEventListener("ended", () => {
-  const last = {index: frameIndex(), mediaTime: video.currentTime, presented: null};
+  const last = {index: frameIndex(), mediaTime: video.currentTime, presented: null,
+                dropped: dropped()};
   if (!seen.length || seen[seen.length - 1].index !== last.index) seen.push(last);
   report("ended");
 });

@@ -109,14 +109,19 @@ def test_chromium_plays_the_stream_while_the_job_runs(tmp_path: Path) -> None:
     assert not [e for e in report["errors"] if e.get("fatal")], report["errors"]
     # reading init sections and media by byte range out of the segment files,
     assert any(r.startswith("segment-00000.mp4 0-") for r in server.ranges), server.ranges
-    # and showed every frame index once, in order, from the first to the last: a frame the page
-    # got no callback for must be one the browser counts as presented (requestVideoFrameCallback
-    # skips frames on a busy machine; presentedFrames counts them). The last entry, read at
-    # "ended", has no count: it must follow the one before.
+    # and showed the frame indices in order, each once, from the first to the last: a frame
+    # the page got no callback for must be one the browser counted, as presented
+    # (requestVideoFrameCallback skips callbacks on a busy machine; presentedFrames counts
+    # them) or as dropped (its compositor drops a late frame: droppedVideoFrames). The last
+    # entry, read at "ended", has no presented count: it follows the one before, or the
+    # frames dropped since.
     entries = report["seen"]
     seen = [s["index"] for s in entries]
     assert seen[0] == 0 and seen[-1] == result.manifest.frames - 1, seen
     for before, after in pairwise(entries):
-        presented = 1 if after["presented"] is None else after["presented"] - before["presented"]
-        assert after["index"] - before["index"] == presented >= 1, (before, after, seen)
+        shown = 1 if after["presented"] is None else after["presented"] - before["presented"]
+        dropped = after["dropped"] - before["dropped"]
+        assert 1 <= after["index"] - before["index"] <= shown + dropped, (before, after, seen)
+    print(f"hls playback: {len(seen)} frames called back, "
+          f"{entries[-1]['dropped']} dropped by the browser")
     assert result.manifest.playlist_uri == (folder / PLAYLIST).as_uri()

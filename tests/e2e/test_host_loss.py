@@ -43,6 +43,7 @@ from tests.e2e.chaos_helpers import (
     mid_job,
     received,
     redelivered_after,
+    story,
     succeeded,
     wait_for,
 )
@@ -218,7 +219,8 @@ def test_a_slow_but_live_host_keeps_its_job(
             assert jobs.meta(job_id)["status"] in ("PROGRESS", "SUCCESS"), jobs.meta(job_id)
             result = jobs.handles[job_id].wait(timeout=150, poll_s=0.2)
             assert result.worker.node == host.nodename
-            assert (received(both, job_id), succeeded(both, job_id)) == (1, 1)
+            assert (received(both, job_id), succeeded(both, job_id)) == (1, 1), story(
+                both, job_id)
             print(f"slow host: {case} for {stalled:.1f} s on {host.host}: kept its job "
                   f"({result.timings.wall_s:.1f} s)")
     for h in both:
