@@ -26,6 +26,7 @@ from tests.e2e.chaos_helpers import LONG_JOB, wait_for
 from tests.e2e.helpers import pattern_spec, put_latents
 from tests.require import require_binary
 from tests.services import REDIS_INSTALL, REPO_ROOT, RedisServer
+from tests.terminal import ctrl_c_as_from_a_terminal
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 #: One CPU worker sharing two cores with the test: torch's threads would spin against the
@@ -56,7 +57,8 @@ def _env(server: RedisServer, **extra: str) -> dict[str, str]:
 def _cli(server: RedisServer, *args: str, **extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "producer.cli", *args], cwd=REPO_ROOT,
                             env=_env(server, **extra), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=ctrl_c_as_from_a_terminal)
 
 
 def _long(client: Client, s3: Any, bucket: str, job_id: str) -> str:

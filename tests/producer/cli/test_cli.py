@@ -27,6 +27,7 @@ from producer.cli.app import EXIT_TIMEOUT, _uri, cli
 from producer.cli.output import EXIT_UNAVAILABLE
 from producer.settings import get_settings
 from tests.services import REPO_ROOT, free_port
+from tests.terminal import ctrl_c_as_from_a_terminal
 
 runner = CliRunner()
 
@@ -251,7 +252,8 @@ def test_ctrl_c_ends_a_command_whose_main_thread_never_sees_it() -> None:
 
     proc = subprocess.Popen([sys.executable, "-c", _STUCK], cwd=REPO_ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+                            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+                            preexec_fn=ctrl_c_as_from_a_terminal)
     try:
         assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
         t0 = time.monotonic()
