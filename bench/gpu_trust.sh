@@ -15,6 +15,8 @@
 #   STAGE=bench  bench/generate/generate.py: the 5B at 20 and 4 steps, tiers exact, cache, fp8,
 #                fp8+cache, against diffusers (denoise-h200-5b.json + .md: command, date, device)
 # and, when there is device time for them:
+#   STAGE=fp8    the 5B at 20 steps, tiers exact, fp8, fp8+cache alone (denoise-h200-5b-fp8.json):
+#                a cold fp8 compile takes ~230 s, more than a full bench call leaves it
 #   STAGE=extra  the 1.3B denoise rows
 #   STAGE=prime  bench/soak/soak_prime.py: every soak and bench size compiled into the compile cache
 #                (cold: minutes a size), a process a task in parallel, so that a soak with
@@ -29,7 +31,7 @@ T0=$(date +%s)
 BUDGET=${BUDGET:-560}
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 OUT=${OUT:?OUT must name the results folder}
-STAGE=${STAGE:?STAGE is tests, soak, bench, extra, prime or race}
+STAGE=${STAGE:?STAGE is tests, soak, bench, fp8, extra, prime or race}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl >"$OUT/install-$STAGE.log" 2>&1 || { cat "$OUT/install-$STAGE.log"; exit 1; }
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=8
@@ -56,6 +58,12 @@ tests)
     -p no:cacheprovider -v -rA --tb=short $XDIST tests/gpu >"$OUT/gpu-tests.log" 2>&1
   echo "pytest exit $? at $(( $(date +%s) - T0 )) s" | tee -a "$OUT/gpu-tests.log"
   grep -E "(PASSED|FAILED|ERROR) " "$OUT/gpu-tests.log" | cut -c1-160
+  ;;
+fp8)  # exact is the rows' quality reference (latents rel L2, frames PSNR)
+  timeout $(( $(left) - 5 )) python3 bench/generate/generate.py --models wan2.2-ti2v-5b --steps 20 \
+    --tiers exact,fp8,fp8+cache --decode-graphs 1 --budget-s $(( $(left) - 20 )) \
+    --json denoise-h200-5b-fp8.json --out "$OUT" >"$OUT/generate-5b-fp8.log" 2>&1
+  echo "generate.py exit $?"; sed -n '/^| model/,$p' "$OUT/generate-5b-fp8.log"
   ;;
 extra)
   timeout $(( $(left) - 5 )) python3 bench/generate/generate.py --models wan2.1-t2v-1.3b --steps 20 \
