@@ -91,3 +91,42 @@ def test_bench_generate_tiny_with_previews(tmp_path: Path) -> None:
         assert all(0 <= lo <= hi <= 255 for lo, hi in zip(p["png_range"]["min"],
                                                           p["png_range"]["max"], strict=True))
     assert "| tiny | 20 | exact | 2 |" in (tmp_path / "pv.md").read_text()
+
+
+def test_bench_generate_tiny_fp8_stage(tmp_path: Path) -> None:
+    """``STAGE=fp8`` of bench/gpu_trust.sh, option for option: the fp8 rows alone, so no exact
+    forward check; on the CPU both go to the worker's refusal after diffusers' baseline ran."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "generate" / "generate.py"), "--tiny",
+         "--steps", "20", "--tiers", "fp8,fp8+cache",
+         "--decode-graphs", "1", "--budget-s", "530", "--json", "fp8-tiny.json",
+         "--out", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc = json.loads((tmp_path / "fp8-tiny.json").read_text())
+    assert doc["rows"] == [] and doc["checks"] == [] and not doc["failed"]
+    assert [s["what"] for s in doc["skipped"]] == [
+        f"{m} 20 steps {t}" for m in ("tiny-ti2v", "tiny") for t in ("fp8", "fp8+cache")]
+    assert all("generate.tier: fp8 needs a GPU" in s["reason"] for s in doc["skipped"])
+
+
+def test_a_row_without_the_exact_reference_says_so(tmp_path: Path) -> None:
+    """A cache row in a run without the exact tier has no exact reference: its latents'
+    error against exact is unknown (None, "-" in the table), not 0."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "generate" / "generate.py"), "--tiny",
+         "--steps", "4", "--tiers", "cache", "--json", "cache.json",
+         "--out", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = json.loads((tmp_path / "cache.json").read_text())["rows"]
+    assert [(r["model"], r["tier"]) for r in rows] == [("tiny-ti2v", "cache"), ("tiny", "cache")]
+    for row in rows:
+        assert row["quality"]["latents_rel_l2"] is None
+        assert row["quality"]["vs_diffusers_rel_l2"] > 0  # the skipped steps, against diffusers
+    assert "| tiny | 48x32x9 | 4 | cache |" in done.stdout
+    assert done.stdout.rstrip().endswith("| - | - |")  # no rel L2, no PSNR against exact

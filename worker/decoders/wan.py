@@ -24,6 +24,7 @@ from producer.errors import InvalidJobError
 from worker.decoders.base import SPATIAL_RATIO
 from worker.decoders.wan_graph import ChunkGraphs, Key
 from worker.decoders.wan_step import WanStep, supports
+from worker.owner import DEVICE
 
 #: The real Wan2.1 VAE architecture (diffusers' defaults).
 WAN21: dict[str, Any] = {}
@@ -137,12 +138,17 @@ class WanDecoder:
     def warmup(self, latent_h: int, latent_w: int) -> None:
         """(CUDA) compile and capture the steady-state graph for this size, then one short
         decode through it, so the first job pays no first-call costs. The first chunk's graph
-        is queued as a build (``graphs.wait()``, outside a job, waits for it)."""
-        if self.graphs is not None:
-            self.graphs.prepare(self.graph_key(latent_h, latent_w))
-        z = torch.randn((self.latent_channels, 2, latent_h, latent_w))
-        for _ in self.stream(z):
-            pass
+        is queued as a build (``graphs.wait()``, outside a job, waits for it).
+
+        Holds the device as a job of its owner (nested in the worker's own warm-up job): the
+        short decode must never run beside a build, whose capture it would break."""
+        owner = self.graphs.owner if self.graphs is not None else DEVICE
+        with owner.job("decoder warm-up"):
+            if self.graphs is not None:
+                self.graphs.prepare(self.graph_key(latent_h, latent_w))
+            z = torch.randn((self.latent_channels, 2, latent_h, latent_w))
+            for _ in self.stream(z):
+                pass
 
     def graph_key(self, latent_h: int, latent_w: int, batch: int = 1) -> Key:
         return (batch, self.latent_channels, latent_h, latent_w, self.dtype)

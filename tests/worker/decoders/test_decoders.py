@@ -83,3 +83,24 @@ def test_streamed_tiled_wan_equals_tiled_decode() -> None:
     # Then chunk by chunk they are the same frames
     assert [c.shape[1] for c in chunks] == [1, 4, 4]
     torch.testing.assert_close(torch.cat(chunks, dim=1), reference, rtol=1e-5, atol=1e-5)
+
+
+def test_warmup_holds_the_device() -> None:
+    """A warm-up's decode holds the device as a job (nested inside the worker's own warm-up
+    job): called outside one, as a benchmark does, it must not run beside a build, whose
+    CUDA-graph capture it would break."""
+    from worker.owner import DEVICE
+
+    decoder = WanDecoder(build_vae("tiny"))
+    held: list[bool] = []
+    # every module's forward in the process, whichever path (step or modules) decodes
+    hook = torch.nn.modules.module.register_module_forward_pre_hook(
+        lambda *_: held.append(DEVICE.holds()))
+    try:
+        decoder.warmup(4, 4)
+        with DEVICE.job("the worker's warm-up"):  # nested: the same thread, no deadlock
+            decoder.warmup(4, 4)
+    finally:
+        hook.remove()
+    assert held and all(held)
+    assert not DEVICE.holds()
