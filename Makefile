@@ -1,6 +1,6 @@
 # framefleet — the commands the README names.
 #   make demo   one job on the embedded default (no Redis, no S3), in a local virtualenv
-#   make test   install what the tests need, lint, run the whole suite (CPU; two passes:
+#   make test   install what the tests need, lint, run the whole suite (CPU; three passes:
 #               tests/parallel.py says which run side by side)
 #   make lint   ruff + mypy
 #   make chaos  the fault tests at full counts
@@ -48,13 +48,10 @@ lint: install-test
 	$(VENV)/bin/ruff check producer worker tests bench examples
 	$(VENV)/bin/mypy
 
-# Both passes run whatever the first's result; pytest's 5 (no test selected) is not a failure.
+# Three passes (tests/passes.py): the tests that may run side by side, over PYTEST_WORKERS
+# xdist workers; the serial tests' two lanes side by side; the tests that busy every core, alone.
 test: install-test lint
-	$(PY) -m pytest -m "not gpu and not serial" -n $(PYTEST_WORKERS) --dist loadfile \
-	    $(PYTEST_DURATIONS) $(PYTEST_ARGS); first=$$?; \
-	$(PY) -m pytest -m "not gpu and serial" $(PYTEST_DURATIONS) $(PYTEST_ARGS); second=$$?; \
-	for rc in $$first $$second; do [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || exit $$rc; done; \
-	[ $$first -eq 0 ] || [ $$second -eq 0 ] || { echo "make test: no test selected"; exit 5; }
+	$(PY) -m tests.passes --workers $(PYTEST_WORKERS) $(PYTEST_DURATIONS) $(PYTEST_ARGS)
 
 chaos: install-test
 	FRAMEFLEET_CHAOS_FULL=1 $(PY) -m pytest -m chaos $(PYTEST_DURATIONS) $(PYTEST_ARGS)

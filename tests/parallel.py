@@ -1,4 +1,5 @@
-"""Which tests may run side by side (``make test`` runs the suite in two passes).
+"""Which tests may run side by side (``make test`` runs the suite in three passes:
+``tests/passes.py``).
 
 The first pass runs every test not marked ``serial`` over ``pytest-xdist`` workers
 (``-n``, ``--dist loadfile``): each worker is its own pytest session, so it starts its own Redis
@@ -7,16 +8,20 @@ tests stay together on one worker (their module fixtures are built once, in orde
 the suite's time is spent in subprocesses (Celery workers, servers) that need cores of their
 own: the Makefile starts half as many workers as cores, and none below 4 cores.
 
-The second pass runs the ``serial`` tests alone, one at a time: the tests whose assertions
-depend on owning the machine, or that take host-wide names. They are marked here, by marker and
-module, so that the tests themselves need no change:
+The ``serial`` tests are those whose assertions depend on the machine's load, or that take
+host-wide names. They are marked here, by marker and module, so that the tests themselves need
+no change, and split in three:
 
-- ``chaos`` and ``docker`` tests: faults, outages and timings measured with every core busy,
-  and the compose fleet;
-- the README's quickstart and first hour: weed's default ports and their sockets in ``/tmp``,
-  and a whole fleet of processes;
-- tests that busy every core on purpose, or watch a job in real time (Chromium playing a live
-  stream, previews seen while a paced job runs, the API's load test).
+- two lanes (the second pass: two pytest processes side by side, each running its lane's tests
+  one at a time). ``first_hour_lane``: everything that takes host-wide names, the README's
+  quickstart and first hour (weed's default ports and their sockets in ``/tmp``) and the
+  compose fleet (its host ports), and the browser tests of the page, Flower and the API's load
+  test. ``faults_lane``: the ``chaos`` tests (faults and outages whose bounds hold with every
+  core busy) and the previews seen while a paced job runs (real time, no host-wide names:
+  there for the lanes' balance, about 9 minutes each on 2 cores);
+- ``alone`` (the third pass, one test at a time, nothing beside it): the tests that busy every
+  core on purpose and time what a loaded host does (a pool process replaced on busy cores, a
+  host lost or slow while its cores spin).
 """
 
 from __future__ import annotations
@@ -26,42 +31,70 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-#: Markers whose tests own the machine.
-SERIAL_MARKERS = ("chaos", "docker")
+#: Markers whose tests run in the faults lane.
+FAULT_MARKERS = ("chaos",)
 
-#: Modules (paths from the repository root) whose tests own the machine.
+#: Markers whose tests run in the first-hour lane (the compose fleet's host ports).
+FIRST_HOUR_MARKERS = ("docker",)
+
+#: Modules (paths from the repository root) of the first-hour lane.
 SERIAL_MODULES = frozenset({
     "tests/test_quickstart.py",
     "tests/e2e/test_first_hour.py",
     "tests/e2e/test_first_hour_cli.py",
-    "tests/worker/lifecycle/test_pool_start.py",
     "tests/e2e/test_api_page.py",
     "tests/e2e/test_hls_playback.py",
-    "tests/e2e/test_api_previews.py",
-    "tests/e2e/test_previews.py",
     "tests/e2e/test_api_load.py",
     "tests/infra/test_flower.py",
 })
 
+#: Modules of the faults lane besides the ``chaos`` tests.
+FAULT_MODULES = frozenset({
+    "tests/e2e/test_api_previews.py",
+    "tests/e2e/test_previews.py",
+})
 
-def is_serial(item: pytest.Item) -> bool:
+#: Modules whose tests busy every core: each runs with nothing beside it.
+ALONE_MODULES = frozenset({
+    "tests/worker/lifecycle/test_pool_start.py",
+    "tests/e2e/test_host_loss.py",
+})
+
+
+def _marked(item: pytest.Item, names: tuple[str, ...]) -> bool:
+    return any(item.get_closest_marker(name) is not None for name in names)
+
+
+def lane(item: pytest.Item) -> str | None:
+    """The marker of a ``serial`` test's place: ``alone``, ``first_hour_lane`` or
+    ``faults_lane``; None for the others."""
     module = item.nodeid.split("::", 1)[0]
-    return module in SERIAL_MODULES or any(
-        item.get_closest_marker(name) is not None for name in SERIAL_MARKERS)
+    if module in ALONE_MODULES:
+        return "alone"
+    if module in SERIAL_MODULES or _marked(item, FIRST_HOUR_MARKERS):
+        return "first_hour_lane"
+    if module in FAULT_MODULES or _marked(item, FAULT_MARKERS):
+        return "faults_lane"
+    return None
 
 
 def mark_serial(items: list[pytest.Item]) -> None:
-    """Add the ``serial`` marker to every test that must run alone (``-m "not serial"``
-    selects the others)."""
+    """Mark every test that must not run among the others ``serial`` (``-m "not serial"``
+    selects the others), and with its place's marker (``lane``)."""
     for item in items:
-        if is_serial(item):
+        where = lane(item)
+        if where is not None:
             item.add_marker(pytest.mark.serial)
+            item.add_marker(getattr(pytest.mark, where))
 
 
 def worker_index() -> int:
-    """0 outside ``pytest-xdist``; else this worker's number (``gw3`` is 3)."""
+    """This session's number among those running at once: a ``pytest-xdist`` worker's
+    (``gw3`` is 3), else a lane's ``FRAMEFLEET_TEST_SLOT`` (``tests/passes.py``), else 0."""
     name = os.environ.get("PYTEST_XDIST_WORKER", "")
-    return int(name.removeprefix("gw")) if name.startswith("gw") else 0
+    if name.startswith("gw"):
+        return int(name.removeprefix("gw"))
+    return int(os.environ.get("FRAMEFLEET_TEST_SLOT", "0"))
 
 
 def own_database(url: str) -> str:

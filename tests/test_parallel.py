@@ -1,0 +1,35 @@
+"""The passes of ``make test`` (``tests/parallel.py``) name real modules, and a test that busies
+every core runs alone: beside another lane, or among the parallel tests, its spinning
+processes would take the cores that the other tests' timings count on."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tests.parallel import ALONE_MODULES, FAULT_MODULES, SERIAL_MODULES
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_listed_module_exists_and_is_in_one_pass() -> None:
+    listed = [*SERIAL_MODULES, *FAULT_MODULES, *ALONE_MODULES]
+    for module in listed:
+        assert (ROOT / module).is_file(), module
+    assert len(set(listed)) == len(listed)
+
+
+def test_every_test_that_busies_every_core_runs_alone() -> None:
+    busy = {str(path.relative_to(ROOT)) for path in (ROOT / "tests").rglob("test_*.py")
+            if re.search(r"\bbusy_cores\(", path.read_text())}
+    assert busy, "no test uses tests.cpuload.busy_cores: this check checks nothing"
+    assert busy <= ALONE_MODULES, busy - ALONE_MODULES
+
+
+def test_the_run_fails_if_any_pass_fails_and_selects_nothing_only_if_none_selects() -> None:
+    from tests.passes import overall
+
+    assert overall([0, 5, 0, 5]) == 0  # a lane with nothing selected is no failure
+    assert overall([0, 0, 1, 0]) == 1
+    assert overall([5, 2, 1, 0]) == 2  # the first failure's code
+    assert overall([5, 5, 5, 5]) == 5
