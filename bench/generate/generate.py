@@ -57,8 +57,8 @@ from bench.generate.gen_runs import (
     forward_error,
     framefleet,
     frames_psnr,
+    on_device,
     rel_l2,
-    settle,
     sync,
 )
 from bench.generate.gen_specs import RECOMMENDED_CACHE, gen_spec, job
@@ -70,7 +70,6 @@ from worker.generate.model.presets import PRESETS, build_pipeline, save_configs
 from worker.generate.request.folder import read_model
 from worker.generate.tier.tiers import check_tier
 from worker.lifecycle.warmup import use_compile_cache
-from worker.owner import DEVICE
 from worker.run import DecoderCache
 
 #: Rough seconds on an H200 (5B at 1280x704x121, CFG on), to plan within the budget.
@@ -131,21 +130,20 @@ class Model:
         self.meta = {"model": name, "size": f"{w}x{h}x{f}", "build_s": self.build_s,
                      "resident_gib": self.exact.bytes / 2**30}
 
+    @on_device("fp8 quantise")
     def add_fp8(self) -> float:
         """The fp8 resident: the spare transformer quantised, the rest shared. Seconds."""
         from diffusers import WanPipeline
 
-        settle()
         t0 = time.perf_counter()
         p = self.pipe
         pipe8 = WanPipeline(tokenizer=p.tokenizer, text_encoder=p.text_encoder, vae=p.vae,
                             scheduler=p.scheduler, transformer=self.spare,
                             boundary_ratio=p.config.boundary_ratio,
                             expand_timesteps=p.config.expand_timesteps)
-        with DEVICE.job("benchmark: fp8 quantise"):
-            self.fp8 = self.models.adopt(self.folder, pipe8, "fp8")
-            self.fp8.decoders = self.exact.decoders  # one VAE: one set of decode graphs
-            sync(self.device)
+        self.fp8 = self.models.adopt(self.folder, pipe8, "fp8")
+        self.fp8.decoders = self.exact.decoders  # one VAE: one set of decode graphs
+        sync(self.device)
         return time.perf_counter() - t0
 
 
@@ -225,9 +223,7 @@ def bench_model(args: argparse.Namespace, name: str, device: torch.device, dtype
     print(json.dumps(m.meta), flush=True)
     h, w, _ = m.size
     if args.decode_graphs and device.type == "cuda":  # as a worker's warm-up does
-        with DEVICE.job("benchmark: decoder warm-up"):  # as the worker's warm-up holds it
-            m.models.decoder(m.exact).warmup(h // m.info.spatial_factor,
-                                             w // m.info.spatial_factor)
+        m.models.decoder(m.exact).warmup(h // m.info.spatial_factor, w // m.info.spatial_factor)
     # correctness first: one forward of the exact tier (compiled on CUDA) against eager,
     # unless only fp8 rows run (they have a check of their own; exact's would compile it)
     err = None
