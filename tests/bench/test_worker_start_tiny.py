@@ -38,7 +38,7 @@ def test_bench_worker_start_tiny(tmp_path: Path) -> None:
     ff = run["framefleet"]
     assert {"imports", "read", "cast_move", "compile_cache", "warmup", "total"} <= set(
         ff["phases"])
-    assert 0 < ff["ready_s"] < ff["first_job_end_s"]
+    assert 0 < ff["ready_s"] < ff["first_job_end_s"] and ff["first_job_segments"] > 0
     # its process stopped what it started and exited 0 by itself, nothing left running
     # (run_child fails the run on another exit status or on "terminate called")
     assert ff["threads_left"] == [], ff["threads_left"]
@@ -55,3 +55,17 @@ def test_bench_worker_start_tiny(tmp_path: Path) -> None:
     table = (tmp_path / "out" / "worker-start-tiny.md").read_text()
     assert "| warm |" in table and "## Load methods" in table
     assert f"chosen: {chosen['method']} (" in table
+
+
+def test_every_start_row_runs_its_own_first_job(tmp_path: Path) -> None:
+    """A second start on the same folder (the H200 run's page-cache-dropped row) generates its
+    first job again: it used to find the first row's output and return it in 2 ms."""
+    sys.path.insert(0, str(ROOT))
+    from bench.startup import worker_start
+
+    folder = tmp_path / "model" / "wan22-ti2v-5b"
+    worker_start.write_folder(folder, "tiny-ti2v", "cpu")
+    first, second = (worker_start.run_child(folder, "cpu", True, 1) for _ in range(2))
+    assert first["first_job_segments"] == second["first_job_segments"] > 0
+    outputs = sorted(p for p in folder.parent.iterdir() if p.name.startswith("outputs-"))
+    assert len(outputs) == 2 and all((p / "default" / "first" / "manifest.json").exists() for p in outputs)
