@@ -117,7 +117,11 @@ def _child(folder: str, device: str, started: float, tiny: bool,
     ``threads``: ``FRAMEFLEET_LOAD_THREADS`` (the most of ``--threads-list``: the load
     methods' rows above read with as many; the worker's default is 8)."""
     out: dict[str, Any] = {"mode": "framefleet", "load_threads": threads}
+    import logging
     import tempfile
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(relativeCreated)d ms %(levelname)s %(name)s: %(message)s")
 
     import torch  # noqa: F401  (counted as imports)
 
@@ -151,6 +155,8 @@ def _child(folder: str, device: str, started: float, tiny: bool,
     if result.reused:  # not a first job: nothing was generated
         raise SystemExit(f"the first job reused an earlier output: {result.manifest_uri}")
     out["first_job_segments"] = len(result.manifest.segments)
+    out["first_job_stages"] = {k: round(v, 3) for k, v in result.timings.model_dump().items()
+                               if isinstance(v, float) and v > 0}
     out["first_job_end_s"] = time.time() - started
     return out
 
@@ -181,7 +187,12 @@ def run_child(folder: Path, device: str, tiny: bool, threads: int = 8) -> dict[s
     if done.returncode != 0 or "terminate called" in done.stderr:
         raise SystemExit(f"framefleet run failed (exit status {done.returncode}):\n"
                          f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    out = dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    # the worker's log of its start and job (timed lines): the figures' explanation where
+    # one is needed
+    out["log_tail"] = [line[:300] for line in done.stderr.splitlines()
+                       if not line.startswith((" ", "\t"))][-40:]
+    return out
 
 
 def table(doc: dict[str, Any]) -> str:
@@ -199,6 +210,10 @@ def table(doc: dict[str, Any]) -> str:
                      f"{d['to_device_s']:.1f} s | {d['weights_to_device_s']:.1f} s | "
                      f"{f['weights_to_device_s']:.1f} s | {f['ready_s']:.1f} s | "
                      f"{f['first_job_end_s']:.1f} s | {phases} |")
+    for run in doc["runs"]:
+        stages = ", ".join(f"{k.removesuffix('_s')} {v:.1f}"
+                           for k, v in run["framefleet"].get("first_job_stages", {}).items())
+        lines.append(f"\nFirst job, page cache {run['cache']}: {stages}")
     if doc.get("load_methods"):
         lines += ["", load_methods.table(doc["load_methods"]).rstrip("\n")]
     return "\n".join(lines) + "\n"
