@@ -70,4 +70,5 @@ def test_every_start_row_runs_its_own_first_job(tmp_path: Path) -> None:
     first, second = (worker_start.run_child(folder, "cpu", True, 1) for _ in range(2))
     assert first["first_job_segments"] == second["first_job_segments"] > 0
     outputs = sorted(p for p in folder.parent.iterdir() if p.name.startswith("outputs-"))
-    assert len(outputs) == 2 and all((p / "default" / "first" / "manifest.json").exists() for p in outputs)
+    assert len(outputs) == 2
+    assert all((p / "default" / "first" / "manifest.json").exists() for p in outputs)
