@@ -20,6 +20,8 @@ own fork: it inherits an already-imported parent, and the parent's age is none o
 - ``model_decode``: (CUDA) the warm-up model's own decoder compiled and captured at each
   warm-up size's latent size;
 - ``warmup``: the warm-up decoder built and captured at its sizes;
+- ``builds``: (CUDA) the builds those queued, run once the warm-up let go of the device (the
+  first-chunk decode graphs), waited for so that a first job does not wait for them;
 - ``other``: what none of the above holds (a benchmark's own models built before the
   warm-up, the start's bookkeeping), so that the phases add up to the total;
 - ``total``: process start to ready.
@@ -37,7 +39,7 @@ import time
 from typing import Any
 
 PHASES = ("imports", "init", "read", "cast_move", "prepare", "artifacts", "compile_cache",
-          "model_decode", "warmup", "other", "total")
+          "model_decode", "warmup", "builds", "other", "total")
 
 
 def started_at(pid: int) -> float | None:

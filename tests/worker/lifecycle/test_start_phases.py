@@ -9,8 +9,10 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -80,3 +82,33 @@ def test_phases_are_published_before_ready(tmp_path: Path,
         f"host {socket.gethostname()}, broker redis://10.1.2.3:6380", out.output
     assert "s3cret" not in out.output
     assert [s["phases"] for s in shown] == [state.phases]
+
+
+def test_ready_comes_after_the_builds_the_warm_up_queued(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the H200 the decoder's warm-up queued its first-chunk graph as a build (22 s cold)
+    that ran after ready: a first job that met it waited, 30.1 s against 5.6 s. The start now
+    waits for what its warm-up queued, as the ``builds`` phase."""
+    from worker.owner import DEVICE
+
+    settings = Settings(device="cpu", work_dir=str(tmp_path), warmup_decoder="pattern",
+                        warmup_latent_size="2x3")
+    decoders = default_decoders(settings)
+    built = threading.Event()
+    real_get = decoders.get
+
+    def get(spec: Any) -> Any:  # the decoder's warm-up queues a build, as the Wan graphs' do
+        decoder = real_get(spec)
+        real_warmup = decoder.warmup
+
+        def warmup_and_queue(h: int, w: int) -> None:
+            real_warmup(h, w)
+            DEVICE.submit("test first-chunk graph", lambda: (time.sleep(0.5), built.set()))
+
+        monkeypatch.setattr(decoder, "warmup", warmup_and_queue)
+        return decoder
+
+    monkeypatch.setattr(decoders, "get", get)
+    state = warmup.warm_up(decoders, settings, started=time.time())
+    assert state.ready and built.is_set()
+    assert state.phases["builds"] >= 0.5
