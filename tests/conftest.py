@@ -25,6 +25,7 @@ from tests.services import (
     WorkerFactory,
     WorkerProcess,
 )
+from tests.services.celery_worker import stop_workers
 
 _WORKERS = pytest.StashKey[list[WorkerProcess]]()
 
@@ -142,11 +143,7 @@ def worker_factory(
     try:
         yield start
     finally:
-        # A warm shutdown takes ~2 s each: run them side by side.
-        for worker in workers:
-            worker.terminate()
-        for worker in workers:
-            worker.stop()
+        stop_workers(workers)
 
 
 @pytest.hookimpl(wrapper=True)

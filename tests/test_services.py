@@ -20,10 +20,13 @@ from tests.services import (
     S3Server,
     SwitchingEndpoint,
     WorkerFactory,
+    WorkerProcess,
     free_port,
     free_port_pair,
     free_ports,
 )
+from tests.services.celery_worker import stop_workers
+from tests.waiting import wait_for
 
 
 def test_redis_answers_ping(redis_url: str) -> None:
@@ -156,6 +159,44 @@ def test_worker_starts_and_answers_ping(worker_factory: WorkerFactory, redis_url
     worker.stop()
     with pytest.raises(ProcessLookupError):
         os.killpg(pgid, 0)
+
+
+def test_idle_workers_are_killed_and_a_busy_one_ends_its_job(
+    tmp_path: Path, worker_env: dict[str, str], s3: S3Server, s3_bucket: str
+) -> None:
+    """``stop_workers`` (the end of every test with workers): SIGKILL when the broker holds
+    nothing unacknowledged, a warm shutdown that lets the running job end otherwise."""
+    from producer.client import Client
+    from tests.e2e.helpers import pattern_spec, put_latents
+
+    server = RedisServer(require_binary("redis-server", REDIS_INSTALL), tmp_path / "redis")
+    server.start()
+    env = {**worker_env, "FRAMEFLEET_BROKER_URL": server.url,
+           "FRAMEFLEET_RESULT_BACKEND": server.url}
+    client = Client(broker_url=server.url, backend_url=server.url)
+    try:
+        idle = [WorkerProcess(f"idle{i}", tmp_path / "workers", env) for i in range(2)]
+        for worker in idle:
+            worker.start()
+        for worker in idle:
+            worker.wait_ready()
+        pgids = [w.pid for w in idle]
+        assert stop_workers(idle) == "killed"
+        for pgid in pgids:  # the group is gone, pool children included
+            with pytest.raises(ProcessLookupError):
+                os.killpg(pgid, 0)
+        busy = WorkerProcess("busy", tmp_path / "workers", env)
+        busy.start()
+        busy.wait_ready()
+        uri = put_latents(s3, s3_bucket, "in/long.npy", latent_frames=150, h=64, w=80,
+                          fmt="npy")
+        handle = client.submit(pattern_spec("long", uri, s3_bucket, segment_frames=32))
+        wait_for(lambda: (p := handle.progress()) is not None and p.frames_done > 0, 60,
+                 "the job's first frames")
+        assert stop_workers([busy]) == "warm"
+        assert not busy.running and handle.wait(timeout=5).manifest.segments
+    finally:
+        server.stop()
 
 
 def test_no_port_is_handed_out_twice_in_a_process() -> None:

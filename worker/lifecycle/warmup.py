@@ -117,14 +117,16 @@ def _wait_builds(owner: Any) -> float:
 def _publish_phases(state: WarmupState, phases: dict[str, float], decoder_s: float,
                     started: float | None) -> None:
     from worker import metrics
-    from worker.lifecycle.startphases import model_phases, other
+    from worker.lifecycle.startphases import PHASES, model_phases, other
 
     phases.update(model_phases(state.model))
     phases["warmup"] = decoder_s
     if started is not None:
         phases["total"] = time.time() - started
         phases["other"] = other(phases)
-    state.phases = {k: round(v, 3) for k, v in phases.items()}
+    order = {name: i for i, name in enumerate(PHASES)}  # as the ready line lists them
+    state.phases = {k: round(phases[k], 3) for k in sorted(phases, key=lambda k: order.get(
+        k, len(order)))}
     for phase, seconds in state.phases.items():
         metrics.WORKER_START.labels(phase).set(seconds)
 

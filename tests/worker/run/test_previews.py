@@ -21,6 +21,7 @@ from producer.wire.spec import JobSpec, OutputSpec, PreviewInfo, Progress, Video
 from tests.worker.generate.tiny import save_tiny_model, tiny_generate
 from worker.run import Run, default_decoders, run_job
 from worker.run.decoders import DecoderCache
+from worker.run.previews import PreviewPublisher
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +151,14 @@ def test_latest_is_never_half_written_when_read(
 
 
 def test_a_store_that_refuses_previews_never_fails_the_job(
-        tmp_path: Path, model: Path, decoders: DecoderCache) -> None:
+        tmp_path: Path, model: Path, decoders: DecoderCache,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # (the writer takes what its queue holds: on a loaded machine a later preview can find it
+    # full and be dropped, by design, so the failures are counted against what it took)
+    taken: list[bool] = []
+    offer = PreviewPublisher.offer
+    monkeypatch.setattr(PreviewPublisher, "offer",
+                        lambda self, shot: taken.append(offer(self, shot)) or taken[-1])
     # Given a job folder where previews/ cannot be made (a file is in its place)
     spec = _spec("f1", tmp_path, model, num_inference_steps=6, preview={"every": 2})
     job = tmp_path / "out" / "default" / "f1"
@@ -162,7 +170,8 @@ def test_a_store_that_refuses_previews_never_fails_the_job(
     run.preview_hooks.append(lambda p: pytest.fail(f"announced: {p}"))
     result = run_job(spec, decoders, run)
     # Then each preview failed on its own (each one tried again) and the job succeeded whole
-    assert len(failures) == 4, failures  # after steps 1, 2, 4 and 6
+    assert len(taken) == 4  # offered after steps 1, 2, 4 and 6; the first two always fit
+    assert len(failures) == sum(taken) >= 2, (failures, taken)
     assert result.manifest.generate is not None and result.manifest.generate.previews == 0
     frames = sum(len(_decode(Path(s.uri.removeprefix("file://"))))
                  for s in result.manifest.segments)
