@@ -188,7 +188,7 @@ def test_idle_workers_are_killed_and_a_busy_one_ends_its_job(
         busy = WorkerProcess("busy", tmp_path / "workers", env)
         busy.start()
         busy.wait_ready()
-        uri = put_latents(s3, s3_bucket, "in/long.npy", latent_frames=150, h=64, w=80,
+        uri = put_latents(s3, s3_bucket, "in/long.npy", latent_frames=48, h=64, w=80,
                           fmt="npy")
         handle = client.submit(pattern_spec("long", uri, s3_bucket, segment_frames=32))
         wait_for(lambda: (p := handle.progress()) is not None and p.frames_done > 0, 60,
