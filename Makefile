@@ -14,10 +14,10 @@ PIP := $(PY) -m pip
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 # make test's first pass: pytest-xdist workers for the tests that may run side by side; 0 runs
-# them in this process. The `serial` tests run alone after them. Half the cores from 4 up: on
-# 2 busy cores two workers made an e2e slice slower (416 s against 225 s), the tests' own
-# subprocesses already fill them.
-PYTEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$((n >= 4 ? n / 2 : 0)))
+# them in this process. The `serial` tests run after them. Two from 2 cores, half the cores
+# from 4 up: the first pass waits more than it computes (one process: 0.77 of a core busy on
+# 2 cores, 21:58 of wall); two workers on 2 quiet cores took it to 12:35 (1.19 cores busy).
+PYTEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$((n < 2 ? 0 : n < 4 ? 2 : n / 2)))
 # Each pass ends with its slowest tests.
 PYTEST_DURATIONS ?= --durations=20
 
