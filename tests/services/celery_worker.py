@@ -80,8 +80,9 @@ class WorkerFactory(Protocol):
     ) -> list[WorkerProcess]: ...
 
 
-def stop_workers(workers: Sequence[WorkerProcess]) -> str:
+def stop_workers(workers: Sequence[WorkerProcess], timeout: float = 10.0) -> str:
     """End a test's workers once the test is over; returns how (``"killed"``, ``"warm"``).
+    ``timeout``: how long a warm shutdown may take before the group is SIGKILLed.
 
     Idle workers are SIGKILLed at once: a Celery warm shutdown with nothing to finish still
     spends about 2.5 s in Celery's own waits (its event loop's 1 s poll, the pool's join, its
@@ -104,7 +105,7 @@ def stop_workers(workers: Sequence[WorkerProcess]) -> str:
     for worker in alive:  # SIGCONT first: a frozen worker would never act on SIGTERM
         worker.terminate()
     for worker in workers:
-        worker.stop()
+        worker.stop(timeout)
     return how
 
 
