@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 #: have waited for it unannounced (30.1 s against 5.6 s for the 5B's first job, measured).
 BUILDS_TIMEOUT_S = 600.0
 
+
 def use_compile_cache(folder: str | None) -> str | None:
     """Point torch.compile's on-disk caches into ``folder`` (created); call before the first
     compile. None leaves PyTorch's defaults (a per-user temp folder, lost with the container)."""
@@ -81,8 +82,8 @@ def warm_up(decoders: DecoderCache, settings: Settings,
     the worker is ready at once. A size whose graph could not be captured (logged by the graph
     cache) stays eager: ready, its entry says ``graph: false``. Holds the process's capture
     device as a job (``worker.owner``): first-chunk graphs are queued as builds and run after it;
-the start waits for them (the ``builds`` phase, at most :data:`BUILDS_TIMEOUT_S`) before it
-reports ready, so a first job does not wait for them unannounced.
+    the start waits for them (the ``builds`` phase, at most :data:`BUILDS_TIMEOUT_S`) before it
+    reports ready, so a first job does not wait for them unannounced.
 
     The start's phases (``worker.lifecycle.startphases``: ``phases`` holds those before the
     warm-up, ``started`` is the process start, epoch seconds) are published before ready;
