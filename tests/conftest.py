@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.parallel import mark_serial, own_database
+from tests.parallel import mark_serial, own_database, slow_first
 from tests.require import require_binary
 from tests.services import (
     REDIS_INSTALL,
@@ -42,6 +42,7 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` selects (the ``serial`` pass of make test)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     mark_serial(items)
+    slow_first(items)
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,8 @@ The first pass runs every test not marked ``serial`` over ``pytest-xdist`` worke
 and SeaweedFS (session fixtures, free loopback ports, its own temporary folders), and a module's
 tests stay together on one worker (their module fixtures are built once, in order). Most of
 the suite's time is spent in subprocesses (Celery workers, servers) that need cores of their
-own: the Makefile starts half as many workers as cores, and none below 4 cores.
+own: the Makefile starts two workers on 2 or 3 cores and half as many as cores from 4 up
+(the pass waits more than it computes: 0.77 of a core busy in one process on 2 cores).
 
 The ``serial`` tests are those whose assertions depend on the machine's load, or that take
 host-wide names. They are marked here, by marker and module, so that the tests themselves need
@@ -21,7 +22,8 @@ no change, and split in three:
   there for the lanes' balance, about 9 minutes each on 2 cores);
 - ``alone`` (the third pass, one test at a time, nothing beside it): the tests that busy every
   core on purpose and time what a loaded host does (a pool process replaced on busy cores, a
-  host lost or slow while its cores spin).
+  host lost or slow while its cores spin), and the CPU-time estimate checked against a real
+  decode.
 """
 
 from __future__ import annotations
@@ -54,11 +56,28 @@ FAULT_MODULES = frozenset({
     "tests/e2e/test_previews.py",
 })
 
-#: Modules whose tests busy every core: each runs with nothing beside it.
+#: Modules whose tests busy every core, or time the CPU against an estimate made a moment
+#: before (a decode 4.5 times slower than its estimate with a compile beside it): each runs
+#: with nothing beside it.
 ALONE_MODULES = frozenset({
     "tests/worker/lifecycle/test_pool_start.py",
     "tests/e2e/test_host_loss.py",
+    "tests/worker/run/test_cpu_estimate.py",
 })
+
+
+#: The first pass's longest modules (seconds on 2 cores: 91, 60, 48, 45), collected first so
+#: that the xdist workers start them first: one of them last kept a worker busy alone for 90 s.
+SLOW_FIRST = ("tests/worker/lifecycle/test_compile_artifacts.py",
+              "tests/worker/generate/test_first_minute.py",
+              "tests/worker/lifecycle/test_compile_cache.py",
+              "tests/worker/generate/test_generate_e2e.py")
+
+
+def slow_first(items: list[pytest.Item]) -> None:
+    """Move the tests of :data:`SLOW_FIRST` to the front, in that order; the rest keep theirs."""
+    rank = {module: i for i, module in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
 
 
 def _marked(item: pytest.Item, names: tuple[str, ...]) -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.parallel import ALONE_MODULES, FAULT_MODULES, SERIAL_MODULES
+from tests.parallel import ALONE_MODULES, FAULT_MODULES, SERIAL_MODULES, SLOW_FIRST
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -17,6 +17,8 @@ def test_every_listed_module_exists_and_is_in_one_pass() -> None:
     for module in listed:
         assert (ROOT / module).is_file(), module
     assert len(set(listed)) == len(listed)
+    for module in SLOW_FIRST:  # first pass's modules, put first
+        assert (ROOT / module).is_file() and module not in listed, module
 
 
 def test_every_test_that_busies_every_core_runs_alone() -> None:

@@ -146,21 +146,30 @@ def load_s3() -> None:
 
 
 def s3_client(settings: Settings) -> Any:
-    """One boto3 client per endpoint and process (clients are thread-safe, sessions are not)."""
+    """One boto3 client per endpoint and process (clients are thread-safe, sessions are not).
+
+    A client made while no credentials could be found is not kept: botocore looks for them
+    once, when it makes the client, so a kept one would fail every later job of the process
+    with "Unable to locate credentials" after they appeared (a role or a token file mounted
+    late, a test that sets them)."""
     import boto3
     from botocore.config import Config
 
     key = (settings.s3_endpoint_url, settings.s3_region)
     with _clients_lock:
-        if key not in _clients:
-            _clients[key] = boto3.client(
+        client = _clients.get(key)
+        if client is None:
+            session = boto3.session.Session()
+            client = session.client(
                 "s3", endpoint_url=settings.s3_endpoint_url, region_name=settings.s3_region,
                 config=Config(
                     retries={"max_attempts": settings.s3_max_attempts, "mode": "standard"},
                     signature_version="s3v4", connect_timeout=5, read_timeout=60,
                 ),
             )
-        return _clients[key]
+            if session.get_credentials() is not None:  # what the client found, not a new look
+                _clients[key] = client
+        return client
 
 
 def map_s3_error(e: Exception, what: str) -> Exception:

@@ -354,3 +354,26 @@ def test_a_forked_child_makes_its_own_s3_client(s3: S3Server) -> None:
     assert os.read(read, 1) == b"1"
     os.waitpid(pid, 0)
     assert storage.s3_client(settings) is parent
+
+
+def test_a_client_made_before_there_were_credentials_is_not_kept(
+        s3: S3Server, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """botocore looks for credentials once, when it makes a client: a kept client made without
+    them failed every later job of the process (a test in the same process: CI failure)."""
+    monkeypatch.setattr(storage, "_clients", {})
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                 "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+                 "AWS_CONTAINER_CREDENTIALS_FULL_URI"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance role looked for
+    settings = Settings(s3_endpoint_url=s3.endpoint_url, s3_region=s3.region, s3_max_attempts=1)
+    # Given a store used while the process has no credentials
+    with pytest.raises(StorageConfigError, match="AWS_ACCESS_KEY_ID"):
+        S3Store(s3_bucket, settings).put_bytes("k", b"x", "text/plain")
+    # When they appear, the next store of the same endpoint uses them
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3.secret_key)
+    assert S3Store(s3_bucket, settings).put_bytes("k", b"x", "text/plain") == 1
+    assert storage.s3_client(settings) is storage.s3_client(settings)  # and it is kept
