@@ -336,9 +336,13 @@ def test_s3_client_is_one_per_endpoint_and_region(s3_store: StoreFactory, s3: S3
     assert first.meta.config.retries == {"mode": "standard", "total_max_attempts": 4}
 
 
-def test_a_forked_child_makes_its_own_s3_client(s3: S3Server) -> None:
+def test_a_forked_child_makes_its_own_s3_client(
+        s3: S3Server, monkeypatch: pytest.MonkeyPatch) -> None:
     """A Celery pool process is forked from the worker's main process: it must not use the
     parent's client (its connections are the parent's sockets), nor a lock the parent held."""
+    monkeypatch.setattr(storage, "_clients", {})
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3.access_key)  # a client without them is not kept
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3.secret_key)
     settings = Settings(s3_endpoint_url=s3.endpoint_url, s3_region=s3.region)
     parent = storage.s3_client(settings)
     read, write = os.pipe()
