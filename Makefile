@@ -1,6 +1,6 @@
 # framefleet — the commands the README names.
 #   make demo   one job on the embedded default (no Redis, no S3), in a local virtualenv
-#   make test   install what the tests need, lint, run the whole suite (CPU; three passes:
+#   make test   install what the tests need, lint, run the whole suite (CPU; in two steps:
 #               tests/parallel.py says which run side by side)
 #   make lint   ruff + mypy
 #   make chaos  the fault tests at full counts
@@ -13,9 +13,9 @@ PIP := $(PY) -m pip
 # The CPU build of torch is all the demo and tests need; GPU hosts bring their own.
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
-# make test's first pass: pytest-xdist workers for the tests that may run side by side; 0 runs
-# them in this process. The `serial` tests run after them. Two from 2 cores, half the cores
-# from 4 up: the first pass waits more than it computes (one process: 0.77 of a core busy on
+# make test's xdist pass: pytest-xdist workers for the tests that may run side by side; 0 runs
+# them in one process. The `serial` tests' two lanes run beside them. Two from 2 cores, half the cores
+# from 4 up: the pass waits more than it computes (one process: 0.77 of a core busy on
 # 2 cores, 21:58 of wall); two workers on 2 quiet cores took it to 12:35 (1.19 cores busy).
 PYTEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$((n < 2 ? 0 : n < 4 ? 2 : n / 2)))
 # Each pass ends with its slowest tests.
@@ -48,8 +48,8 @@ lint: install-test
 	$(VENV)/bin/ruff check producer worker tests bench examples
 	$(VENV)/bin/mypy
 
-# Three passes (tests/passes.py): the tests that may run side by side, over PYTEST_WORKERS
-# xdist workers; the serial tests' two lanes side by side; the tests that busy every core, alone.
+# Two steps (tests/passes.py): the tests that may run side by side, over PYTEST_WORKERS xdist
+# workers, with the serial tests' two lanes beside them; then the tests that busy every core, alone.
 test: install-test lint
 	$(PY) -m tests.passes --workers $(PYTEST_WORKERS) $(PYTEST_DURATIONS) $(PYTEST_ARGS)
 

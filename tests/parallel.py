@@ -1,7 +1,7 @@
-"""Which tests may run side by side (``make test`` runs the suite in three passes:
+"""Which tests may run side by side (``make test`` runs the suite in two steps:
 ``tests/passes.py``).
 
-The first pass runs every test not marked ``serial`` over ``pytest-xdist`` workers
+The xdist pass runs every test not marked ``serial`` over ``pytest-xdist`` workers
 (``-n``, ``--dist loadfile``): each worker is its own pytest session, so it starts its own Redis
 and SeaweedFS (session fixtures, free loopback ports, its own temporary folders), and a module's
 tests stay together on one worker (their module fixtures are built once, in order). Most of
@@ -13,14 +13,15 @@ The ``serial`` tests are those whose assertions depend on the machine's load, or
 host-wide names. They are marked here, by marker and module, so that the tests themselves need
 no change, and split in three:
 
-- two lanes (the second pass: two pytest processes side by side, each running its lane's tests
-  one at a time). ``first_hour_lane``: everything that takes host-wide names, the README's
-  quickstart and first hour (weed's default ports and their sockets in ``/tmp``) and the
-  compose fleet (its host ports), and the browser tests of the page, Flower and the API's load
-  test. ``faults_lane``: the ``chaos`` tests (faults and outages whose bounds hold with every
-  core busy) and the previews seen while a paced job runs (real time, no host-wide names:
-  there for the lanes' balance, about 9 minutes each on 2 cores);
-- ``alone`` (the third pass, one test at a time, nothing beside it): the tests that busy every
+- two lanes (two pytest processes, each running its lane's tests one at a time, started with
+  the xdist pass and beside it: they mostly wait). ``first_hour_lane``: everything that takes
+  host-wide names, the README's quickstart and first hour (weed's default ports and their
+  sockets in ``/tmp``) and the compose fleet (its host ports), and the browser tests of the
+  page, Flower and the API's load test. ``faults_lane``: the ``chaos`` tests (faults and
+  outages whose bounds hold with every core busy) and the previews seen while a paced job runs
+  (real time, no host-wide names: there for the lanes' balance, about 9 minutes each on 2
+  cores);
+- ``alone`` (the last pass, one test at a time, nothing beside it): the tests that busy every
   core on purpose and time what a loaded host does (a pool process replaced on busy cores, a
   host lost or slow while its cores spin), and the CPU-time estimate checked against a real
   decode.
@@ -66,7 +67,7 @@ ALONE_MODULES = frozenset({
 })
 
 
-#: The first pass's longest modules (seconds on 2 cores: 91, 60, 48, 45), collected first so
+#: The xdist pass's longest modules (seconds on 2 cores: 91, 60, 48, 45), collected first so
 #: that the xdist workers start them first: one of them last kept a worker busy alone for 90 s.
 SLOW_FIRST = ("tests/worker/lifecycle/test_compile_artifacts.py",
               "tests/worker/generate/test_first_minute.py",
@@ -108,12 +109,12 @@ def mark_serial(items: list[pytest.Item]) -> None:
 
 
 def worker_index() -> int:
-    """This session's number among those running at once: a ``pytest-xdist`` worker's
-    (``gw3`` is 3), else a lane's ``FRAMEFLEET_TEST_SLOT`` (``tests/passes.py``), else 0."""
+    """This session's number among those running at once: its pass's ``FRAMEFLEET_TEST_SLOT``
+    (``tests/passes.py``: a lane's, or the first of the xdist pass's), plus a ``pytest-xdist``
+    worker's own (``gw3`` is 3); 0 for a plain pytest."""
+    slot = int(os.environ.get("FRAMEFLEET_TEST_SLOT", "0"))
     name = os.environ.get("PYTEST_XDIST_WORKER", "")
-    if name.startswith("gw"):
-        return int(name.removeprefix("gw"))
-    return int(os.environ.get("FRAMEFLEET_TEST_SLOT", "0"))
+    return slot + int(name.removeprefix("gw")) if name.startswith("gw") else slot
 
 
 def own_database(url: str) -> str:

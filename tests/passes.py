@@ -1,17 +1,22 @@
-"""``make test``: the suite in three passes (``tests/parallel.py`` says which test goes where).
+"""``make test``: the suite in two steps (``tests/parallel.py`` says which test goes where).
 
-1. the tests that may run side by side, over ``--workers`` pytest-xdist workers;
-2. the serial tests' two lanes, ``faults`` and ``first-hour``, side by side: two pytest
-   processes, each its own session (its own Redis and SeaweedFS, its own ``--basetemp``, its
-   own database of a Redis the user gave: ``FRAMEFLEET_TEST_SLOT``), each running its tests one
-   at a time. The lanes are processes, not xdist groups: pytest 9 ignores the node ids that
-   xdist's ``--dist loadgroup`` rewrites, so a group's tests landed on both workers;
-3. the tests that busy every core, alone.
+1. side by side, started together:
+   - the tests that may run side by side, over ``--workers`` pytest-xdist workers;
+   - the serial tests' two lanes, ``faults`` and ``first-hour``: two pytest processes, each its
+     own session (its own Redis and SeaweedFS, its own ``--basetemp``, its own database of a
+     Redis the user gave: ``FRAMEFLEET_TEST_SLOT``), each running its tests one at a time.
+     The lanes mostly wait (outages, redelivery timeouts, image builds in ``dockerd``, a
+     browser playing a stream: about 0.4 of a core between them on 2 cores), so they run
+     beside the xdist workers rather than after them. The lanes are processes, not xdist
+     groups: pytest 9 ignores the node ids that xdist's ``--dist loadgroup`` rewrites, so a
+     group's tests landed on both workers;
+2. the tests that busy every core, alone.
 
 Each pass runs whatever the others' results and ends with its slowest tests (the arguments
 after the options go to every pass, ``--durations=20`` and any paths). pytest's 5 (no test
-selected) is not a failure, unless no pass selected any test. A lane's output is written to a
-file while it runs and printed, whole, when it ends. Ctrl-C ends the lanes too (by PID).
+selected) is not a failure, unless no pass selected any test. The xdist pass writes to the
+terminal; a lane's output is written to a file while it runs and printed, whole, when the xdist
+pass has ended and the lane too. Ctrl-C ends the lanes too (by PID).
 
     python -m tests.passes --workers 2 --durations=20 [pytest args...]
 """
@@ -23,23 +28,34 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 NO_TESTS = 5
 
-#: (name, -m expression, FRAMEFLEET_TEST_SLOT) of the second pass's lanes
+#: (name, -m expression, FRAMEFLEET_TEST_SLOT) of the lanes
 LANES = (("first-hour", "not gpu and first_hour_lane", 0),
          ("faults", "not gpu and faults_lane", 1))
+
+#: The xdist workers' FRAMEFLEET_TEST_SLOT numbers start after the lanes' (``tests/parallel.py``
+#: ``worker_index``): a Redis the user gave is shared by every session of the run.
+WORKER_SLOTS_FROM = len(LANES)
 
 
 def pytest(*args: str) -> list[str]:
     return [sys.executable, "-m", "pytest", *args]
 
 
-def run_lanes(extra: list[str]) -> list[int]:
-    """Both lanes at once; their exit codes."""
+Lane = tuple[str, IO[bytes], "subprocess.Popen[bytes]"]
+
+
+@contextmanager
+def lanes_running(extra: list[str]) -> Iterator[list[Lane]]:
+    """Both lanes started; on the way out (Ctrl-C, an error) none outlives the block."""
     with tempfile.TemporaryDirectory(prefix="framefleet-lanes-") as tmp:
-        procs = []
+        procs: list[Lane] = []
         try:
             for name, expr, slot in LANES:
                 log = Path(tmp, f"{name}.log").open("wb")
@@ -47,16 +63,9 @@ def run_lanes(extra: list[str]) -> list[int]:
                 procs.append((name, log, subprocess.Popen(
                     pytest("-m", expr, f"--basetemp={Path(tmp, name)}", *extra),
                     stdout=log, stderr=subprocess.STDOUT, env=env)))
-            codes = []
-            for name, log, proc in procs:
-                codes.append(proc.wait())
-                log.close()
-                sys.stdout.write(f"\n===== lane {name}: pytest exit {codes[-1]} =====\n")
-                sys.stdout.write(Path(log.name).read_text(errors="replace"))
-                sys.stdout.flush()
-            return codes
+            yield procs
         finally:
-            for _, log, proc in procs:  # Ctrl-C, or an error here: no lane outlives the run
+            for _, log, proc in procs:
                 if proc.poll() is None:
                     proc.terminate()
                     try:
@@ -67,16 +76,31 @@ def run_lanes(extra: list[str]) -> list[int]:
                 log.close()
 
 
+def lane_codes(procs: list[Lane]) -> list[int]:
+    """Wait for every lane, print its output whole; their exit codes."""
+    codes = []
+    for name, log, proc in procs:
+        codes.append(proc.wait())
+        log.flush()
+        sys.stdout.write(f"\n===== lane {name}: pytest exit {codes[-1]} =====\n")
+        sys.stdout.write(Path(log.name).read_text(errors="replace"))
+        sys.stdout.flush()
+    return codes
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=0, help="pytest-xdist workers of pass 1")
     args, extra = ap.parse_known_args(argv)
-    codes = [subprocess.run(pytest("-m", "not gpu and not serial", "-n", str(args.workers),
-                                   "--dist", "loadfile", *extra), check=False).returncode]
-    codes += run_lanes(extra)
+    with lanes_running(extra) as lanes:
+        env = {**os.environ, "FRAMEFLEET_TEST_SLOT": str(WORKER_SLOTS_FROM)}
+        codes = [subprocess.run(pytest("-m", "not gpu and not serial", "-n", str(args.workers),
+                                       "--dist", "loadfile", *extra),
+                                env=env, check=False).returncode]
+        codes += lane_codes(lanes)
     codes.append(subprocess.run(pytest("-m", "not gpu and alone", *extra),
                                 check=False).returncode)
-    print(f"make test: pass exit codes {codes} (pass 1, lanes {[n for n, _, _ in LANES]}, "
+    print(f"make test: pass exit codes {codes} (xdist pass, lanes {[n for n, _, _ in LANES]}, "
           f"alone)")
     return overall(codes)
 

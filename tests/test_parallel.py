@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from tests.parallel import ALONE_MODULES, FAULT_MODULES, SERIAL_MODULES, SLOW_FIRST
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -17,7 +19,7 @@ def test_every_listed_module_exists_and_is_in_one_pass() -> None:
     for module in listed:
         assert (ROOT / module).is_file(), module
     assert len(set(listed)) == len(listed)
-    for module in SLOW_FIRST:  # first pass's modules, put first
+    for module in SLOW_FIRST:  # the xdist pass's modules, put first
         assert (ROOT / module).is_file() and module not in listed, module
 
 
@@ -35,3 +37,20 @@ def test_the_run_fails_if_any_pass_fails_and_selects_nothing_only_if_none_select
     assert overall([0, 0, 1, 0]) == 1
     assert overall([5, 2, 1, 0]) == 2  # the first failure's code
     assert overall([5, 5, 5, 5]) == 5
+
+
+def test_sessions_running_at_once_have_distinct_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.parallel import own_database, worker_index
+    from tests.passes import LANES, WORKER_SLOTS_FROM
+
+    seen = []
+    for _, _, slot in LANES:  # each lane: its slot, no xdist worker
+        monkeypatch.setenv("FRAMEFLEET_TEST_SLOT", str(slot))
+        monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+        seen.append(worker_index())
+    monkeypatch.setenv("FRAMEFLEET_TEST_SLOT", str(WORKER_SLOTS_FROM))
+    for gw in range(4):  # the xdist pass's workers, beside the lanes
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", f"gw{gw}")
+        seen.append(worker_index())
+    assert len(set(seen)) == len(seen), seen
+    assert own_database("redis://127.0.0.1:6379/3") == f"redis://127.0.0.1:6379/{3 + seen[-1]}"
