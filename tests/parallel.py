@@ -17,10 +17,10 @@ no change, and split in three:
   the xdist pass and beside it: they mostly wait). ``first_hour_lane``: everything that takes
   host-wide names, the README's quickstart and first hour (weed's default ports and their
   sockets in ``/tmp``) and the compose fleet (its host ports), and the browser tests of the
-  page, Flower and the API's load test. ``faults_lane``: the ``chaos`` tests (faults and
-  outages whose bounds hold with every core busy) and the previews seen while a paced job runs
-  (real time, no host-wide names: there for the lanes' balance, about 9 minutes each on 2
-  cores);
+  page, Flower and the API's load test; and, for balance, the xdist pass's three longest
+  modules (the compile caches and artifacts, the first minute). ``faults_lane``: the
+  ``chaos`` tests (faults and outages whose bounds hold with every core busy) and the previews
+  seen while a paced job runs (real time, no host-wide names: there for balance too);
 - ``alone`` (the last pass, one test at a time, nothing beside it): the tests that busy every
   core on purpose and time what a loaded host does (a pool process replaced on busy cores, a
   host lost or slow while its cores spin), and the CPU-time estimate checked against a real
@@ -49,6 +49,12 @@ SERIAL_MODULES = frozenset({
     "tests/e2e/test_hls_playback.py",
     "tests/e2e/test_api_load.py",
     "tests/infra/test_flower.py",
+    # Not for host-wide names: the xdist pass's three longest modules (seconds on 2 cores,
+    # beside the rest: 98, 57, 52), for balance. Beside the lanes the xdist pass ran 17 min
+    # and the lanes 12; here, the lane ends when the pass does.
+    "tests/worker/lifecycle/test_compile_artifacts.py",
+    "tests/worker/lifecycle/test_compile_cache.py",
+    "tests/worker/generate/test_first_minute.py",
 })
 
 #: Modules of the faults lane besides the ``chaos`` tests.
@@ -67,13 +73,13 @@ ALONE_MODULES = frozenset({
 })
 
 
-#: The xdist pass's longest modules (seconds on 2 cores: 91, 60, 48, 45), collected first so
-#: that the xdist workers start them first: one of them last kept a worker busy alone for 90 s.
-SLOW_FIRST = ("tests/worker/lifecycle/test_compile_artifacts.py",
-              "tests/worker/generate/test_first_minute.py",
-              "tests/worker/lifecycle/test_compile_cache.py",
-              "tests/worker/generate/test_generate_e2e.py")
-
+#: The xdist pass's longest modules (seconds on 2 cores, two xdist workers: 49, 43, 38, 37),
+#: collected first so that the xdist workers start them first: one long module last kept a
+#: worker busy alone for 90 s at the pass's end.
+SLOW_FIRST = ("tests/test_services.py",
+              "tests/worker/generate/test_generate_e2e.py",
+              "tests/e2e/test_revoke_and_hints.py",
+              "tests/bench/test_scripts.py")
 
 def slow_first(items: list[pytest.Item]) -> None:
     """Move the tests of :data:`SLOW_FIRST` to the front, in that order; the rest keep theirs."""
