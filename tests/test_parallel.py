@@ -5,6 +5,8 @@ processes would take the cores that the other tests' timings count on."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -54,3 +56,22 @@ def test_sessions_running_at_once_have_distinct_numbers(monkeypatch: pytest.Monk
         seen.append(worker_index())
     assert len(set(seen)) == len(seen), seen
     assert own_database("redis://127.0.0.1:6379/3") == f"redis://127.0.0.1:6379/{3 + seen[-1]}"
+
+
+def test_the_run_ends_with_the_slowest_tests_of_every_pass_and_their_walls() -> None:
+    # Given one fast test, run through every pass (the lanes and the alone pass select nothing)
+    node = ("tests/test_parallel.py::"
+            "test_the_run_fails_if_any_pass_fails_and_selects_nothing_only_if_none_selects")
+    done = subprocess.run([sys.executable, "-m", "tests.passes", "--workers", "0", "-q",
+                           "-p", "no:cacheprovider", node], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, check=False)
+    out = done.stdout
+    # Then the run passed, and its end names that test with its seconds and every pass's wall
+    assert done.returncode == 0, out[-3000:] + done.stderr[-2000:]
+    tail = out[out.index("===== make test: the 1 slowest tests of all passes"):]
+    assert re.search(r"\n +[0-9.]+s +xdist  tests\.test_parallel::test_the_run_fails_if_any_pass",
+                     tail), tail
+    walls = re.search(r"make test: wall (.*)", tail)
+    assert walls and {w.rsplit(" ", 1)[0] for w in walls[1].split(", ")} == {
+        "alone", "faults", "first-hour", "xdist"}, tail
+    assert "pass exit codes [0, 5, 5, 5]" in tail, tail
