@@ -7,7 +7,9 @@
   with a critical log, and nothing is stored under the id: no sender can overwrite another
   job's result. Not even STARTED: Celery's ``track_started`` would store it before the
   check, so the task stores it itself once it holds the job's lease.
-- A duplicate delivery of a job that already ended (succeeded, failed, cancelled) is dropped.
+- A duplicate delivery of a job that already ended (succeeded, failed, cancelled) is dropped:
+  on receipt, and again once it holds the job's lease, which a run lets go only after
+  Celery has stored the job's state.
 - A job that another worker runs right now (its lease is held) waits in the queue: a requeue,
   counted apart from the retries of errors (``worker.concerns.retries``).
 - A job whose ``output.uri`` is outside ``FRAMEFLEET_OUTPUT_PREFIX`` (when set) fails at once.
@@ -35,7 +37,7 @@ from typing import Any, NoReturn
 
 from celery import Celery, Task, states
 from celery.exceptions import Ignore, TimeLimitExceeded
-from celery.signals import worker_process_init
+from celery.signals import task_postrun, worker_process_init
 from celery.worker import state as worker_state
 from celery.worker.request import Request
 
@@ -93,6 +95,7 @@ def register(app: Celery) -> Task:
     # that takes too long to start (a ledger write) is killed by Celery before it is up.
     worker_process_init.connect(lambda **_: threading.Thread(
         target=take_over_ends, args=(app,), name="job-ends", daemon=True).start(), weak=False)
+    task_postrun.connect(_release_lease, weak=False, dispatch_uid="framefleet-job-lease")
     return task
 
 
@@ -166,15 +169,30 @@ def decode_video(self: Task, payload: Any, tiled: bool = False, error_retries: i
                      str(self.request.hostname))
     if not lease.acquire():
         _wait_for_lease(self, spec, int(error_retries), int(requeues), settings)
+    _held[str(self.request.id)] = lease
     try:
+        # Again, now that no other run can end the job meanwhile: a duplicate delivery that
+        # passed the claim while another run was ending the job finds that end here.
+        through_failover(lambda: _drop_if_ended(self.app, spec), f"job {spec.key}: ended?")
         _started(self)
         run = Run(spec=spec, settings=settings, node=str(self.request.hostname), tiled=tiled,
                   cost=cost_for_job, error_retries=int(error_retries), requeues=int(requeues))
         return run_concerns(run, self, CONCERNS, lambda: run_job(spec, decoders(), run))
     except RetireProcess as e:  # a CUDA error: free the job for its next run, then go
-        lease.release()
+        _release_lease(str(self.request.id))
         retire(e)
-    finally:
+
+
+#: The lease of the job this pool process runs, by task id. Released once Celery has stored
+#: the job's state (``task_postrun`` comes after the store, whatever the end), not when the
+#: task function returns: Celery stores SUCCESS and FAILURE after that, and a duplicate
+#: delivery taking the lease in between would find no end and run the job again.
+_held: dict[str, JobLease] = {}
+
+
+def _release_lease(task_id: str | None = None, **_: Any) -> None:
+    lease = _held.pop(str(task_id), None)
+    if lease is not None:
         lease.release()
 
 
@@ -266,6 +284,12 @@ def _claim(app: Celery, flags: Flags, spec: JobSpec) -> None:
     # Received: from now on, a PENDING state of this job means its result expired (the
     # client's resubmit then sends it again, see producer.client).
     flags.mark_started(key)
+    _drop_if_ended(app, spec)
+
+
+def _drop_if_ended(app: Celery, spec: JobSpec) -> None:
+    """Drop this delivery (``Ignore``) if the job has ended: a duplicate."""
+    key, digest = spec.key, spec.digest()
     meta = app.backend.get_task_meta(key)
     result = meta.get("result")
     manifest = result.get("manifest") if isinstance(result, dict) else None

@@ -172,10 +172,11 @@ class RedisFlags:
 
     def take_started(self, job_id: str) -> bool:
         """Clear the job's "has run" mark; True for the one caller that found it (who sends
-        the job again: its end is a new one, so the ledger's mark of the last end goes too)."""
+        the job again: its end is a new one, so the marks of the last end's ledger record
+        and count go too)."""
         taken = bool(self.r.hdel(keys.runs(job_id), "started"))
         if taken:
-            self.r.hdel(keys.runs(job_id), keys.LEDGER_END_FIELD)
+            self.r.hdel(keys.runs(job_id), keys.LEDGER_END_FIELD, keys.COUNTED_END_FIELD)
         return taken
 
     def reset_runs(self, job_id: str) -> None:

@@ -54,6 +54,8 @@ LAST_TAKEN = PREFIX + "last_taken"
 ENDS = PREFIX + "ends"
 #: The field of ``runs:{job}`` naming the end already in the ledger.
 LEDGER_END_FIELD = "ledger_end"
+#: The field of ``runs:{job}`` naming the end already counted (``framefleet_jobs_total``).
+COUNTED_END_FIELD = "counted_end"
 #: Jobs sent and not yet received (job → unix time sent): what the reconciler watches.
 QUEUED = PREFIX + "queued"
 #: Jobs the reconciler sent again, all time (the fleet exporter serves it).

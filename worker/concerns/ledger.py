@@ -30,6 +30,7 @@ from producer.state import keys
 from producer.wire.results import HeldRun, LedgerRecord, StateTime
 from worker import labels
 from worker.concerns.base import Concern, Outcome
+from worker.concerns.endmark import EndMark
 from worker.concerns.metrics import _device, _prices, enqueued_at
 from worker.concerns.retries import Requeue
 from worker.run.run import Run
@@ -88,42 +89,13 @@ class JobLedger(Concern):
             if held is not None:
                 self._keep(held)
             return
-        if self._recorded_already(outcome.status):
+        mark = EndMark(self._client(), self.run.spec, keys.LEDGER_END_FIELD,
+                       "recorded in the ledger")
+        if mark.seen(outcome.status):
             return
         write_ledger(self._record(outcome, held), self.run.spec.output_prefix,
                      self.run.settings)
-        self._mark_recorded(outcome.status)
-
-    def _end_mark(self, status: str) -> str:
-        return f"{self.run.spec.digest()} {status}"
-
-    def _recorded_already(self, status: str) -> bool:
-        """A run of this submission already wrote this end and died before its result was
-        stored (a SIGKILL in between): the message came again and ended the same way. Its
-        record stands; a second would count the end twice. A new submission (a resubmit)
-        clears the mark (``producer.state.control``)."""
-        client = self._client()
-        if client is None:
-            return False
-        try:
-            mark = client.hget(keys.runs(self.run.spec.key), keys.LEDGER_END_FIELD)
-        except redis.RedisError:
-            return False
-        if mark is None or mark.decode() != self._end_mark(status):
-            return False
-        log.warning("job %s: its %s is recorded in the ledger already, by a run that died "
-                    "before its result was stored: no second record", self.run.spec.key, status)
-        return True
-
-    def _mark_recorded(self, status: str) -> None:
-        client = self._client()
-        if client is None:
-            return
-        try:
-            client.hset(keys.runs(self.run.spec.key), keys.LEDGER_END_FIELD,
-                        self._end_mark(status))
-        except redis.RedisError as e:
-            log.warning("job %s: ledger end not marked: %s", self.run.spec.key, e)
+        mark.mark(outcome.status)
 
     def _held(self, outcome: Outcome) -> HeldRun:
         status: str = outcome.status

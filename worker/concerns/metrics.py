@@ -34,6 +34,7 @@ from producer.state import keys
 from producer.wire.spec import HeldRun, JobSpec, job_key
 from worker import labels, metrics
 from worker.concerns.base import Concern, Outcome
+from worker.concerns.endmark import EndMark
 from worker.concerns.retries import Requeue
 from worker.run.run import Run
 
@@ -88,15 +89,26 @@ class JobMetrics(Concern):
         if status == "retry":
             status = "requeue" if isinstance(outcome, Requeue) else "retry"
             metrics.observe_retry(status, self.tenant, labels.failure_reason(outcome.error))
-        elif status == "failure":
-            reason = labels.failure_reason(outcome.error)
-            metrics.observe_job("failure", self.tenant, None, reason=reason)
         else:
-            metrics.observe_job(status, self.tenant, outcome.result)
+            self._count_end(outcome)
         metrics.observe_held(status, self.tenant, held)
         _vram_after_job()
         if outcome.result is None:
             self._record(status, labels.failure_reason(outcome.error), held)
+
+    def _count_end(self, outcome: Outcome) -> None:
+        """Count the job's end, unless a run that died before its result was stored counted
+        this submission's same end (``worker.concerns.endmark``)."""
+        mark = EndMark(getattr(self.task.app.backend, "client", None), self.run.spec,
+                       keys.COUNTED_END_FIELD, "counted")
+        if mark.seen(outcome.status):
+            return
+        if outcome.status == "failure":
+            metrics.observe_job("failure", self.tenant, None,
+                                reason=labels.failure_reason(outcome.error))
+        else:
+            metrics.observe_job(outcome.status, self.tenant, outcome.result)
+        mark.mark(outcome.status)
 
     def _record(self, status: str, reason: str, held: float) -> None:
         """Leave a HeldRun in Redis (the result backend's client), kept as long as results."""

@@ -34,6 +34,33 @@ def test_cancel_before_start_is_revoked_and_runs_nothing(
     assert counts(tenant) == {"success": 0, "failure": 0, "retry": 0, "cancelled": 1}
 
 
+def test_a_cancel_counted_by_a_run_killed_before_its_state_is_counted_once(
+    app: Celery, redis_url: str, tmp_path: Path, tenant: str
+) -> None:
+    # Given a cancelled job whose run counted its end and died before REVOKED was stored (the
+    # storm: a pool process SIGKILLed then), so that its message came again
+    spec = job_spec(tmp_path, tenant)
+    flags = flags_for(app)
+    flags.set_cancel(spec.key)
+
+    def work(run: Run, attempt: int) -> JobResult:
+        raise AssertionError("a cancelled job must not run")
+
+    scripted = Scripted(app, spec, Settings(file_roots=str(tmp_path)), work)
+    scripted.apply(spec.key)
+    redis.Redis.from_url(redis_url).delete(keys.result(spec.key))  # never stored
+    # When that delivery ends the same way
+    scripted.apply(spec.key)
+    # Then the end was counted once (seen: twice, "framefleet_jobs_total 4 > 3 ends")
+    assert app.backend.get_task_meta(spec.key)["status"] == "REVOKED"
+    assert counts(tenant)["cancelled"] == 1
+    # And a resubmit (which takes the job's "has run" mark) is a new end, counted again
+    flags.mark_started(spec.key)
+    assert flags.take_started(spec.key)
+    scripted.apply(spec.key)
+    assert counts(tenant)["cancelled"] == 2
+
+
 def test_cancel_mid_run_is_polled_and_revoked(app: Celery, tmp_path: Path, tenant: str) -> None:
     spec = job_spec(tmp_path, tenant)
     polls: list[bool] = []

@@ -19,7 +19,7 @@ from producer.state import keys
 from producer.state.ledger import LEDGER_LINK, LedgerReader
 from producer.wire.spec import JobResult, NotifySpec
 from tests.services import free_ports
-from tests.worker.concerns.scripted import Scripted, job_spec, real_run, real_work
+from tests.worker.concerns.scripted import Scripted, counts, job_spec, real_run, real_work
 from worker.run import DecoderCache, Run
 
 
@@ -132,6 +132,7 @@ def test_a_run_killed_after_its_record_leaves_one_record(
     r.delete(keys.result(spec.key))  # the result that never reached Redis
     # When the message runs again and succeeds
     assert scripted.apply(spec.key).state == "SUCCESS"
-    # Then the ledger still holds one record of the job's one end
+    # Then the ledger still holds one record of the job's one end, counted once
     (record,) = LedgerReader((tmp_path / "ledger").as_uri(), Settings()).records()
     assert (record.key, record.status) == (spec.key, "success")
+    assert counts(tenant)["success"] == 1

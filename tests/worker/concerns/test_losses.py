@@ -95,4 +95,4 @@ def test_a_job_under_the_loss_cap_runs_and_its_end_resets_the_count(
     # Then it ran (recorded as running, one loss on gpu1@a), and its success cleared the count
     assert result.state == "SUCCESS"
     assert seen[0][b"losses"] == b"1" and seen[0][b"lost_on"].startswith(b"gpu1@a ")
-    assert set(r.hgetall(key)) <= {b"started"}
+    assert set(r.hgetall(key)) <= {b"started", b"counted_end"}  # (the end's count, marked)

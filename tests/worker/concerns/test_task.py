@@ -14,8 +14,9 @@ from producer.errors import FatalJobError
 from producer.settings import get_settings
 from producer.state.control import flags_for
 from producer.wire.spec import JobResult
-from tests.worker.concerns.scripted import job_spec
+from tests.worker.concerns.scripted import counts, job_spec
 from worker import tasks
+from worker.concerns.lease import JobLease
 from worker.run import DecoderCache
 
 
@@ -102,3 +103,53 @@ def test_a_bad_message_under_an_unknown_id_still_fails_naming_the_field(
 ) -> None:
     result = real_task.apply(args=[{"job_id": "x", "output": {"uri": "nope"}}], task_id="x")
     assert result.state == "FAILURE" and "output.uri" in str(result.result)
+
+
+def test_a_duplicate_that_takes_the_lease_after_a_cancel_ended_the_job_is_dropped(
+    app: Celery, tmp_path: Path, tenant: str, real_task: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a job cancelled while queued, and two deliveries of its message (kombu restores
+    # an unacked one after Redis came back): the second passes the claim, and before it takes
+    # the lease the first runs whole, finds the cancel and ends the job
+    spec = job_spec(tmp_path, tenant)
+    payload = spec.model_dump(mode="json")
+    flags_for(app).set_cancel(spec.key)
+    real_acquire, calls, first = JobLease.acquire, [], []
+
+    def acquire(lease: JobLease) -> bool:
+        calls.append(lease)
+        if len(calls) == 1:  # the second delivery, between its claim and its lease
+            first.append(real_task.apply(args=[payload], task_id=spec.key))
+        return real_acquire(lease)
+
+    monkeypatch.setattr(JobLease, "acquire", acquire)
+    real_task.apply(args=[payload], task_id=spec.key)
+    # Then the job ended once: REVOKED, one cancel counted (seen: two, and two ledger records)
+    assert len(first) == 1 and len(calls) == 2
+    assert app.backend.get_task_meta(spec.key)["status"] == "REVOKED"
+    assert counts(tenant) == {"success": 0, "failure": 0, "retry": 0, "cancelled": 1}
+
+
+def test_a_duplicate_that_takes_the_lease_as_the_job_succeeds_finds_the_success(
+    app: Celery, tmp_path: Path, tenant: str, real_task: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a job, and a duplicate delivery of its message that arrives the moment the run
+    # lets the lease go (Celery stores the result as a worker does)
+    monkeypatch.setattr(real_task, "store_eager_result", True)
+    spec = job_spec(tmp_path, tenant)
+    payload = spec.model_dump(mode="json")
+    real_release, duplicate = JobLease.release, []
+
+    def release(lease: JobLease) -> None:
+        real_release(lease)
+        if not duplicate:
+            duplicate.append(None)  # (the duplicate's own lease, if it takes one, is plain)
+            duplicate[0] = real_task.apply(args=[payload], task_id=spec.key)
+
+    monkeypatch.setattr(JobLease, "release", release)
+    first = real_task.apply(args=[payload], task_id=spec.key)
+    # Then the lease was let go only once the SUCCESS was stored: the duplicate found it and
+    # was dropped, and the job ran and was counted once (seen: it ran twice)
+    assert first.state == "SUCCESS", first.traceback
+    assert len(duplicate) == 1 and duplicate[0].state == "IGNORED"
+    assert counts(tenant) == {"success": 1, "failure": 0, "retry": 0, "cancelled": 0}
