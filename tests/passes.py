@@ -123,7 +123,7 @@ def minutes(seconds: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workers", type=int, default=0, help="pytest-xdist workers of pass 1")
+    ap.add_argument("--workers", type=int, default=0, help="pytest-xdist workers of the xdist pass")
     args, extra = ap.parse_known_args(argv)
     with tempfile.TemporaryDirectory(prefix="framefleet-passes-") as name:
         tmp = Path(name)
@@ -145,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"make test: pass exit codes {codes} (xdist pass, lanes {[n for n, _, _ in LANES]}, "
           f"alone)")
     return overall(codes)
+
 
 def overall(codes: list[int]) -> int:
     """The run's exit code from the passes': the first failure's; 5 only if no pass selected
