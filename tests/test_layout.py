@@ -49,10 +49,10 @@ def test_no_function_of_the_run_path_is_over_60_lines() -> None:
 WORKER_FLOORS = [
     # the base modules: start-up noise, label values and the stuck-job watchdog (any room may
     # name the stage its run waits in); then the package itself, devices, the device owner,
-    # the memory guard a run polls, the Prometheus series (and above them the stuck-job counter)
+    # the memory guard a run polls, the Prometheus series (and above them the stuck-job
+    # counter's former module, kept for its callers)
     ["worker.quiet", "worker.labels", "worker.watchdog"],
     ["worker", "worker.devices", "worker.owner", "worker.memory", "worker.metrics"],
-    ["worker.metrics_compiled"],
     ["worker.decoders", "worker.stores", "worker.stuck_metrics"],
     ["worker.pipeline", "worker.inputs"],
     ["worker.sinks", "worker.generate"],

@@ -1,4 +1,4 @@
-"""The stuck-job counter, beside ``worker.metrics`` (full) and in its registry.
+"""Stuck jobs: the count of runs taken for hung.
 
 A pool process taken for hung ends right away, and a count kept in it would die with it
 before any scrape. So the stuck run is recorded in the job's run record, and the run that
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter
 
-from worker.metrics import WORKER_REGISTRY
+from worker.metrics.registry import WORKER_REGISTRY
 from worker.watchdog import stage_label
 
 STUCK = Counter(

@@ -119,7 +119,7 @@ def compile_tier(models: ModelCache, entry: Resident, info: ModelInfo, settings:
     """Load the tier's artifact, compile each warm-up size (timed, hit or miss by inductor's
     counters), then publish the tier's artifact if asked and a size missed."""
     from worker.generate.model import artifacts
-    from worker.metrics_compiled import publish
+    from worker.metrics.start import publish
 
     places = artifact_places(info.path, settings)
     limit = settings.compile_artifact_max_mib * 1024**2
