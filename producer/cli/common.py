@@ -3,6 +3,7 @@ from paths, the result's summary, the wait (its notes, Ctrl-C)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
@@ -100,14 +101,16 @@ def _say(line: str) -> None:
     note(line, "note")
 
 
-def _wait(handle: Any, timeout: float, progress: bool) -> JobResult:
+def _wait(handle: Any, timeout: float, progress: bool,
+          words: Callable[[str], str] | None = None) -> JobResult:
     """``handle.wait`` with its notes on stderr (above the bar when there is one); Ctrl-C
-    says the job goes on and exits 130 at once, wherever it landed (``ctrl_c_exits``)."""
+    says the job goes on and exits 130 at once, wherever it landed (``ctrl_c_exits``).
+    ``words``: as ``errors``'s (a failure of a job built from options names its flags)."""
     gone = (f"interrupted: job {handle.key} goes on without you (framefleet wait "
             f"{handle.key} follows it again; framefleet cancel {handle.key} stops it)")
     with ctrl_c_exits(gone):
         try:
-            with _errors():
+            with _errors(words):
                 result: JobResult = handle.wait(timeout=timeout or None, progress=progress,
                                                 say=None if progress else _say)
                 return result

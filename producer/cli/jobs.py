@@ -15,6 +15,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich import box
+from rich.console import Console
 from rich.table import Table
 
 from producer.cli.cost_read import parse_duration
@@ -35,6 +36,8 @@ STATES = {"success": "success", "failure": "failure", "cancelled": "cancelled",
 LedgerOpt = Annotated[Optional[str], typer.Option(
     metavar="URI", help="the ledger to read (default: FRAMEFLEET_LEDGER_URI)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print the records as JSON lines")]
+#: Piped output's table width: no row is that long, so none is folded.
+PIPED_WIDTH = 100_000
 
 
 def parse_when(text: str) -> float | None:
@@ -106,8 +109,14 @@ def list_jobs(
     for r in records:
         table.add_row(_utc(r.finished_at), r.key, r.status, r.node, f"{r.gpu_seconds:.2f}",
                       f"{_usd(r):.4f}", r.reason)
-    table_console.print(table)
+    _wide(table_console).print(table)
     console.print(f"{len(records)} job(s)", markup=False)
+
+
+def _wide(terminal: Console) -> Console:
+    """``terminal`` on a terminal (cells fold to its width); anywhere else a console as wide
+    as the longest row: piped, a reason or a worker's name is never cut or folded."""
+    return terminal if terminal.is_terminal else Console(width=PIPED_WIDTH)
 
 
 @jobs_app.command("show")

@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NoReturn
 
@@ -68,23 +68,26 @@ def exit_code(e: BaseException) -> int:
 
 
 @contextmanager
-def errors() -> Iterator[None]:
+def errors(words: Callable[[str], str] | None = None) -> Iterator[None]:
     """The command's expected failures become one ``error:`` line and their exit status;
     when it succeeds, warnings raised inside (a local path only the workers can judge) become
-    ``warning:`` lines."""
+    ``warning:`` lines. ``words`` rewrites both (``producer.cli.flags.as_flags``: the flags a
+    user typed for the fields they set)."""
+    say = words or str
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", LocalPathWarning)
         try:
             yield
         except (FramefleetError, TimeoutError, ValueError) as e:
-            fail(e, exit_code(e))  # one line: a warning about what did not happen is moot
-        _warn(caught)
+            # one line: a warning about what did not happen is moot
+            fail(say(" ".join(str(e).split())), exit_code(e))
+        _warn(caught, say)
 
 
-def _warn(caught: list[warnings.WarningMessage]) -> None:
+def _warn(caught: list[warnings.WarningMessage], say: Callable[[str], str] = str) -> None:
     for w in caught:
         if issubclass(w.category, LocalPathWarning):
-            note(str(w.message))
+            note(say(str(w.message)))
     caught.clear()
 
 

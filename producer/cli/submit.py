@@ -9,6 +9,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from producer.cli.bulk import submit_file
 from producer.cli.common import (
     WAIT_TIMEOUT_S,
     TimeoutOpt,
@@ -19,6 +20,7 @@ from producer.cli.common import (
     broker_name,
     print_result,
 )
+from producer.cli.flags import as_flags
 from producer.cli.output import console, fail, note
 from producer.wire.spec import parse_spec
 
@@ -126,6 +128,10 @@ def submit(
         "with --wait); off: none (default: the worker's FRAMEFLEET_PREVIEW_EVERY, 2)")] = None,
     spec: Annotated[Optional[Path], typer.Option(
         metavar="FILE", help="a JobSpec JSON file, instead of the options above")] = None,
+    from_file: Annotated[Optional[Path], typer.Option(
+        "--from", metavar="FILE", help="many jobs: a file of JobSpecs, one JSON object per "
+        "line (JSON Lines), submitted in bulk; prints each queued job's key, and a line "
+        "per line refused (exit status 1 if any was)")] = None,
     wait: Annotated[bool, typer.Option(
         "--wait", help="wait for the job with a progress bar, then print its result (exit "
         "status as for wait)")] = False,
@@ -133,8 +139,17 @@ def submit(
 ) -> None:
     """Submit one job: latents to decode (--input) or a prompt to generate from (--prompt,
     --model, optionally --image and --lora); print its key (TENANT:JOB_ID, or the job_id for the
-    default tenant)."""
-    with _errors():
+    default tenant). Or many: --from FILE, a JobSpec per line (JSON Lines), with a progress
+    bar, the key of each job queued and one line per line refused."""
+    if from_file is not None:
+        if spec is not None or wait:
+            fail("--from: a file of JobSpecs, alone (not with --spec or --wait)")
+        submit_file(from_file)
+        return
+    # A spec made of options is refused in their words (--steps, not generate.num_inference_
+    # steps); a spec file's refusals name the fields that file spells.
+    words = None if spec is not None else as_flags
+    with _errors(words):
         if spec is not None:
             try:
                 text = spec.read_text()
@@ -166,4 +181,4 @@ def submit(
     # stderr: stdout stays the key alone, for JOB=$(framefleet submit …)
     note(f"queued on the broker at {broker_name(handle)} (FRAMEFLEET_BROKER_URL)", "note")
     if wait:
-        print_result(_wait(handle, timeout, progress=True))
+        print_result(_wait(handle, timeout, progress=True, words=words))

@@ -153,8 +153,8 @@ class JobHandle:
         gets the lines worth a person's attention (the outage and its end, records lost, why
         a queued job waits); default: this module's log, or above the bar.
         """
-        bar = Bar(self.key) if progress else None
-        watch = _Watch(self, outage_s, say or (bar.say if bar is not None else log.warning))
+        bar = _LazyBar(self.key)
+        watch = _Watch(self, outage_s, say or (bar.say if progress else log.warning))
         start = time.monotonic()
         deadline = None if timeout is None else start + timeout
         try:
@@ -166,19 +166,39 @@ class JobHandle:
                 if js is not None and js.finished:
                     result = watch.result()
                     if result is not None:
-                        if bar is not None:
-                            bar.finished(result)
+                        if bar.bar is not None:
+                            bar.bar.finished(result)
                         return result
-                if js is not None and bar is not None:
-                    bar.show(js)
+                if js is not None and progress:
+                    bar.get().show(js)
                 if deadline is not None and time.monotonic() > deadline:
                     state = js.state if js is not None else "unreachable"
                     raise TimeoutError(f"job {self.key} still {state} after {timeout:g} s "
                                        f"(broker {broker_of(self.app)})")
                 time.sleep(watch.pause(poll_s))
         finally:
-            if bar is not None:
-                bar.close()
+            bar.close()
+
+
+class _LazyBar:
+    """``wait``'s bar, drawn only once the job is seen unfinished (or there is something to
+    say): a job that had already ended gets its end at once, not a bar at "submitted"."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.bar: Bar | None = None
+
+    def get(self) -> Bar:
+        if self.bar is None:
+            self.bar = _Bar(self.key)
+        return self.bar
+
+    def say(self, line: str) -> None:
+        self.get().say(line)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 class _Watch:

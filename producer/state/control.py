@@ -87,6 +87,31 @@ class RedisFlags:
             return None
         return old.decode() if isinstance(old, bytes) else str(old)
 
+    def claim_many(self, claims: list[tuple[str, str, str]]) -> list[str | None]:
+        """``claim(job_id, digest, clear_cancel=True, spec_json)`` for each (job_id, digest,
+        spec_json), in one round trip (a bulk submit); each answer as ``claim``'s."""
+        pipe = self.r.pipeline(transaction=False)
+        for job_id, digest, spec_json in claims:
+            self._claim(keys=[keys.claim(job_id), keys.cancel(job_id), keys.spec_doc(job_id)],
+                        args=[digest, SPEC_TTL_S, "1", spec_json], client=pipe)
+        return [None if old is None else _text(old) for old in pipe.execute()]
+
+    def release_many(self, job_ids: list[str]) -> None:
+        """``release`` of each of ``job_ids``, in one round trip."""
+        if job_ids:
+            self.r.delete(*(k for j in job_ids for k in (keys.claim(j), keys.spec_doc(j))))
+
+    def mark_sent_many(self, job_ids: list[str]) -> None:
+        """``mark_sent`` of each of ``job_ids``, in one round trip."""
+        if not job_ids:
+            return
+        now = time.time()
+        pipe = self.r.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hset(keys.runs(job_id), "sent_at", repr(now)).expire(keys.runs(job_id),
+                                                                      SPEC_TTL_S)
+        pipe.zadd(keys.QUEUED, dict.fromkeys(job_ids, now)).execute()
+
     def first_spec(self, job_id: str) -> str | None:
         value = self.r.get(keys.spec_doc(job_id))
         return None if value is None else _text(value)

@@ -50,14 +50,14 @@ def test_a_path_outside_the_workers_roots(
                    FRAMEFLEET_FILE_ROOTS=str(tmp_path / "jobs"))
     assert refused.returncode == 1
     assert refused.stderr.strip() == (
-        f"error: output.uri: {elsewhere.as_uri()} is outside FRAMEFLEET_FILE_ROOTS "
+        f"error: --output: {elsewhere.as_uri()} is outside FRAMEFLEET_FILE_ROOTS "
         f"({tmp_path / 'jobs'}), so the workers would refuse it; use a folder under the roots, "
         "or add one to FRAMEFLEET_FILE_ROOTS here and on the workers")
     assert not redis.Redis.from_url(redis_url).exists("framefleet:spec:paths-1")
     # Without it: queued, with a warning that the workers decide ...
     queued = _cli(redis_url, *args, "paths-2", "--output", str(elsewhere))
     assert queued.returncode == 0 and queued.stdout.strip() == "paths-2"
-    assert queued.stderr.startswith("warning: input.uri, output.uri: local paths on the workers")
+    assert queued.stderr.startswith("warning: --input, --output: local paths on the workers")
     # ... and the worker refuses it: FAILURE naming the field and the rule
     client = Client(broker_url=redis_url, backend_url=redis_url)
     with pytest.raises(JobFailed) as info:

@@ -89,12 +89,42 @@ def test_submit_with_a_missing_spec_file_is_one_line(tmp_path: Path) -> None:
     assert "--spec" in line and "job.json" in line and "No such file" in line
 
 
-def test_submit_without_weights_names_the_field(env: str, tmp_path: Path) -> None:
+def test_submit_without_weights_names_the_flag(env: str, tmp_path: Path) -> None:
     result = runner.invoke(cli, ["submit", "--input", str(tmp_path / "z.npy"),
                                  "--output", str(tmp_path / "out")])
     assert result.exit_code == 1
-    assert "decoder.weights: the wan2.1-vae decoder needs weights" in _one_error_line(
+    assert "error: --weights: the wan2.1-vae decoder needs weights" in _one_error_line(
         result.output)
+
+
+@pytest.mark.parametrize(("args", "said", "unsaid"), [
+    # issue 54, point 4: was "generate.num_inference_steps: Input should be greater …"
+    (["--steps", "-5"], "error: invalid job spec: --steps: Input should be greater than or "
+     "equal to 1", "num_inference_steps"),
+    (["--frames", "8", "--steps", "0"], "error: invalid job spec: --frames: must be 4k+1 "
+     "(1, 5, 9, … 81), got 8; --steps: ", "generate."),
+    (["--crf", "99", "--priority", "12"], "--crf: Input should be less than or equal to 51; "
+     "--priority: Input should be less than or equal to 9", "video.crf"),
+    (["--lora", "style.safetensors:x2"], "error: --lora: expected FILE:SCALE", "loras"),
+], ids=["steps", "frames-and-steps", "crf-and-priority", "lora"])
+def test_an_option_refused_is_named_by_its_flag(env: str, tmp_path: Path, args: list[str],
+                                               said: str, unsaid: str) -> None:
+    prompt = ["submit", "--prompt", "a fox", "--model", str(tmp_path / "m"), "--output",
+              str(tmp_path / "out"), "--job-id", "flags-1"]
+    result = runner.invoke(cli, [*prompt, *args])
+    assert result.exit_code == 1, result.output
+    line = _one_error_line(result.output)
+    assert said in line and unsaid not in line, line
+    assert not redis.Redis.from_url(env).exists("framefleet:spec:flags-1")  # nothing claimed
+
+
+def test_a_spec_file_is_refused_in_its_own_field_names(env: str, tmp_path: Path) -> None:
+    spec = tmp_path / "job.json"
+    spec.write_text(json.dumps({"job_id": "file-1", "input": {"uri": "s3://b/z.npy"},
+                                "output": {"uri": "s3://b/out"}, "video": {"crf": 99}}))
+    line = _one_error_line(runner.invoke(cli, ["submit", "--spec", str(spec)]).output)
+    # The file spells the fields: the error names them as it does (and the API's do too)
+    assert "video.crf: Input should be less than or equal to 51" in line and "--" not in line
 
 
 def test_plain_paths_become_file_uris(env: str, tmp_path: Path,
@@ -172,7 +202,7 @@ def test_status_of_a_queued_job_and_wait_timing_out(env: str, tmp_path: Path) ->
     assert submit.exit_code == 0 and submit.stdout.strip() == "queued-cli"
     assert f"note: queued on the broker at {where}" in submit.stderr
     # No FRAMEFLEET_FILE_ROOTS here: the CLI says that the workers decide on local paths
-    assert "warning: input.uri, output.uri: local paths on the workers" in submit.stderr
+    assert "warning: --input, --output: local paths on the workers" in submit.stderr
     assert runner.invoke(cli, ["status", "queued-cli"]).stdout.strip() == (
         f"queued-cli: QUEUED, broker {where}")
     wait = runner.invoke(cli, ["wait", "queued-cli", "--timeout", "0.5", "--json"])
@@ -284,5 +314,5 @@ def test_submit_preview_option_refused_naming_it(env: str) -> None:
         assert result.exit_code == 1 and "--preview: expected a number of steps" in \
             _one_error_line(result.output), result.output
     result = runner.invoke(cli, [*args, "--steps", "4", "--preview", "5"])
-    assert result.exit_code == 1 and "preview.every: 5 is more than num_inference_steps 4" in \
+    assert result.exit_code == 1 and "--preview: 5 is more than --steps 4" in \
         _one_error_line(result.output), result.output
