@@ -5,6 +5,7 @@
 #   make lint   ruff + mypy
 #   make chaos  the fault tests at full counts
 #   make bench  CPU pipeline benchmark (the GPU one runs on a GPU host: see bench/README.md)
+#   make docs   the documentation site (mkdocs.yml), built --strict into site/
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -21,7 +22,7 @@ PYTEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$((n < 2 ? 0 
 # Each pass ends with its slowest tests.
 PYTEST_DURATIONS ?= --durations=20
 
-.PHONY: demo test lint chaos bench install install-test clean
+.PHONY: demo test lint chaos bench docs install install-test clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -33,7 +34,7 @@ $(VENV)/.installed: pyproject.toml | $(PY)
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
-	$(PIP) install -q -e ".[worker,test,dev,ops,api]"
+	$(PIP) install -q -e ".[worker,test,dev,ops,api,docs]"
 	touch $@
 
 install: $(VENV)/.installed
@@ -59,5 +60,11 @@ chaos: install-test
 bench: install-test
 	$(PY) bench/decode/pipeline.py --device cpu
 
+# The site alone needs the docs extra, not the worker's. NO_MKDOCS_2_WARNING: mkdocs-material's
+# banner about its successor, not a warning of this site's.
+docs: | $(PY)
+	$(PIP) install -q -e ".[docs]"
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) demo-out .framefleet .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) demo-out site .framefleet .pytest_cache .mypy_cache .ruff_cache

@@ -1,5 +1,5 @@
-"""The README's quickstart, its first minute and docs/api.md, run exactly as written: their own
-lines, taken from their sections.
+"""The README's quickstart, its first minute, the Python client's page (docs/python.md) and
+docs/api.md, run exactly as written: their own lines, taken from their sections.
 
 The quickstart starts Redis, SeaweedFS and a CPU worker, as a new user would. So that they
 cannot meet anything else on this host, the lines run in a network namespace of their own
@@ -28,6 +28,7 @@ from tests.services import REDIS_INSTALL, REPO_ROOT, WEED_INSTALL
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 README = (REPO_ROOT / "README.md").read_text()
 API_DOC = (REPO_ROOT / "docs" / "api.md").read_text()
+PYTHON_DOC = (REPO_ROOT / "docs" / "python.md").read_text()
 #: weed mini's default ports, as it names its sockets in /tmp (which it does not take from
 #: TMPDIR): removed after the run if this run made them.
 WEED_PORTS = {"master": 9333, "volume": 8080, "filer": 8888, "s3": 8333, "admin": 23646}
@@ -38,13 +39,13 @@ NOISE = ("Failed to load", "Detected no triton", "_pytree", "Unable to import `t
          "Loading pipeline components", "Loading weights", "Writing model shards")
 
 
-def section(title: str, text: str = README, level: str = "###") -> str:
+def section(title: str, text: str = README, level: str = "##") -> str:
     start = text.index(f"\n{level} {title}\n")
     end = text.find(f"\n{level} ", start + 1)
     return text[start:end if end > 0 else None]
 
 
-def blocks(title: str, lang: str = "bash", text: str = README, level: str = "###") -> list[str]:
+def blocks(title: str, lang: str = "bash", text: str = README, level: str = "##") -> list[str]:
     return [str(b) for b in re.findall(rf"```{lang}\n(.*?)```", section(title, text, level),
                                        re.S)]
 
@@ -141,7 +142,7 @@ def check_quickstart(out: str) -> None:
 def test_the_readme_quickstart_and_first_minute_run_as_written(tmp_path: Path) -> None:
     run, stop = quickstart_blocks()
     (first_minute,) = blocks("The first minute: prompt and image jobs without real weights")
-    (example,) = blocks("Submit from Python", "python")
+    (example,) = blocks("Submit from Python", "python", text=PYTHON_DOC)
     script = tmp_path / "readme_example.py"
     script.write_text(example)
     out, folder = run_as_written(
@@ -204,13 +205,13 @@ def test_docs_api_runs_as_written_on_the_quickstart(tmp_path: Path) -> None:
     (photo, make_model) = [line for line in first_minute.splitlines()
                            if line.startswith(("framefleet models tiny ", "python -c"))]
     setup, curl_block, native = (
-        *blocks("Run it", text=API_DOC, level="##"), *blocks("curl", text=API_DOC, level="##"),
-        *blocks("The native API", text=API_DOC, level="##"))
-    (sdk,) = blocks("The `openai` SDK", "python", text=API_DOC, level="##")
+        *blocks("Run it", text=API_DOC), *blocks("curl", text=API_DOC),
+        *blocks("The native API", text=API_DOC))
+    (sdk,) = blocks("The `openai` SDK", "python", text=API_DOC)
     script = tmp_path / "sdk_example.py"
     script.write_text(sdk)
     # The README's own SDK snippet, after the same setup
-    (readme_sdk,) = blocks("HTTP API (`framefleet api`)", "python")
+    (readme_sdk,) = blocks("HTTP API and the page (`framefleet api`)", "python")
     readme_script = tmp_path / "readme_sdk.py"
     readme_script.write_text(readme_sdk)
     # and the quickstart's --output line again, in the shell the gateway's setup ran in

@@ -1,9 +1,9 @@
-"""The compose fleet of the docker test: the README's blocks, a scratch copy to run them in, and
+"""The compose fleet of the docker test: the docs' blocks, a scratch copy to run them in, and
 what the test reads back (containers' logs, S3 objects, Prometheus and Flower over loopback).
 
-The README's docker section is the script: its bash blocks are taken from README.md by what
-they do (``--profile cpu up -d``, ``framefleet submit``, ``--profile cpu down``) and run as
-written, so the two cannot drift apart. They run in a scratch copy of the files the build and
+The docker compose section of docs/deploy.md is the script: its bash blocks are taken from it
+by what they do (``--profile cpu up -d``, ``framefleet submit``, ``--profile cpu down``) and run
+as written, so the two cannot drift apart. They run in a scratch copy of the files the build and
 compose need, never in the checkout: the first block writes ``docker/.env``.
 """
 
@@ -32,7 +32,9 @@ from worker.pipeline.encode import read_frames_rgb
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]
-SECTION = "### With docker compose (one host)"
+#: The page and section whose bash blocks are the script (they were the README's).
+PAGE = REPO / "docs" / "deploy.md"
+SECTION = "## With docker compose (one host)"
 #: What the build contexts and compose.yaml read: the code, the docker and Prometheus files.
 COPIED = ("pyproject.toml", "README.md", ".dockerignore", "producer", "worker", "docker",
           "infra/prometheus", "infra/grafana", "wheels", "scripts/docker-standins.sh")
@@ -50,13 +52,14 @@ TASK = "framefleet.decode_video"
 
 
 def readme_block(containing: str) -> str:
-    """The one bash block of the README's docker section that contains ``containing``."""
-    text = (REPO / "README.md").read_text()
+    """The one bash block of the docker compose section (docs/deploy.md) that contains
+    ``containing``."""
+    text = PAGE.read_text()
     start = text.index(f"\n{SECTION}\n")
-    end = text.find("\n### ", start + 1)
+    end = text.find("\n## ", start + 1)
     blocks = re.findall(r"```bash\n(.*?)```", text[start:end if end > 0 else None], re.S)
     found = [b for b in blocks if containing in b]
-    assert len(found) == 1, f"{len(found)} bash blocks with {containing!r} in README {SECTION}"
+    assert len(found) == 1, f"{len(found)} bash blocks with {containing!r} in {PAGE.name} {SECTION}"
     return found[0]
 
 

@@ -1,5 +1,5 @@
 """The one port rule (``producer/ports.py``) in every place that names a port: compose, the
-Prometheus configuration, the images, the settings, the exporter's help and the README.
+Prometheus configuration, the images, the settings, the exporter's help and the docs.
 
 Every expected number is derived from ``producer.ports``; none is written here. (The worker
 scrape targets of compose against the rule, and the Kubernetes manifests, are in test_k8s.)
@@ -96,11 +96,11 @@ def test_exporter_help_names_its_port_and_the_worker_rule() -> None:
     assert f"FRAMEFLEET_METRICS_PORT + {CPU_PORT_OFFSET} + slot" in text
 
 
-def test_readme_settings_table_states_the_rule() -> None:
+def test_the_settings_table_states_the_rule() -> None:
     rows = {
         match.group(1): (match.group(2), match.group(3))
         for match in re.finditer(r"^\| `(FRAMEFLEET_\w+)` \| ([^|]+) \| ([^|]+) \|$",
-                                 (REPO / "README.md").read_text(), re.M)
+                                 (REPO / "docs" / "configuration.md").read_text(), re.M)
     }  # fmt: skip
     default, meaning = rows["FRAMEFLEET_METRICS_PORT"]
     assert default.strip() == str(DEFAULT_METRICS_PORT)
