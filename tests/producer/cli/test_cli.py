@@ -316,3 +316,23 @@ def test_submit_preview_option_refused_naming_it(env: str) -> None:
     result = runner.invoke(cli, [*args, "--steps", "4", "--preview", "5"])
     assert result.exit_code == 1 and "--preview: 5 is more than --steps 4" in \
         _one_error_line(result.output), result.output
+
+
+def test_wait_on_a_job_that_already_failed_draws_no_bar(env: str) -> None:
+    # Given a job that failed before anyone waits for it (its FAILURE stored as a worker
+    # stores it)
+    submit = runner.invoke(cli, ["submit", "--input", "s3://b/z.npy", "--output", "s3://b/o",
+                                 "--decoder", "pattern", "--job-id", "failed-cli"])
+    assert submit.exit_code == 0, submit.output
+    from producer.client import Client
+    from producer.errors import InvalidJobError
+
+    app = Client().app
+    app.backend.mark_as_failure("failed-cli", InvalidJobError("input.uri: no such object"))
+    # When a person waits for it
+    wait = runner.invoke(cli, ["wait", "failed-cli"])
+    # Then the failure, at once: no bar (was one at "submitted 0:00:00" before the error)
+    assert wait.exit_code == 3, wait.output
+    assert "submitted" not in wait.output and "0:00:00" not in wait.output, wait.output
+    assert _one_error_line(wait.output) == (
+        "error: job failed-cli failed: InvalidJobError: input.uri: no such object")
