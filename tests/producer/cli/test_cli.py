@@ -336,3 +336,24 @@ def test_wait_on_a_job_that_already_failed_draws_no_bar(env: str) -> None:
     assert "submitted" not in wait.output and "0:00:00" not in wait.output, wait.output
     assert _one_error_line(wait.output) == (
         "error: job failed-cli failed: InvalidJobError: input.uri: no such object")
+
+
+def test_the_demo_names_each_of_its_two_times(capsys: pytest.CaptureFixture[str]) -> None:
+    from producer.cli.common import print_result
+    from producer.cli.fleet import demo_line
+    from tests.producer.cost.test_cost import make_result
+
+    # Given a demo's job: 30.60 s on the worker, 33.6 s from submit to result (issue 54,
+    # point 10: both were printed as "wall", unexplained)
+    result = make_result("demo-1", "demo", node="demo@host", finished_at=time.time(),
+                         wall_s=30.6, video_seconds=2, prices=None)
+    print_result(result)
+    print(demo_line(result, 33.6, "wan2.1-vae"))
+    out = capsys.readouterr().out
+    assert "wall 30.60 s" in out.splitlines()[0]
+    # Then the demo's own line says which is which, and gives the other in its words
+    last = out.splitlines()[-1]
+    assert last.startswith("demo: 32 frames, 1 segment, 33.6 s from submit to result with the "
+                           "worker's start, of which the run on the worker (the wall above) "
+                           "30.60 s (wan2.1-vae, "), last
+    assert "wall 33" not in out
