@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -70,21 +71,41 @@ def decode(data: bytes, field: str, max_pixels: int) -> Any:
             img = Image.open(io.BytesIO(data), formats=[fmt])
             width, height = img.size
             if width * height > max_pixels:
-                raise InvalidJobError(
-                    f"{field}: refused as a decompression bomb: {width}x{height} is "
-                    f"{width * height} pixels, over the limit of {max_pixels} "
-                    "(FRAMEFLEET_MAX_IMAGE_PIXELS)")
+                raise _bomb(field, width * height, max_pixels, f"{width}x{height} is ")
             img.seek(0)
             img.load()
     except InvalidJobError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
-        raise InvalidJobError(f"{field}: refused as a decompression bomb (over "
-                              f"FRAMEFLEET_MAX_IMAGE_PIXELS={max_pixels}): {e}") from None
+        # Pillow's words name its own threshold (twice the limit, for its error): only the
+        # size it read is kept, against the one limit a user can set.
+        size = re.search(r"\((\d+) pixels\)", str(e))
+        raise _bomb(field, int(size[1]) if size else None, max_pixels) from None
+    except Image.UnidentifiedImageError:
+        # Pillow's words show its buffer object ("<_io.BytesIO object at 0x…>")
+        raise InvalidJobError(f"{field}: not a {fmt} image Pillow can read: it begins with a "
+                              f"{fmt} signature, but what follows is not one") from None
     except (OSError, SyntaxError, ValueError, EOFError) as e:
-        raise InvalidJobError(f"{field}: truncated or corrupt {fmt} image: {e}") from None
+        raise InvalidJobError(f"{field}: truncated or corrupt {fmt} image: "
+                              f"{readable(e)}") from None
     upright: Any = ImageOps.exif_transpose(img) or img
     return to_rgb(upright)
+
+
+def _bomb(field: str, pixels: int | None, limit: int, size: str = "") -> InvalidJobError:
+    count = f"{size}{pixels:,} pixels" if pixels is not None else "more pixels"
+    return InvalidJobError(f"{field}: refused as a decompression bomb: {count}, over the "
+                           f"limit of {limit:,} pixels (FRAMEFLEET_MAX_IMAGE_PIXELS)")
+
+
+#: A Python object's repr in a library's message: ``<_io.BytesIO object at 0x7f1b1bdaa390>``.
+_REPR = re.compile(r"\s*<[\w.]+ object at 0x[0-9a-fA-F]+>")
+
+
+def readable(e: BaseException) -> str:
+    """A library's error in words a person can read: no object's repr."""
+    text = _REPR.sub("", str(e)).strip().rstrip(":")
+    return text or type(e).__name__
 
 
 def to_rgb(img: Any) -> Any:
