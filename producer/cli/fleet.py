@@ -9,7 +9,7 @@ import re
 import socket
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -138,37 +138,54 @@ def healthcheck(
 
 def fleet(
     json_out: Annotated[bool, typer.Option("--json", help="print the states as JSON")] = False,
+    all_brokers: Annotated[bool, typer.Option(
+        "--all", help="also the worker processes of other brokers on this host, each row "
+        "labelled with its broker")] = False,
 ) -> None:
-    """This host's worker processes, by Celery node name (``gpu0@host``, as Flower and the
-    cost report name them): ready or warming up, and where each one's start went
-    (seconds from process start: imports, init, read, cast_move, prepare, compile_cache,
-    warmup, total; the same as framefleet_worker_start_seconds)."""
+    """This host's worker processes of this broker (FRAMEFLEET_BROKER_URL), by Celery node
+    name (``gpu0@host``, as Flower and the cost report name them): ready or warming up, and
+    where each one's start went (seconds from process start: imports, init, read, cast_move,
+    prepare, compile_cache, warmup, total; the same as framefleet_worker_start_seconds).
+    Another fleet's on the same host (another broker) are counted, and listed with --all."""
     from dataclasses import asdict
 
+    from producer.client.connection import address
     from producer.settings import get_settings
     from producer.state.readiness import live_states, state_dir
 
     with errors():
         settings = get_settings()
         states = live_states(state_dir(settings))
+    ours = address(settings.broker_url)
+    shown = states if all_brokers else [s for s in states if s.broker == ours]
     if json_out:
-        sys.stdout.write(json.dumps([asdict(s) for s in states], indent=2) + "\n")
+        sys.stdout.write(json.dumps([asdict(s) for s in shown], indent=2) + "\n")
         return
     # Which host and which broker this answer is about: a new terminal without
     # FRAMEFLEET_BROKER_URL talks to another broker than the workers may.
     console.print(f"host {socket.gethostname()}, broker {broker_address(settings.broker_url)}",
                   markup=False)
-    if not states:
-        console.print("no worker process on this host has started", markup=False)
-        return
-    for s in states:
-        phases = ", ".join(f"{k} {v:.1f} s" for k, v in s.phases.items() if k != "total")
-        total = s.phases.get("total")
-        node = f" ({s.node})" if s.node else ""
-        head = f"worker process {s.pid}{node}: {'ready' if s.ready else 'warming up'}"
-        if total is not None:
-            head += f" {total:.1f} s after its start"
-        console.print(head + (f" ({phases})" if phases else ""), markup=False)
+    if not shown:
+        console.print("no worker process of this broker has started on this host", markup=False)
+    for s in shown:
+        label = "" if not all_brokers else f", broker {s.broker or 'not recorded'}"
+        console.print(_process_line(s) + label, markup=False)
+    others = sorted({s.broker or "not recorded" for s in states if s.broker != ours})
+    if others and not all_brokers:
+        n = len(states) - len(shown)
+        note(f"{n} worker process{'' if n == 1 else 'es'} of other brokers on this host "
+             f"({', '.join(others)}): framefleet fleet --all lists them", "note")
+
+
+def _process_line(s: Any) -> str:
+    """``worker process PID (NODE): ready 12.3 s after its start (phases…)``."""
+    phases = ", ".join(f"{k} {v:.1f} s" for k, v in s.phases.items() if k != "total")
+    total = s.phases.get("total")
+    node = f" ({s.node})" if s.node else ""
+    head = f"worker process {s.pid}{node}: {'ready' if s.ready else 'warming up'}"
+    if total is not None:
+        head += f" {total:.1f} s after its start"
+    return head + (f" ({phases})" if phases else "")
 
 
 def broker_address(url: str) -> str:

@@ -28,6 +28,9 @@ class WarmupState:
     start: str  # the process's start time (clock ticks since boot): tells a reused pid apart
     #: the Celery node it serves (``gpu0@host``): what Flower, logs and the cost report name
     node: str | None = None
+    #: the broker it consumes, as ``producer.client.connection.address`` names it (no
+    #: password): one host may run several fleets (``framefleet fleet`` shows one's)
+    broker: str | None = None
     ready: bool = False
     decoder: str | None = None
     sizes: list[dict[str, Any]] = field(default_factory=list)

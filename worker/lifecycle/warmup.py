@@ -136,6 +136,7 @@ def _warm_up(decoders: DecoderCache, settings: Settings, phases: dict[str, float
              started: float | None, node: str | None) -> tuple[WarmupState, float]:
     """The warm-up itself, holding the device; returns the state (not ready yet) and the
     decoder's warm-up seconds."""
+    from producer.client.connection import address
     from producer.wire.spec import RANDOM_WEIGHTS, DecoderSpec
     from producer.wire.weights import needs_weights
     from worker import metrics
@@ -143,6 +144,7 @@ def _warm_up(decoders: DecoderCache, settings: Settings, phases: dict[str, float
     metrics.WORKER_READY.set(0)
     pid = os.getpid()
     state = WarmupState(pid=pid, start=process_start_time(pid) or "", node=node,
+                        broker=address(settings.broker_url),
                         decoder=settings.warmup_decoder,
                         cache_dir=use_compile_cache(settings.compile_cache_dir))
     folder = state_dir(settings)

@@ -52,7 +52,8 @@ def test_phases_are_published_before_ready(tmp_path: Path,
     tiny_model = save_tiny_model(tmp_path / "tiny")
     # Given a CPU worker whose warm-up model is a tiny folder, and a warm-up decoder
     settings = Settings(device="cpu", work_dir=str(tmp_path), warmup_model=str(tiny_model),
-                        warmup_decoder="pattern", warmup_latent_size="2x3")
+                        warmup_decoder="pattern", warmup_latent_size="2x3",
+                        broker_url="redis://:s3cret@10.1.2.3:6380/0")  # fleet shows its own
     started = time.time() - 2.0  # as if the process had started two seconds ago
     # When it warms up
     state = warmup.warm_up(default_decoders(settings), settings, started=started,
