@@ -4,7 +4,10 @@ Both APIs end here: a ``/v1/videos`` request is built from the model map; a nati
 ``/v1/jobs`` spec is taken whole, but what could name a place is the gateway's to say: the
 tenant is the key's, the output folder is the fleet's prefix, the job id is derived from the
 tenant's (``registry.fleet_id``), a model is a name from the map, and an input must lie under
-the tenant's own input prefix. Then ``Client.submit`` checks the spec as it checks any other.
+the tenant's own input prefix. A generate job keeps its model's limits in the map
+(``producer.api.catalog``), then the fleet's and, where this host has the model's folder, the
+model's own (``producer.wire.fits``: every field at fault named, the same check as the
+worker's). Then ``Client.submit`` checks the spec as it checks any other.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from producer.api.store import under
 from producer.api.uploads import discard, image_fields, input_root, store_upload
 from producer.api.video import View
 from producer.errors import ApiRequestError
-from producer.wire.rules import check_spec
+from producer.wire.fits import Names, faults
+from producer.wire.rules import check_spec, fleet_limits
 from producer.wire.spec import RANDOM_WEIGHTS, JobSpec, parse_spec
 
 #: A full tenant waits for one of its jobs to end; it cannot know when, so: look again soon.
@@ -74,8 +78,23 @@ class VideoCreate(BaseModel):
         return v
 
 
+#: What ``/v1/videos`` calls the quantities of the fleet's limits.
+VIDEO_NAMES = Names(width="size", height="size", frames="seconds", steps="steps")
+
+
 def _bad(param: str, message: str) -> ApiRequestError:
     return ApiRequestError(400, "invalid_value", f"{param}: {message}", param)
+
+
+def check_fits(gw: Gateway, entry: ModelEntry, width: int, height: int, frames: int,
+               steps: int, names: Names) -> None:
+    """The fleet's limits and the model's own (where this host has its folder): a 400
+    naming every field at fault, ``param`` the first."""
+    found = faults(width, height, frames, steps, folder_reach(entry.folder),
+                   fleet_limits(gw.settings), names)
+    if found:
+        raise ApiRequestError(400, "invalid_value", "; ".join(found),
+                              found[0].split(":", 1)[0])
 
 
 def _reserve(gw: Gateway, tenant: Tenant, job_id: str) -> None:
@@ -112,6 +131,7 @@ def submit_video(gw: Gateway, tenant: Tenant, req: VideoCreate,
     name, entry = gw.catalog.get(req.model)
     dims = shape(entry, req.size, req.seconds, req.steps, image=upload is not None,
                  reach=folder_reach(entry.folder))
+    check_fits(gw, entry, dims.width, dims.height, dims.frames, dims.steps, VIDEO_NAMES)
     if req.preview is not None and req.preview.every > dims.steps:
         raise _bad("preview.every", f"{req.preview.every} is more than the job's {dims.steps} "
                    "steps: no preview would be made (0 turns them off)")
@@ -186,14 +206,17 @@ def _models(gw: Gateway, data: dict[str, Any]) -> ModelEntry | None:
     return entry
 
 
-def _limits(entry: ModelEntry | None, spec: JobSpec) -> None:
-    """The map's limits on a native generate job: the same check as ``/v1/videos``."""
+def _limits(gw: Gateway, entry: ModelEntry | None, spec: JobSpec) -> None:
+    """The map's limits on a native generate job, then the fleet's and the model's: the same
+    checks as ``/v1/videos``."""
     gen = spec.generate
     if gen is None or entry is None:
         return
     check_limits(entry, gen.width, gen.height, gen.num_frames, gen.num_inference_steps,
                  gen.image is not None or gen.last_image is not None, NATIVE_FIELDS,
                  folder_reach(entry.folder))
+    check_fits(gw, entry, gen.width, gen.height, gen.num_frames, gen.num_inference_steps,
+               Names())
 
 
 def _decoder_name(data: dict[str, Any]) -> str:
@@ -219,7 +242,7 @@ def submit_job(gw: Gateway, tenant: Tenant, data: Any) -> View:
     job_id = fleet_id(tenant.name, public)
     data |= {"job_id": job_id, "tenant": tenant.name, "output": {"uri": gw.output_prefix}}
     spec = parse_spec(data)
-    _limits(entry, spec)
+    _limits(gw, entry, spec)
     gen = spec.generate
     rec = Record(id=public, job_id=job_id, tenant=tenant.name, api="jobs",
                  created_at=time.time(), output=f"{gw.output_prefix}/{tenant.name}/{job_id}",

@@ -18,7 +18,11 @@ cannot do for a path on another machine.
 ``check_local_files`` also runs at submit only: where the producer can see a path (it lies
 under a root that is a folder on this host, or under the embedded mode's folder), a missing
 input, image or LoRA file, or a missing model or weights folder, is refused before anything
-is queued, naming the field, instead of a job that a worker fails a moment later.
+is queued, naming the field, instead of a job that a worker fails a moment later. Where it
+sees a generate job's model folder, it is one of the fleet's hosts: the request is checked
+against the model's configs and the fleet's limits as the worker will check it
+(``producer.wire.fits``: steps, frames, the sizes' multiples and reach, pixels), naming every
+field at fault.
 
 A job's time limits follow from its spec alone (``time_limits``): the soft limit is its
 ``time_limit_s``, the hard one ``FRAMEFLEET_HARD_LIMIT_AFTER_S`` later. The client sends them
@@ -39,6 +43,7 @@ from producer.settings import Settings
 from producer.webhooks.rules import UrlPolicy, check_notify
 from producer.wire import layouts
 from producer.wire.base import decode_uri
+from producer.wire.fits import Limits, check_fits, read_reach
 from producer.wire.spec import RANDOM_WEIGHTS, JobSpec
 from producer.wire.weights import check_job_weights
 
@@ -162,13 +167,20 @@ def _visible(uri: str, field: str, roots: tuple[PurePosixPath, ...]) -> PurePosi
     return path if root is not None and os.path.isdir(root) else None
 
 
+def fleet_limits(settings: Settings) -> Limits:
+    """The fleet's limits on a generate job, as ``settings`` give them."""
+    return Limits(steps=settings.max_denoise_steps, frames=settings.max_frames,
+                  pixels=settings.max_pixels)
+
+
 def check_local_files(spec: JobSpec, settings: Settings) -> None:
     """At submit: raise ``InputNotFoundError`` naming the first local input (file or folder)
     that does not exist where this producer can see it: under a root of
     ``FRAMEFLEET_FILE_ROOTS`` that is a folder on this host (or the embedded mode's folder).
     A path under a root this host does not have is the workers' to judge. Then
     ``InvalidJobError`` for a LoRA made for another layout than the model's, where this host
-    sees both (``producer.wire.layouts``)."""
+    sees both (``producer.wire.layouts``), and for a generate request that does not fit the
+    model it sees or the fleet's limits (``producer.wire.fits``), naming every field."""
     roots = submit_roots(settings)
     if not roots:
         return
@@ -186,6 +198,17 @@ def check_local_files(spec: JobSpec, settings: Settings) -> None:
                                      "was submitted, under FRAMEFLEET_FILE_ROOTS; nothing "
                                      "was queued)")
     _check_lora_layouts(spec, roots)
+    _check_fits(spec, roots, settings)
+
+
+def _check_fits(spec: JobSpec, roots: tuple[PurePosixPath, ...], settings: Settings) -> None:
+    gen = spec.generate
+    if gen is None or gen.model[:7].lower() != "file://":
+        return
+    folder = _visible(gen.model, "generate.model", roots)
+    model = read_reach(Path(folder)) if folder is not None else None
+    if model is not None:  # else the worker reads the folder and names what is wrong
+        check_fits(gen, model, fleet_limits(settings))
 
 
 def _check_lora_layouts(spec: JobSpec, roots: tuple[PurePosixPath, ...]) -> None:

@@ -90,11 +90,13 @@ def api_fleet(tmp_path_factory: pytest.TempPathFactory, redis_url: str,
               "FRAMEFLEET_OUTPUT_PREFIX": f"s3://{bucket}/out",
               # An allow-list that no public host matches: a test (or a fuzzed body) that
               # names a webhook is refused at submit, so nothing beyond loopback is contacted.
-              "FRAMEFLEET_WEBHOOK_HOSTS": WEBHOOK_HOSTS}
+              "FRAMEFLEET_WEBHOOK_HOSTS": WEBHOOK_HOSTS,
+              # The fleet's step limit, which the gateway checks too (tiny-slow: 400 steps).
+              "FRAMEFLEET_MAX_DENOISE_STEPS": "1000"}
     worker = PacedWorker("api-w1", tmp / "workers", {
         **common, "FRAMEFLEET_DEVICE": "cpu", "OMP_NUM_THREADS": "1",
         "FRAMEFLEET_METRICS_PORT": "0", "FRAMEFLEET_FILE_ROOTS": str(tmp),
-        "FRAMEFLEET_WARMUP_MODEL": str(model), "FRAMEFLEET_MAX_DENOISE_STEPS": "1000",
+        "FRAMEFLEET_WARMUP_MODEL": str(model),
         "FRAMEFLEET_TEST_CHUNK_S": str(CHUNK_S), "FRAMEFLEET_TEST_STEP_S": str(STEP_S)})
     gateway = GatewayProcess(tmp, {
         **common, "FRAMEFLEET_API_KEYS_FILE": str(tmp / "keys.toml"),

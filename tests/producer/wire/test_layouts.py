@@ -73,10 +73,10 @@ def test_submit_refuses_a_lora_made_for_another_layout_naming_both(tmp_path: Pat
     write_tiny(tmp_path / "models" / "ti2v", "ti2v", lora=tmp_path / "ti2v.safetensors")
     # When it is submitted with the t2v model
     out = _submit(tmp_path, redis_url, "--lora", "ti2v.safetensors:0.8", "--job-id", "wrong-1")
-    # Then it is refused at once, one line naming the field and both layouts, nothing queued
+    # Then it is refused at once, one line naming the flag and both layouts, nothing queued
     assert out.returncode == 1, out.stdout + out.stderr
     assert out.stderr.startswith(
-        f"error: generate.loras[0].uri: {(tmp_path / 'ti2v.safetensors').as_uri()} is a LoRA "
+        f"error: --lora #1: {(tmp_path / 'ti2v.safetensors').as_uri()} is a LoRA "
         "made for a ti2v model; this model is t2v"), out.stderr
     assert not r.exists(keys.claim("wrong-1"))
     # while the model's own LoRA, and a LoRA that says nothing of its layout, are queued

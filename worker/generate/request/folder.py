@@ -16,7 +16,9 @@ from urllib.parse import urlparse
 
 from producer.errors import InvalidJobError
 from producer.settings import Settings, get_settings
-from producer.wire.reach import Reach, check_reach, reach
+from producer.wire.fits import check_fits
+from producer.wire.reach import Reach, reach
+from producer.wire.rules import fleet_limits
 from producer.wire.spec import GenerateSpec
 from worker.generate.model.tiny import RANDOM_MARKER
 from worker.generate.request.loader import approve, read_config
@@ -180,36 +182,10 @@ def _reach(transformer: dict[str, Any], vae: dict[str, Any], path: Path) -> Reac
 
 
 def check_request(gen: GenerateSpec, info: ModelInfo, settings: Settings) -> None:
-    """What the spec alone cannot check: the model's multiples and experts, the fleet's limits."""
-    if gen.num_inference_steps > settings.max_denoise_steps:
-        raise InvalidJobError(
-            f"generate.num_inference_steps: {gen.num_inference_steps} exceeds the limit of "
-            f"{settings.max_denoise_steps} (FRAMEFLEET_MAX_DENOISE_STEPS)"
-        )
-    if (gen.num_frames - 1) % info.temporal_factor:
-        raise InvalidJobError(
-            f"generate.num_frames: must be {info.temporal_factor}k+1 for this model, "
-            f"got {gen.num_frames}"
-        )
-    if gen.num_frames > settings.max_frames:
-        raise InvalidJobError(
-            f"generate.num_frames: {gen.num_frames} exceeds the limit of {settings.max_frames}"
-        )
-    mh, mw = info.size_multiple
-    for field, value, multiple in (("height", gen.height, mh), ("width", gen.width, mw)):
-        if value % multiple:
-            raise InvalidJobError(
-                f"generate.{field}: {value} is not a multiple of {multiple} (the VAE's "
-                f"{info.spatial_factor} x the transformer's patch) for this model"
-            )
-    if info.reach is not None:  # before the text encoder runs, not deep in the transformer
-        check_reach(info.reach, gen.width, gen.height, gen.num_frames,
-                    ("generate.width", "generate.height", "generate.num_frames"))
-    if gen.height * gen.width > settings.max_pixels:
-        raise InvalidJobError(
-            f"generate.height, generate.width: {gen.width}x{gen.height} exceeds the limit of "
-            f"{settings.max_pixels} pixels"
-        )
+    """What the spec alone cannot check: the model's multiples and experts, the fleet's limits.
+    The sizes, frames and steps are the one check the client and the gateway make at submit
+    (``producer.wire.fits``), naming every field at fault."""
+    check_fits(gen, info.reach, fleet_limits(settings))
     two_experts = info.experts == 2 and info.boundary_ratio is not None
     for field, given in (("guidance_scale_2", gen.guidance_scale_2),
                          ("boundary_ratio", gen.boundary_ratio)):
