@@ -98,6 +98,12 @@ class JobCancelled(FramefleetError):
     """The job was cancelled by the client; it stopped between chunks and wrote no manifest."""
 
 
+class LeaseLost(FramefleetError):
+    """This run no longer holds its job's lease: it was taken for lost (a partition, a stall
+    longer than the lease) and the job delivered again. It stops and writes nothing more;
+    the run that took the job over ends it. Neither retryable nor fatal: no end of the job."""
+
+
 class StorageError(RetryableError):
     """An object store call failed in a way that may pass on retry (5xx, throttling, network)."""
 

@@ -15,6 +15,10 @@
 - A job whose ``output.uri`` is outside ``FRAMEFLEET_OUTPUT_PREFIX`` (when set) fails at once.
 - Everything around the run (progress, cancel and preemption, the worker-loss cap, the OOM
   fallback, retries with back-off, metrics) is a concern of ``worker.concerns``.
+- A run that loses its lease (a zombie: its host cut off longer than the lease while the job
+  ran again elsewhere) stops and ends without an end: every shared write checks the lease's
+  generation (``worker.concerns.fencing``), Celery's result store included
+  (``worker.concerns.fenced_results``).
 - A CUDA error ends this pool process once the job's lease is released: its CUDA context is
   gone, and Celery redelivers the job to a fresh one (``worker.concerns.device``).
 - A job failed for good outside the concerns (refused by the fleet's rules on receipt;
@@ -50,6 +54,7 @@ from producer.wire.rules import check_message_size, check_spec, time_limits
 from producer.wire.spec import JobSpec, parse_spec
 from worker.concerns import CONCERNS, run_concerns
 from worker.concerns.device import RetireProcess, retire
+from worker.concerns.fenced_results import fenced_backend, hold, let_go
 from worker.concerns.lease import LEASE_RETRY_S, JobLease, through_failover
 from worker.concerns.metrics import as_stamp, enqueued_at, failed_before_run
 from worker.concerns.outside import failed_outside, hand_over, record_end, take_over
@@ -123,9 +128,22 @@ class DecodeRequest(Request):  # type: ignore[misc]
 
 
 class DecodeTask(Task):
-    """The task's class: its requests are ``DecodeRequest``s."""
+    """The task's class: its requests are ``DecodeRequest``s, and its states are stored only
+    while its run holds the job's lease (``worker.concerns.fenced_results``)."""
 
     Request = DecodeRequest
+
+    @property
+    def backend(self) -> Any:
+        backend: Any = getattr(self, "_backend", None)
+        if backend is None:
+            backend = fenced_backend(self.app)
+            self.backend = backend
+        return backend
+
+    @backend.setter
+    def backend(self, value: Any) -> None:
+        self._backend = value
 
 
 def _killed(request: DecodeRequest, timeout: float) -> None:
@@ -169,29 +187,27 @@ def decode_video(self: Task, payload: Any, tiled: bool = False, error_retries: i
                      str(self.request.hostname))
     if not lease.acquire():
         _wait_for_lease(self, spec, int(error_retries), int(requeues), settings)
-    _held[str(self.request.id)] = lease
+    hold(str(self.request.id), lease)
     try:
         # Again, now that no other run can end the job meanwhile: a duplicate delivery that
         # passed the claim while another run was ending the job finds that end here.
         through_failover(lambda: _drop_if_ended(self.app, spec), f"job {spec.key}: ended?")
         _started(self)
         run = Run(spec=spec, settings=settings, node=str(self.request.hostname), tiled=tiled,
-                  cost=cost_for_job, error_retries=int(error_retries), requeues=int(requeues))
+                  cost=cost_for_job, error_retries=int(error_retries), requeues=int(requeues),
+                  fence=lease)
         return run_concerns(run, self, CONCERNS, lambda: run_job(spec, decoders(), run))
     except RetireProcess as e:  # a CUDA error: free the job for its next run, then go
         _release_lease(str(self.request.id))
         retire(e)
 
 
-#: The lease of the job this pool process runs, by task id. Released once Celery has stored
-#: the job's state (``task_postrun`` comes after the store, whatever the end), not when the
-#: task function returns: Celery stores SUCCESS and FAILURE after that, and a duplicate
-#: delivery taking the lease in between would find no end and run the job again.
-_held: dict[str, JobLease] = {}
-
-
 def _release_lease(task_id: str | None = None, **_: Any) -> None:
-    lease = _held.pop(str(task_id), None)
+    """Release the lease of the job this pool process ran. Once Celery has stored the job's
+    state (``task_postrun`` comes after the store, whatever the end), not when the task
+    function returns: Celery stores SUCCESS and FAILURE after that, and a duplicate delivery
+    taking the lease in between would find no end and run the job again."""
+    lease = let_go(str(task_id))
     if lease is not None:
         lease.release()
 

@@ -201,7 +201,8 @@ class RedisFlags:
         and count go too)."""
         taken = bool(self.r.hdel(keys.runs(job_id), "started"))
         if taken:
-            self.r.hdel(keys.runs(job_id), keys.LEDGER_END_FIELD, keys.COUNTED_END_FIELD)
+            self.r.hdel(keys.runs(job_id), *keys.END_FIELDS,
+                        *(f"{field}:by" for field in keys.END_FIELDS))
         return taken
 
     def reset_runs(self, job_id: str) -> None:

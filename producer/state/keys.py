@@ -16,6 +16,8 @@ framefleet's own keys (``framefleet:`` prefix):
   ``sent_at`` (unix time the client last sent it), ``ledger_end`` (the end a run wrote to the
   ledger, "digest status": a run of the same submission that ends so again writes none);
 - ``lease:{job}``: the one run allowed at a time (``SET NX PX``, renewed while it runs);
+- ``leasegen:{job}``: the lease's generation, +1 at every take: the run's fencing token, which
+  every shared write of a run checks (``worker.concerns.lease``);
 - ``held:{job}:{token}``: a ``HeldRun``, GPU time of a run that ended without a result;
 - ``undecodable_total``: messages on the queue that no worker could decode;
 - ``last_taken``: unix time a worker last received a job (``status``/``wait`` hints);
@@ -56,6 +58,10 @@ ENDS = PREFIX + "ends"
 LEDGER_END_FIELD = "ledger_end"
 #: The field of ``runs:{job}`` naming the end already counted (``framefleet_jobs_total``).
 COUNTED_END_FIELD = "counted_end"
+#: The field of ``runs:{job}`` naming the end whose webhook was sent.
+NOTIFIED_END_FIELD = "notified_end"
+#: Every field of ``runs:{job}`` that marks an end (and, as ``<field>:by``, the run that did).
+END_FIELDS = (LEDGER_END_FIELD, COUNTED_END_FIELD, NOTIFIED_END_FIELD)
 #: Jobs sent and not yet received (job → unix time sent): what the reconciler watches.
 QUEUED = PREFIX + "queued"
 #: Jobs the reconciler sent again, all time (the fleet exporter serves it).
@@ -98,6 +104,11 @@ def runs(job_id: str) -> str:
 
 def lease(job_id: str) -> str:
     return f"{PREFIX}lease:{job_id}"
+
+
+def lease_generation(job_id: str) -> str:
+    """The job's lease generation: +1 each time a run takes the lease (its fencing token)."""
+    return f"{PREFIX}leasegen:{job_id}"
 
 
 def held(job_id: str, token: str) -> str:
@@ -205,35 +216,17 @@ end
 return 0
 """
 
-# --- Lua: the lease (worker.concerns.lease) ------------------------------------------------
+# --- Lua: the lease (worker.concerns.lease; the rest in producer.state.lease_lua) ----
 
-#: KEYS: lease. ARGV: token. Compare-and-delete.
+#: KEYS: lease (or any lock). ARGV: token. Compare-and-delete.
 LEASE_RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
-#: KEYS: lease. ARGV: token, PX. Compare-and-expire; a lapsed lease (nobody holds it) is taken
-#: again. Returns 1 renewed, 2 taken again, 0 held by another run.
-LEASE_RENEW = """
-local holder = redis.call('GET', KEYS[1])
-if holder == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-if holder then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return 2
-"""
-#: KEYS: lease. ARGV: dead holder as read, new token, PX. Compare-and-set.
-LEASE_TAKEOVER = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) and 1 or 0
-end
-return 0
-"""
-
-# --- Lua: the host-loss sweep (worker.lifecycle.recovery) -----------------------------------
 
 #: A Lua function both the sweep and the reconciler start with: whether the result meta at
 #: ``key`` says the job has ended (SUCCESS, FAILURE or REVOKED).
-_IS_FINAL = """
+IS_FINAL = """
 local function is_final(key)
   local meta = redis.call('GET', key)
   if not meta then return false end
@@ -243,11 +236,14 @@ local function is_final(key)
 end
 """
 
+# --- Lua: the host-loss sweep (worker.lifecycle.recovery) -----------------------------------
+
+
 #: Restore an orphaned message once. KEYS: 1 unacked, 2 unacked_index, 3 destination list,
 #: 4 lease, 5 claim, 6 result meta. ARGV: 1 tag, 2 entry as read, 3 newest untouched time,
 #: 4 message to push, 5 backend db ('' = the broker's), 6 broker db, 7 spec digest,
 #: 8 REQUEUED meta, 9 its TTL ('' none).
-RESTORE = _IS_FINAL + """
+RESTORE = IS_FINAL + """
 if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 'gone' end
 local score = redis.call('ZSCORE', KEYS[2], ARGV[1])
 if not score then return 'gone' end
@@ -288,7 +284,7 @@ return 'restored'
 #: 3 claim, 4 result meta. ARGV: 1 job, 2 its sent time as read, 3 now. Returns 'resend' (the
 #: sent time is now ARGV[3]: no other reconciler sends it too), 'moved' (sent again meanwhile,
 #: or gone from the set), or why it left the set: 'received', 'unclaimed', 'final'.
-RESEND = _IS_FINAL + """
+RESEND = IS_FINAL + """
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not score or tonumber(score) ~= tonumber(ARGV[2]) then return 'moved' end
 local verdict = nil

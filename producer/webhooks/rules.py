@@ -59,6 +59,9 @@ SIGNATURE_HEADER = "X-Framefleet-Signature"
 TIMESTAMP_HEADER = "X-Framefleet-Timestamp"
 EVENT_HEADER = "X-Framefleet-Event"
 DELIVERY_HEADER = "X-Framefleet-Delivery"
+#: The event's own id: the same whichever run of the job sends it (a job's end, a segment, a
+#: preview step), so a receiver deduplicates on it across redeliveries.
+EVENT_ID_HEADER = "X-Framefleet-Event-Id"
 #: How old a signed timestamp :func:`verify` accepts by default (Stripe's choice too).
 TOLERANCE_S = 300
 MAX_URL_CHARS = 2048

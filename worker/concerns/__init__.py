@@ -44,6 +44,7 @@ from __future__ import annotations
 from worker.concerns.base import Concern, Failed, Outcome, Succeeded, run_concerns
 from worker.concerns.cancel import CancelAndPreempt
 from worker.concerns.device import DeviceErrors
+from worker.concerns.fencing import Fencing
 from worker.concerns.ledger import JobLedger
 from worker.concerns.losses import WorkerLosses
 from worker.concerns.memory import MemoryGuard
@@ -58,6 +59,7 @@ from worker.concerns.stuck import StuckWatch
 
 #: The task's concerns, in the order ``before_run`` and ``on_error`` ask them.
 CONCERNS: tuple[type[Concern], ...] = (
+    Fencing,  # first: a zombie's error is no job's end, whatever it is
     ProgressReport,
     CancelAndPreempt,
     WorkerLosses,

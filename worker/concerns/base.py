@@ -20,7 +20,8 @@ from worker.run.run import Run
 
 log = logging.getLogger(__name__)
 
-Status = Literal["success", "failure", "retry", "cancelled"]
+#: ``fenced``: the run lost its job's lease (``worker.concerns.fencing``): no end of the job.
+Status = Literal["success", "failure", "retry", "cancelled", "fenced"]
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,14 @@ class Concern:
     """One concern around a run, created per run; every hook does nothing by default.
 
     ``run`` is the job's ``Run`` (its hooks, settings, registry); ``task`` the Celery task
-    executing it (its request, its app's backend; ``update_state``, ``retry``)."""
+    executing it (its request, its app's backend; ``update_state``, ``retry``).
+
+    A run that lost its lease (a zombie, ``Fenced``) touches nothing shared: only the
+    concerns with ``sees_fenced`` (local bookkeeping: device time, memory, the watchdog)
+    observe that outcome."""
+
+    #: ``on_outcome`` is called for a ``Fenced`` outcome too.
+    sees_fenced: ClassVar[bool] = False
 
     def __init__(self, run: Run, task: Task) -> None:
         self.run = run
@@ -103,7 +111,10 @@ def run_concerns(
     try:
         for concern in active:
             concern.before_run()
-        outcome: Outcome = Succeeded(result=work())
+        result = work()
+        if run.fence is not None:  # the end lands only while the run holds its lease
+            run.fence.check(f"job {run.spec.key}: its end")
+        outcome: Outcome = Succeeded(result=result)
     except (SystemExit, KeyboardInterrupt):
         # The process is going away (billiard turns the SIGTERM of Celery's hard time limit
         # or of a shutdown into SystemExit): no end of the job. Its run record stays, and the
@@ -113,6 +124,8 @@ def run_concerns(
     except BaseException as e:  # noqa: BLE001 - every end goes through the concerns
         outcome = _decide(active, e)
     for concern in active:
+        if outcome.status == "fenced" and not concern.sees_fenced:
+            continue
         try:
             concern.on_outcome(outcome)
         except Exception:

@@ -1,12 +1,17 @@
-"""An end recorded once per submission, though the run that recorded it may die.
+"""An end recorded once per submission, though the run that recorded it may die, or may be a
+zombie.
 
-A run that ends its job records the end (``framefleet_jobs_total``, the ledger's record)
-before Celery stores the job's state. SIGKILLed in between (a pool process killed, a host
-lost), its message comes again and the next run ends the same way: a second count, a second
-record. Each kind of record leaves a mark in the job's run record (``producer.state.keys.runs``,
-one field per kind: ``"<spec digest> <status>"``); a run that finds the same end marked
-records nothing. A resubmit clears the marks (``Flags.take_started``): its end is a new one.
-The embedded mode (no Redis) has no marks: one host, nothing to deliver again.
+A run that ends its job records the end (``framefleet_jobs_total``, the ledger's record, the
+end's webhook) before Celery stores the job's state. SIGKILLed in between (a pool process
+killed, a host lost), its message comes again and the next run ends the same way: a second
+count, a second record. Each kind of record leaves a mark in the job's run record
+(``producer.state.keys.runs``, one field per kind: ``"<spec digest> <status>"``, and beside it
+``<field>:by``, the run that left it); a run that finds the same end marked records nothing.
+A resubmit clears the marks (``Flags.take_started``): its end is a new one.
+
+The mark is written only while the run holds the job's lease, checked in the same Lua script
+(``producer.state.lease_lua.FENCED_HSET``): a zombie (``worker.concerns.fencing``) leaves
+none. The embedded mode (no Redis) has no marks: one host, nothing to deliver again.
 """
 
 from __future__ import annotations
@@ -16,44 +21,65 @@ from typing import Any
 
 import redis
 
-from producer.state import keys
+from producer.state import keys, lease_lua
 from producer.wire.spec import JobSpec
+from worker.concerns.lease import JobLease
 
 log = logging.getLogger(__name__)
 
 
 class EndMark:
     """The mark of one kind of record (``field``) of ``spec``'s end, in ``client`` (the
-    result backend's Redis; anything else: no marks)."""
+    result backend's Redis; anything else: no marks), written under ``lease`` (the run's;
+    None: unfenced, for an end decided outside a run)."""
 
-    def __init__(self, client: Any, spec: JobSpec, field: str, what: str) -> None:
+    def __init__(self, client: Any, spec: JobSpec, field: str, what: str,
+                 lease: JobLease | None = None) -> None:
         self.r = client if isinstance(client, redis.Redis) else None
         self.spec, self.field, self.what = spec, field, what
+        self.lease = lease if lease is not None and lease.generation else None
 
     def _value(self, status: str) -> str:
         return f"{self.spec.digest()} {status}"
 
     def seen(self, status: str) -> bool:
-        """This submission's ``status`` end has its record already (logged); False when
-        the mark cannot be read: a second record is better than none."""
+        """This submission's ``status`` end has its record already (logged, naming the run
+        that made it); False when the mark cannot be read: a second record is better than
+        none."""
         if self.r is None:
             return False
         try:
-            mark = self.r.hget(keys.runs(self.spec.key), self.field)
+            mark, by = self.r.hmget(keys.runs(self.spec.key), self.field, f"{self.field}:by")
         except redis.RedisError:
             return False
-        if mark is None:
+        if mark is None or _text(mark) != self._value(status):
             return False
-        if (mark.decode() if isinstance(mark, bytes) else mark) != self._value(status):
-            return False
-        log.warning("job %s: its %s is %s already, by a run that died before its result was "
-                    "stored: not again", self.spec.key, status, self.what)
+        who = f"by {_text(by)}" if by is not None else "by an earlier run"
+        log.warning("job %s: its %s is %s already, %s of this submission (a run that ended "
+                    "it and was lost before its result was stored): not again", self.spec.key,
+                    status, self.what, who)
         return True
 
-    def mark(self, status: str) -> None:
+    def mark(self, status: str) -> bool:
+        """Leave the mark; False when it was not left (Redis away, or the run lost its lease:
+        then it records nothing more, said in the log)."""
         if self.r is None:
-            return
+            return True
         try:
-            self.r.hset(keys.runs(self.spec.key), self.field, self._value(status))
+            if self.lease is None:
+                self.r.hset(keys.runs(self.spec.key), self.field, self._value(status))
+                return True
+            by = f"generation {self.lease.generation} on {self.lease.node}"
+            if self.lease.fenced_eval(lease_lua.FENCED_HSET, (keys.runs(self.spec.key),),
+                                      self.field, self._value(status), f"{self.field}:by", by,
+                                      keys.SPEC_TTL_S):
+                return True
+            log.warning("job %s: %s end not marked: this run (%s) no longer holds the job's "
+                        "lease", self.spec.key, self.what, by)
         except redis.RedisError as e:
             log.warning("job %s: %s end not marked: %s", self.spec.key, self.what, e)
+        return False
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,4 +1,5 @@
-"""One run per job at a time: a lease in Redis (``producer.state.keys.lease``).
+"""One run per job at a time: a lease in Redis (``producer.state.keys.lease``), and its
+generation, the fencing token every shared write of the run checks.
 
 When a worker loses its Redis connection, kombu puts the message of the job it is still
 running back on the queue and another worker takes it: without a lease the job would run
@@ -8,15 +9,28 @@ while the job runs, released with compare-and-delete. Its value names the holder
 holds it, so its requeued job goes on at once. The embedded mode (no Redis) needs none.
 
 The renewal is the run's heartbeat, and the host-loss sweep (``worker.lifecycle.recovery``)
-reads it: a host that dies stops renewing, and its lease lapses within ``LEASE_TTL_S``. A lease
-that lapsed while its run still lives (a Redis failover longer than the lease, a host stopped
-or starved that long) is taken again by the next renewal if nobody else took it meanwhile; if
-another run holds it, this run was taken for lost, and the renewal says so in the log.
+reads it: a host that dies stops renewing, and its lease lapses within ``LEASE_TTL_S``.
+
+**Fencing.** A run whose host was only cut off (a partition, a stall longer than the lease)
+lives on while the job runs again elsewhere: a zombie. Every take of the lease bumps the job's
+generation (``keys.lease_generation``), and the run is a :class:`~worker.stores.fence.Fence`:
+
+- its writes to the store land only while the lease is known to be held
+  (``check``: the last renewal answered within ``LEASE_TTL_S - WRITE_MARGIN_S``; see
+  ``worker.stores.fence`` for why no write can land later), and wait while it is not known;
+- its writes in Redis (the end's marks, Celery's result and progress) check the lease and
+  the generation in the same Lua script (``producer.state.lease_lua``);
+- a renewal that finds the lease held by another run, a newer generation, or the job ended
+  marks the run ``lost`` for good: every later check raises ``LeaseLost`` and the run stops
+  at its next chunk or step, storing nothing (``worker.concerns.fencing``). A lease that
+  lapsed while nobody took it (a Redis failover longer than the lease) is taken again by the
+  next renewal, and the writes that waited go on.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -26,11 +40,16 @@ from typing import Any, TypeVar
 
 import redis
 
-from producer.state import keys
+from producer.errors import LeaseLost
+from producer.state import keys, lease_lua
+from worker.stores.fence import WRITE_MARGIN_S
 
 log = logging.getLogger(__name__)
 
 LEASE_TTL_S = 10
+#: A renewal every 2 s: the lease is then known held for at least 8 s minus a round trip,
+#: more than the ``WRITE_MARGIN_S`` (7 s) a write needs.
+RENEW_EVERY_S = LEASE_TTL_S / 5
 LEASE_RETRY_S = 5
 REDIS_DOWN: tuple[type[BaseException], ...] = (
     redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
@@ -71,68 +90,162 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def run_lease(run: Any) -> JobLease | None:
+    """The job lease a ``Run`` holds (its ``fence``), or None (the embedded mode, a bench)."""
+    fence = getattr(run, "fence", None)
+    return fence if isinstance(fence, JobLease) else None
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 class JobLease:
-    """Held by the one run of a job; ``client`` None (embedded mode) always grants it."""
+    """Held by the one run of a job; ``client`` None (embedded mode) always grants it.
+
+    A :class:`~worker.stores.fence.Fence` for the run's writes (module docstring)."""
 
     def __init__(self, client: Any, job_id: str, node: str) -> None:
         self.r = client
+        self.job = job_id
         self.key = keys.lease(job_id)
+        self.gen_key = keys.lease_generation(job_id)
         self.node = node
         self.token = f"{node} {os.getpid()} {uuid.uuid4().hex}"
+        #: This run's generation of the lease (its fencing token); 0 until taken.
+        self.generation = 0
         self._stop = threading.Event()
         # Held by a renewal while it runs: once release() has it, no renewal can take the
         # lease again after it was deleted.
         self._renewing = threading.Lock()
-        #: The last renewal found the lease held by another run.
+        # Guards the two fields below; the writes that wait for a renewal wait on it.
+        self._known = threading.Condition()
+        #: Monotonic time until which the lease is held for sure: the send of the last
+        #: renewal that answered, plus the lease's lifetime (Redis counts it from later).
+        self.valid_until = math.inf if client is None else 0.0
+        #: Another run took the lease (or the job ended): this run is a zombie, for good.
         self.lost = False
+        self.lost_why = ""
 
     def acquire(self) -> bool:
         if self.r is None:
             return True
-        if not through_failover(lambda: self._take(LEASE_TTL_S * 1000), f"lease {self.key}"):
+        sent = time.monotonic()
+        generation = through_failover(lambda: self._take(LEASE_TTL_S * 1000),
+                                      f"lease {self.key}")
+        if not generation:
             return False
+        self.generation = generation
+        self._confirmed(sent)
         threading.Thread(target=self._renew, name="job-lease", daemon=True).start()
         return True
 
-    def _take(self, px: int) -> bool:
-        if self.r.set(self.key, self.token, nx=True, px=px):
-            return True
+    def _take(self, px: int) -> int:
+        """The new generation, or 0 while another live run holds the lease."""
+        ttl = keys.SPEC_TTL_S
+        taken = self.r.eval(lease_lua.LEASE_ACQUIRE, 2, self.key, self.gen_key, self.token,
+                            px, ttl)
+        if taken:
+            return int(taken)
         holder = self.r.get(self.key)
-        if holder is None:
-            return bool(self.r.set(self.key, self.token, nx=True, px=px))
-        text = holder.decode() if isinstance(holder, bytes) else str(holder)
-        if text == self.token:  # ours: the reply of a set that did land was lost
-            return True
-        node, pid, _ = text.split(" ")
+        if holder is None:  # released just now
+            return int(self.r.eval(lease_lua.LEASE_ACQUIRE, 2, self.key, self.gen_key,
+                                   self.token, px, ttl))
+        node, pid, *_ = _text(holder).split(" ")
         if node != self.node or _alive(int(pid)):
-            return False
+            return 0
         # Compare-and-set: take over the dead process's lease, unless it changed meanwhile.
-        return bool(self.r.eval(keys.LEASE_TAKEOVER, 1, self.key, holder, self.token, px))
+        return int(self.r.eval(lease_lua.LEASE_TAKEOVER, 2, self.key, self.gen_key, holder,
+                               self.token, px, ttl))
 
     def _renew(self) -> None:
         # A thread of its own: loading a large input or a slow first chunk reports nothing.
-        while not self._stop.wait(LEASE_TTL_S / 4):
+        while not self._stop.wait(RENEW_EVERY_S):
             with self._renewing:
                 if self._stop.is_set():
                     return
+                sent = time.monotonic()
                 try:
-                    renewed = self.r.eval(keys.LEASE_RENEW, 1, self.key, self.token,
-                                          LEASE_TTL_S * 1000)
+                    renewed = self.r.eval(lease_lua.LEASE_RENEW, 3, self.key, self.gen_key,
+                                          keys.result(self.job), self.token,
+                                          LEASE_TTL_S * 1000, self.generation)
                 except REDIS_DOWN as e:
                     log.warning("lease %s not renewed: %s", self.key, e)
                     continue
+            if not renewed:
+                self._lose()
+                return
             if renewed == 2:
                 log.warning("lease %s had lapsed (Redis away or this host stalled longer than "
-                            "%d s); taken again", self.key, LEASE_TTL_S)
-            elif not renewed and not self.lost:
-                log.error("lease %s is held by another run: this host was taken for lost and "
-                          "the job delivered again", self.key)
-            self.lost = not renewed
+                            "%d s); nobody took it: taken again", self.key, LEASE_TTL_S)
+            self._confirmed(sent)
+
+    def _confirmed(self, sent: float) -> None:
+        with self._known:
+            self.valid_until = sent + LEASE_TTL_S
+            self._known.notify_all()
+
+    def _lose(self) -> None:
+        """Another run holds the lease or held it since, or the job ended: say who, for good."""
+        try:
+            holder, generation = self.r.get(self.key), self.r.get(self.gen_key)
+            now = (f"held by {_text(holder).rsplit(' ', 1)[0]}" if holder else "free") + (
+                f", generation {_text(generation)}" if generation else "")
+        except redis.RedisError:
+            now = "not read"
+        why = (f"job {self.job}: this run (generation {self.generation} on {self.node}) lost "
+               f"its lease (now {now}): its host was taken for lost and the job delivered "
+               "again, or the job ended; this run stops and writes nothing more")
+        with self._known:
+            self.lost, self.lost_why = True, why
+            self._known.notify_all()
+        log.error("%s", why)
+
+    def holds(self) -> bool:
+        """Whether the lease is known held right now (no wait): a webhook may go out."""
+        return not self.lost and time.monotonic() < self.valid_until
+
+    def guard(self) -> None:
+        """A run's guard (``Run.guards``): ``LeaseLost`` once the lease is lost."""
+        if self.lost:
+            raise LeaseLost(self.lost_why)
+
+    def check(self, what: str) -> None:
+        """The fence of a write (``worker.stores.fence.Fence``): return once the lease is
+        held for ``WRITE_MARGIN_S`` more; wait while it is not known; ``LeaseLost`` once
+        lost or released."""
+        waited = 0.0
+        with self._known:
+            while True:
+                if self.lost:
+                    raise LeaseLost(f"{what} not written: {self.lost_why}")
+                if self._stop.is_set():
+                    raise LeaseLost(f"{what} not written: the run let its lease {self.key} go")
+                left = self.valid_until - time.monotonic()
+                if left > WRITE_MARGIN_S:
+                    if waited:
+                        log.warning("%s: written after %.1f s waiting for lease %s", what,
+                                    waited, self.key)
+                    return
+                if not waited:
+                    log.warning("%s waits: lease %s not confirmed (held %.1f s more at most; "
+                                "Redis unreachable?)", what, self.key, max(0.0, left))
+                t = time.monotonic()
+                self._known.wait(1.0)
+                waited += time.monotonic() - t
+
+    def fenced_eval(self, script: str, extra_keys: tuple[str, ...], *args: Any) -> Any:
+        """Run ``script`` (of ``producer.state.lease_lua``, fenced by ``holds``) with this
+        lease's key, generation and token first."""
+        return self.r.eval(script, 2 + len(extra_keys), self.key, self.gen_key, *extra_keys,
+                           self.token, self.generation, *args)
 
     def release(self) -> None:
         self._stop.set()
         if self.r is None:
             return
+        with self._known:
+            self._known.notify_all()
         # A renewal under way ends first, so it cannot take the lease again once deleted;
         # one stuck on a Redis that does not answer is not waited for longer than a lease.
         got = self._renewing.acquire(timeout=LEASE_TTL_S)

@@ -31,6 +31,7 @@ from producer.wire.results import HeldRun, LedgerRecord, StateTime
 from worker import labels
 from worker.concerns.base import Concern, Outcome
 from worker.concerns.endmark import EndMark
+from worker.concerns.lease import JobLease, run_lease
 from worker.concerns.metrics import _device, _prices, enqueued_at
 from worker.concerns.retries import Requeue
 from worker.run.run import Run
@@ -40,17 +41,19 @@ log = logging.getLogger(__name__)
 END_STATE = {"success": "SUCCESS", "failure": "FAILURE", "cancelled": "REVOKED"}
 
 
-def write_ledger(record: LedgerRecord, output_prefix: str, settings: Settings) -> None:
-    """Write ``record`` and name it in the job's folder (``output_prefix``); a record that
-    cannot be written is logged as an error with its content, and changes nothing."""
+def write_ledger(record: LedgerRecord, output_prefix: str, settings: Settings,
+                 lease: JobLease | None = None) -> None:
+    """Write ``record`` and name it in the job's folder (``output_prefix``), fenced by the
+    run's ``lease`` (``worker.stores.fence``); a record that cannot be written is logged as an
+    error with its content, and changes nothing."""
     try:
-        uri = write_record(record, settings)
+        uri = write_record(record, settings, lease)
     except Exception as e:  # noqa: BLE001 - the job's end is decided; say it loudly
         log.error("job %s: ledger record not written: %s; the record was: %s",
                   record.key, e, record.model_dump_json())
         return
     try:
-        link_record(record, uri, output_prefix, settings)
+        link_record(record, uri, output_prefix, settings, lease)
     except Exception as e:  # noqa: BLE001 - an output folder it may not write (refused)
         log.warning("job %s: ledger record %s not linked from its folder: %s",
                     record.key, uri, e)
@@ -89,12 +92,13 @@ class JobLedger(Concern):
             if held is not None:
                 self._keep(held)
             return
+        lease = run_lease(self.run)
         mark = EndMark(self._client(), self.run.spec, keys.LEDGER_END_FIELD,
-                       "recorded in the ledger")
+                       "recorded in the ledger", lease)
         if mark.seen(outcome.status):
             return
         write_ledger(self._record(outcome, held), self.run.spec.output_prefix,
-                     self.run.settings)
+                     self.run.settings, lease)
         mark.mark(outcome.status)
 
     def _held(self, outcome: Outcome) -> HeldRun:

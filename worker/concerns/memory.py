@@ -12,6 +12,8 @@ class MemoryGuard(Concern):
     """Fails the run (fatal, naming ``FRAMEFLEET_MAX_RSS_MIB``) once the worker's RSS is
     over the limit; after such a failure, frees the job's memory."""
 
+    sees_fenced = True  # a zombie's memory is freed too
+
     where = "before the run's first step"
 
     def before_run(self) -> None:

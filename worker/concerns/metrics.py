@@ -35,6 +35,7 @@ from producer.wire.spec import HeldRun, JobSpec, job_key
 from worker import labels, metrics
 from worker.concerns.base import Concern, Outcome
 from worker.concerns.endmark import EndMark
+from worker.concerns.lease import run_lease
 from worker.concerns.retries import Requeue
 from worker.run.run import Run
 
@@ -71,6 +72,8 @@ def failed_before_run(error: BaseException, spec: JobSpec | None, settings: Sett
 class JobMetrics(Concern):
     """Counts the run's end and its held time; observes the queue wait of a first delivery."""
 
+    sees_fenced = True  # the device time a zombie held is counted
+
     def __init__(self, run: Run, task: Task) -> None:
         super().__init__(run, task)
         # Created with every concern, before any runs: the run's start, even if a concern
@@ -86,6 +89,9 @@ class JobMetrics(Concern):
     def on_outcome(self, outcome: Outcome) -> None:
         held = time.monotonic() - self.started
         status: str = outcome.status
+        if status == "fenced":  # no end: only the device time this host spent on it
+            metrics.observe_held(status, self.tenant, held)
+            return
         if status == "retry":
             status = "requeue" if isinstance(outcome, Requeue) else "retry"
             metrics.observe_retry(status, self.tenant, labels.failure_reason(outcome.error))
@@ -100,7 +106,7 @@ class JobMetrics(Concern):
         """Count the job's end, unless a run that died before its result was stored counted
         this submission's same end (``worker.concerns.endmark``)."""
         mark = EndMark(getattr(self.task.app.backend, "client", None), self.run.spec,
-                       keys.COUNTED_END_FIELD, "counted")
+                       keys.COUNTED_END_FIELD, "counted", run_lease(self.run))
         if mark.seen(outcome.status):
             return
         if outcome.status == "failure":

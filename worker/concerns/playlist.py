@@ -28,7 +28,7 @@ from producer.errors import FatalJobError, RetryableError
 from producer.settings import Settings
 from producer.wire.spec import JobSpec
 from worker.concerns.base import Concern, Outcome
-from worker.concerns.lease import REDIS_DOWN, JobLease
+from worker.concerns.lease import REDIS_DOWN, JobLease, run_lease
 from worker.sinks.hls import LivePlaylist, end_stored
 from worker.stores.storage import JobOutput, load_s3
 
@@ -42,17 +42,18 @@ END_WITHIN_S = 300.0
 
 
 def end_playlist(spec: JobSpec, settings: Settings,
-                 live: LivePlaylist | None = None) -> str | None:
+                 live: LivePlaylist | None = None, lease: JobLease | None = None) -> str | None:
     """Add ``EXT-X-ENDLIST`` to the job's live playlist (``live``, the one this run wrote, if
     any; else the one stored for this spec); returns its URI, or None when there is none or
     it is ended already, or when the output is one this worker may not use (refused, so never
-    written). Raises the store's other errors."""
+    written). Written under the run's ``lease`` (``worker.stores.fence``). Raises the store's
+    other errors."""
     if live is not None:
         uri = live.end_early()
         if uri is not None:
             return uri
     try:
-        output = JobOutput(spec.output_prefix, settings)
+        output = JobOutput(spec.output_prefix, settings, lease)
     except FatalJobError as e:  # the refusal is the job's own error, reported already
         log.debug("job %s: no playlist to end: %s", spec.key, e)
         return None
@@ -81,7 +82,7 @@ def _end_when_free(spec: JobSpec, settings: Settings, redis_client: Any, node: s
         try:
             if lease.acquire():
                 try:
-                    _logged(spec, end_playlist(spec, settings), "later")
+                    _logged(spec, end_playlist(spec, settings, lease=lease), "later")
                     return
                 finally:
                     lease.release()
@@ -110,8 +111,8 @@ class EndPlaylist(Concern):
             return
         spec = self.run.spec
         try:
-            _logged(spec, end_playlist(spec, self.run.settings, self.run.playlist),
-                    outcome.status)
+            _logged(spec, end_playlist(spec, self.run.settings, self.run.playlist,
+                                       run_lease(self.run)), outcome.status)
         except RetryableError as e:  # the store is down: try again once it answers
             log.warning("job %s: live playlist not ended (%s); trying again", spec.key, e)
             end_later(spec, self.run.settings, getattr(self.task.app.backend, "client", None),

@@ -28,6 +28,8 @@ from worker.watchdog import WATCHDOG, Watchdog
 class StuckWatch(Concern):
     """Arms the process's watchdog for this run (see the module's docstring)."""
 
+    sees_fenced = True  # disarmed whatever the end
+
     #: The process's watchdog (a test may give another).
     watchdog: Watchdog = WATCHDOG
 

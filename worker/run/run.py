@@ -25,6 +25,7 @@ from producer.wire.spec import CostReport, JobSpec, PreviewInfo, Progress, Segme
 
 if TYPE_CHECKING:
     from worker.sinks.hls import LivePlaylist
+    from worker.stores.fence import Fence
 
 #: ``cost(spec, wall_s, s3_puts, stored_bytes, video_s)``: the job's direct cost report.
 CostFn = Callable[[JobSpec, float, int, int, float], CostReport]
@@ -64,6 +65,9 @@ class Run:
 
     #: Said with every progress report (a CPU worker's estimate of a long job).
     warning: str | None = None
+    #: The job's lease (``worker.concerns.lease``): every write of the run's output, and its
+    #: end, lands only while the run holds it. None: no lease (the embedded mode, a bench).
+    fence: Fence | None = None
 
     def report(self, progress: Progress) -> None:
         if self.preview is not None and progress.preview is None:

@@ -47,7 +47,7 @@ def run_job(spec: JobSpec, decoders: DecoderCache, run: Run | None = None) -> Jo
 def _run(spec: JobSpec, decoders: DecoderCache, run: Run) -> JobResult:
     t0 = time.perf_counter()
     info = worker_info(decoders.device, run.node)
-    out = JobOutput(spec.output_prefix, run.settings)
+    out = JobOutput(spec.output_prefix, run.settings, fence=run.fence)
     earlier = reused_output(out, spec, info, t0)
     if earlier is not None:
         return earlier

@@ -14,27 +14,31 @@ from producer.errors import InputNotFoundError
 from producer.settings import Settings
 from producer.state.ledger import LEDGER_LINK, record_name
 from producer.wire.results import LedgerRecord
+from worker.stores.fence import Fence, fenced
 from worker.stores.storage import JobOutput, open_uri
 
 #: How much of an existing link file is read back (it lists one line per end of the job).
 MAX_LINK_BYTES = 1024**2
 
 
-def write_record(record: LedgerRecord, settings: Settings) -> str:
-    """Store ``record`` under ``FRAMEFLEET_LEDGER_URI``; its URI. Raises the store's errors."""
+def write_record(record: LedgerRecord, settings: Settings, fence: Fence | None = None) -> str:
+    """Store ``record`` under ``FRAMEFLEET_LEDGER_URI`` (fenced by the run's lease, when
+    given); its URI. Raises the store's errors."""
     assert settings.ledger_uri is not None
     store, prefix = open_uri(settings.ledger_uri, settings, "FRAMEFLEET_LEDGER_URI")
     name = record_name(record, secrets.token_hex(4))
     key = f"{prefix.rstrip('/')}/{name}" if prefix.strip("/") else name
     # One line: the object is one JSON document and also valid JSON Lines (Athena, DuckDB).
-    store.put_bytes(key, record.model_dump_json().encode() + b"\n", "application/json")
+    with fenced(fence, store.uri(key)):
+        store.put_bytes(key, record.model_dump_json().encode() + b"\n", "application/json")
     return store.uri(key)
 
 
-def link_record(record: LedgerRecord, uri: str, output_prefix: str, settings: Settings) -> str:
+def link_record(record: LedgerRecord, uri: str, output_prefix: str, settings: Settings,
+                fence: Fence | None = None) -> str:
     """Add ``uri`` to the job folder's ``ledger.json`` (read, append, write: one run of a job
-    at a time holds its lease); the link's URI."""
-    out = JobOutput(output_prefix, settings)
+    at a time holds its lease, ``fence``); the link's URI."""
+    out = JobOutput(output_prefix, settings, fence)
     entries: list[dict[str, object]] = []
     try:
         entries = list(json.loads(out.get_bytes(LEDGER_LINK, MAX_LINK_BYTES)).get("records", []))

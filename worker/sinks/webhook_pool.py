@@ -53,6 +53,9 @@ class Delivery:
     attempts: int = 0
     due: float = 0.0  # monotonic time of the next attempt
     retry_after: float | None = None  # seconds the last answer's Retry-After asked for
+    #: Asked before each attempt: False (the run lost its job's lease) gives the event up.
+    may_send: Callable[[], bool] | None = None
+    event_id: str = ""
     order: int = field(default_factory=lambda: next(_order))  # emission order
 
 

@@ -23,6 +23,7 @@ followed; 4xx: refused by the receiver).
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
 import logging
@@ -30,6 +31,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from producer.errors import InvalidJobError
@@ -37,6 +39,7 @@ from producer.settings import Settings, get_settings
 from producer.webhooks.rules import (
     DELIVERY_HEADER,
     EVENT_HEADER,
+    EVENT_ID_HEADER,
     SIGNATURE_HEADER,
     TIMESTAMP_HEADER,
     Address,
@@ -64,8 +67,12 @@ class Notifier(DeliveryPool):
         self.resolver = resolver
         super().__init__(settings, self._attempt_one)
 
-    def for_job(self, spec: JobSpec, attempt: int = 0) -> JobEvents:
-        """The events of one run of ``spec`` (a no-op when it asks for none)."""
+    def for_job(self, spec: JobSpec, attempt: int = 0,
+                holds: Callable[[], bool] | None = None,
+                not_lost: Callable[[], bool] | None = None) -> JobEvents:
+        """The events of one run of ``spec`` (a no-op when it asks for none). ``holds``: the
+        run holds its job's lease now (an event is emitted only then); ``not_lost``: it has
+        not lost it (asked again before each attempt)."""
         targets: list[Target] = []
         secret = self.settings.webhook_secret
         if spec.notify is not None:
@@ -78,10 +85,15 @@ class Notifier(DeliveryPool):
                         targets.append(self.policy.check_url(url, f"notify.urls[{i}]"))
                     except InvalidJobError as e:  # past a client with other settings
                         log.error("job %s: webhook refused: %s", spec.job_id, e)
-        return JobEvents(self, spec, attempt, targets)
+        return JobEvents(self, spec, attempt, targets, holds, not_lost)
 
     def _attempt_one(self, delivery: Delivery) -> str:
         """One POST; never raises."""
+        if delivery.may_send is not None and not delivery.may_send():
+            log.warning("webhook %s to %s given up: the run that emitted it lost its job's "
+                        "lease (the run that took the job over sends its own)", delivery.event,
+                        delivery.target.url)
+            return Outcome.GIVE_UP
         delivery.attempts += 1
         delivery.retry_after = None
         target = delivery.target
@@ -102,6 +114,7 @@ class Notifier(DeliveryPool):
             "Content-Type": "application/json",
             EVENT_HEADER: delivery.event,
             DELIVERY_HEADER: delivery.delivery_id,
+            EVENT_ID_HEADER: delivery.event_id,
             TIMESTAMP_HEADER: str(timestamp),
             SIGNATURE_HEADER: signature(self._secret(), timestamp, delivery.body),
         }
@@ -134,9 +147,11 @@ class JobEvents:
     """The webhook events of one run of one job: ``emit`` enqueues and returns at once."""
 
     def __init__(
-        self, notifier: Notifier, spec: JobSpec, attempt: int, targets: list[Target]
+        self, notifier: Notifier, spec: JobSpec, attempt: int, targets: list[Target],
+        holds: Callable[[], bool] | None = None, not_lost: Callable[[], bool] | None = None,
     ) -> None:
         self.notifier = notifier
+        self.holds, self.not_lost = holds, not_lost
         self.spec = spec
         self.attempt = attempt
         self.targets = targets
@@ -144,16 +159,29 @@ class JobEvents:
         self.sequence = 0
         self._lock = threading.Lock()  # segment events come from encoder threads
 
-    def emit(self, event: NotifyEvent, data: dict[str, Any]) -> None:
-        """Send ``event`` with ``data`` to every URL of the job that asked for it."""
+    def event_id(self, *what: object) -> str:
+        """The id of one event of this job's submission, the same whichever run sends it:
+        ``("end",)``, ``("segment", 3)``, ``("preview", 5)``."""
+        text = "\0".join(str(x) for x in (self.spec.key, self.spec.digest(), *what))
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    def emit(self, event: NotifyEvent, data: dict[str, Any], event_id: str | None = None) -> None:
+        """Send ``event`` with ``data`` to every URL of the job that asked for it, while the
+        run holds its job's lease; ``event_id``: the event's own id (default: this run's)."""
         if event not in self.events or not self.targets:
+            return
+        if self.holds is not None and not self.holds():
+            log.warning("job %s: %s webhook not sent: this run does not hold the job's lease",
+                        self.spec.key, event)
             return
         try:
             with self._lock:
                 self.sequence += 1
                 delivery_id = uuid.uuid4().hex
+                event_id = event_id or delivery_id
                 body = json.dumps({
-                    "id": delivery_id, "event": event, "job_id": self.spec.job_id,
+                    "id": delivery_id, "event_id": event_id, "event": event,
+                    "job_id": self.spec.job_id,
                     "tenant": self.spec.tenant, "attempt": self.attempt,
                     "sequence": self.sequence, "created_at": time.time(), "data": data,
                 }, separators=(",", ":")).encode()
@@ -161,6 +189,7 @@ class JobEvents:
                 for target in self.targets:
                     self.notifier.submit(Delivery(
                         target, (self.spec.key, target.url), event, delivery_id, body, now,
+                        may_send=self.not_lost, event_id=event_id,
                     ))
         except Exception:  # a notification must never fail the job
             log.exception("job %s: %s event not sent", self.spec.job_id, event)
@@ -171,24 +200,27 @@ class JobEvents:
     def preview(self, preview: PreviewInfo) -> None:
         """A preview was stored (a ``Run.preview_hooks`` entry): only for receivers that ask
         for ``preview`` events."""
-        self.emit("preview", {"preview": preview.model_dump(mode="json")})
+        self.emit("preview", {"preview": preview.model_dump(mode="json")},
+                  self.event_id("preview", preview.step))
 
     def segment(self, seg: SegmentInfo, progress: Progress) -> None:
         """Segment ``seg`` joined the live playlist (a ``Run.segment_hooks`` entry)."""
         self.emit("segment", {"segment": seg.model_dump(mode="json"),
                               "progress": progress.model_dump(mode="json"),
-                              "playlist_uri": f"{self.spec.output_prefix}/{PLAYLIST}"})
+                              "playlist_uri": f"{self.spec.output_prefix}/{PLAYLIST}"},
+                  self.event_id("segment", seg.index))
 
     def succeeded(self, result: JobResult) -> None:
-        self.emit("succeeded", {"result": result.model_dump(mode="json")})
+        self.emit("succeeded", {"result": result.model_dump(mode="json")}, self.event_id("end"))
 
     def failed(self, error: BaseException) -> None:
         if not isinstance(error, Exception):
             return  # SystemExit, KeyboardInterrupt: the worker stops, the job is redelivered
-        self.emit("failed", {"error": {"type": type(error).__name__, "message": str(error)}})
+        self.emit("failed", {"error": {"type": type(error).__name__, "message": str(error)}},
+                  self.event_id("end"))
 
     def cancelled(self, message: str) -> None:
-        self.emit("cancelled", {"message": message})
+        self.emit("cancelled", {"message": message}, self.event_id("end"))
 
 
 _process: tuple[int, Notifier] | None = None

@@ -10,6 +10,7 @@ confined to FRAMEFLEET_FILE_ROOTS and read with a byte bound (``worker/stores/pa
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import tempfile
@@ -27,6 +28,7 @@ from producer.errors import (
 )
 from producer.settings import Settings, get_settings
 from producer.wire.base import Location, decode_uri
+from worker.stores.fence import S3_OP_TIMEOUT_S, Fence, FencedBody, check_current, fenced, harden
 from worker.stores.paths import confine, os_error, read_local, writable_target
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -109,9 +111,14 @@ class FileStore:
             fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
         except OSError as e:
             raise os_error(e, self.field, uri) from None
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, target)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            check_current(uri)  # the rename is the landing: a fenced write checks right before
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
         return 1
 
     def get_bytes(self, key: str, max_bytes: int) -> bytes:
@@ -151,7 +158,10 @@ def s3_client(settings: Settings) -> Any:
     A client made while no credentials could be found is not kept: botocore looks for them
     once, when it makes the client, so a kept one would fail every later job of the process
     with "Unable to locate credentials" after they appeared (a role or a token file mounted
-    late, a test that sets them)."""
+    late, a test that sets them).
+
+    Its writes can be fenced (``worker.stores.fence``): short socket timeouts, sockets that
+    close with a reset, and a check of the calling thread's fence before every request."""
     import boto3
     from botocore.config import Config
 
@@ -164,9 +174,11 @@ def s3_client(settings: Settings) -> Any:
                 "s3", endpoint_url=settings.s3_endpoint_url, region_name=settings.s3_region,
                 config=Config(
                     retries={"max_attempts": settings.s3_max_attempts, "mode": "standard"},
-                    signature_version="s3v4", connect_timeout=5, read_timeout=60,
+                    signature_version="s3v4", connect_timeout=S3_OP_TIMEOUT_S,
+                    read_timeout=S3_OP_TIMEOUT_S,
                 ),
             )
+            harden(client)
             if session.get_credentials() is not None:  # what the client found, not a new look
                 _clients[key] = client
         return client
@@ -231,11 +243,17 @@ class S3Store:
         from boto3.s3.transfer import TransferConfig
 
         size = path.stat().st_size
+        # In the calling thread (no transfer threads): its fence checks every request.
         config = TransferConfig(multipart_threshold=self.MULTIPART_THRESHOLD,
-                                multipart_chunksize=self.MULTIPART_THRESHOLD)
+                                multipart_chunksize=self.MULTIPART_THRESHOLD, use_threads=False)
         try:
-            self.client.upload_file(str(path), self.bucket, self._key(key), Config=config,
-                                    ExtraArgs={"ContentType": content_type})
+            with FencedBody(path.open("rb"), self.uri(key)) as body:
+                if size < self.MULTIPART_THRESHOLD:  # streamed from the body, chunk by chunk
+                    self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=body,
+                                           ContentType=content_type)
+                else:  # parts land only with the last request, checked before it is sent
+                    self.client.upload_fileobj(body, self.bucket, self._key(key), Config=config,
+                                               ExtraArgs={"ContentType": content_type})
         except Exception as e:
             raise map_s3_error(e, self.uri(key)) from e
         if size < self.MULTIPART_THRESHOLD:
@@ -246,7 +264,8 @@ class S3Store:
                   cache_control: str | None = None) -> int:
         extra = {"CacheControl": cache_control} if cache_control else {}
         try:
-            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data,
+            self.client.put_object(Bucket=self.bucket, Key=self._key(key),
+                                   Body=FencedBody(io.BytesIO(data), self.uri(key)),
                                    ContentType=content_type, **extra)
         except Exception as e:
             raise map_s3_error(e, self.uri(key)) from e
@@ -326,10 +345,13 @@ def read_uri(uri: str, max_bytes: int, settings: Settings | None = None,
 
 class JobOutput:
     """The only way a job writes: plain names under ``{output}/{tenant}/{job_id}/``, or in one
-    of its :data:`OUTPUT_FOLDERS` there."""
+    of its :data:`OUTPUT_FOLDERS` there. With a ``fence`` (the run's lease), every write lands
+    only while the run holds the job's lease (``worker.stores.fence``)."""
 
-    def __init__(self, prefix_uri: str, settings: Settings | None = None) -> None:
+    def __init__(self, prefix_uri: str, settings: Settings | None = None,
+                 fence: Fence | None = None) -> None:
         self.store, self.prefix = open_uri(prefix_uri, settings, "output.uri")
+        self.fence = fence
         self.puts = 0
         self._lock = threading.Lock()  # segments upload from several encoder threads
 
@@ -344,14 +366,16 @@ class JobOutput:
         return self.store.uri(self.key(name))
 
     def put_file(self, name: str, path: Path, content_type: str = "video/mp4") -> str:
-        puts = self.store.put_file(self.key(name), path, content_type)
+        with fenced(self.fence, self.uri(name)):
+            puts = self.store.put_file(self.key(name), path, content_type)
         with self._lock:
             self.puts += puts
         return self.uri(name)
 
     def put_bytes(self, name: str, data: bytes, content_type: str = "application/json",
                   cache_control: str | None = None) -> str:
-        puts = self.store.put_bytes(self.key(name), data, content_type, cache_control)
+        with fenced(self.fence, self.uri(name)):
+            puts = self.store.put_bytes(self.key(name), data, content_type, cache_control)
         with self._lock:
             self.puts += puts
         return self.uri(name)
