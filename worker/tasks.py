@@ -55,7 +55,7 @@ from producer.wire.spec import JobSpec, parse_spec
 from worker.concerns import CONCERNS, run_concerns
 from worker.concerns.device import RetireProcess, retire
 from worker.concerns.fenced_results import fenced_backend, hold, let_go
-from worker.concerns.lease import LEASE_RETRY_S, JobLease, through_failover
+from worker.concerns.lease import LEASE_RETRY_S, JobLease, still_the_run, through_failover
 from worker.concerns.metrics import as_stamp, enqueued_at, failed_before_run
 from worker.concerns.outside import failed_outside, hand_over, record_end, take_over
 from worker.concerns.playlist import end_later
@@ -118,6 +118,13 @@ class DecodeRequest(Request):  # type: ignore[misc]
         self.time_limits = time_limits(self.args[0] if self.args else None, get_settings())
 
     def on_timeout(self, soft: bool, timeout: float) -> None:
+        client = getattr(self.task.app.backend, "client", None)
+        if not soft and self.worker_pid is not None and not still_the_run(
+                client, str(self.id), str(self.hostname), int(self.worker_pid)):
+            log.warning("job %s: hard time limit of a run that lost the job to another run "
+                        "(this host was taken for lost): its process is ended, nothing stored",
+                        self.id)
+            return
         super().on_timeout(soft, timeout)
         if soft or worker_state.should_terminate:  # Celery stored nothing: a cold shutdown
             return

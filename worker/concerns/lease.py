@@ -90,6 +90,25 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def still_the_run(client: Any, job_id: str, node: str, pid: int) -> bool:
+    """Whether the run of ``job_id`` by pool process ``pid`` of ``node`` is still the job's
+    run, for the worker's main process (Celery's hard time limit): its lease names it, or no
+    lease is held and no other run has recorded itself since (``keys.runs``' ``running``).
+    A zombie's time limit (its host was stopped while the job ran again elsewhere) must store
+    no FAILURE over the other run's state. True when it cannot be told (Redis away)."""
+    if not isinstance(client, redis.Redis):
+        return True
+    mine = f"{node} {pid} "
+    try:
+        holder = client.get(keys.lease(job_id))
+        if holder is not None:
+            return _text(holder).startswith(mine)
+        running = client.hget(keys.runs(job_id), "running")
+    except redis.RedisError:
+        return True
+    return running is None or _text(running).startswith(mine)
+
+
 def run_lease(run: Any) -> JobLease | None:
     """The job lease a ``Run`` holds (its ``fence``), or None (the embedded mode, a bench)."""
     fence = getattr(run, "fence", None)
