@@ -23,6 +23,7 @@ from redis.exceptions import RedisError
 from producer.api.auth import KeyRing, Tenant
 from producer.api.catalog import load_catalog
 from producer.api.errors import not_found
+from producer.api.reach import folder_random
 from producer.api.registry import Record, Registry
 from producer.api.store import Store
 from producer.api.streams import Streams
@@ -33,6 +34,7 @@ from producer.errors import ApiRequestError, SettingsError
 from producer.settings import Settings
 from producer.state import keys
 from producer.state.broker import redis_client
+from producer.wire.spec import JobResult
 
 
 class Gateway:
@@ -123,7 +125,15 @@ class Gateway:
         percent = progress(rec, js)
         if percent < 100:
             percent = self.registry.progress(rec, percent)
-        return View(rec, js, result, completed, percent)
+        return View(rec, js, result, completed, percent, self._noise(rec, result))
+
+    def _noise(self, rec: Record, result: JobResult | None) -> bool | None:
+        """Random weights: the result says; before it, the model's folder where this host has
+        it (a running job's row says "noise" too); None where neither can tell."""
+        if result is not None:
+            return result.random_weights
+        entry = self.catalog.models.get(rec.model or "") if rec.generate else None
+        return folder_random(entry.folder) if entry is not None else None
 
     def finished(self, tenant: str, job_ids: Iterable[str]) -> list[str]:
         """Of ``tenant``'s ``job_ids``, those that ended (or that the fleet forgot)."""

@@ -29,14 +29,15 @@ STATUS = {"UNKNOWN": "queued", "QUEUED": "queued", "RETRY": "queued", "REQUEUED"
 @dataclass(frozen=True)
 class View:
     """One observation of a job: the record, the fleet's state, the result when it succeeded,
-    when a replica first saw it finished, and the progress shown (0-100, never less than
-    before)."""
+    when a replica first saw it finished, the progress shown (0-100, never less than
+    before), and whether it is made with random weights (None: unknown yet)."""
 
     record: Record
     state: JobState
     result: JobResult | None
     completed_at: float | None
     percent: int
+    random_weights: bool | None = None
 
     @property
     def status(self) -> str:
@@ -77,7 +78,7 @@ def extras(view: View) -> dict[str, Any]:
         "tier": rec.tier,
         # the Celery node name (cpu0@host, gpu3@host), as the CLI and the ledger name it
         "worker": result.worker.node if result is not None else view.state.worker,
-        "random_weights": result.random_weights if result is not None else None,
+        "random_weights": view.random_weights,
         "frames": result.manifest.frames if result is not None else None,
     }
 

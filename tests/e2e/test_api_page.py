@@ -313,3 +313,92 @@ def test_the_empty_table_says_what_to_do_and_a_small_video_keeps_download_in_vie
         assert page.eval("window.cspViolations") == []
     finally:
         browser.stop()
+
+
+def _photo(folder: Path) -> Path:
+    """A person's picture: a small PNG."""
+    from PIL import Image
+
+    Image.radial_gradient("L").resize((48, 32)).convert("RGB").save(folder / "photo.png")
+    return folder / "photo.png"
+
+
+def _choose_file(page: DevTools, selector: str, path: Path) -> None:
+    """Pick ``path`` in the file input at ``selector``, as the browser's file dialog does."""
+    root = page.call("DOM.getDocument")["root"]["nodeId"]
+    node = page.call("DOM.querySelector", nodeId=root, selector=selector)["nodeId"]
+    page.call("DOM.setFileInputFiles", files=[str(path)], nodeId=node)
+
+
+def _shown(page: DevTools) -> dict[str, Any]:
+    """What the player shows: its note, the Download button, the playing job's row."""
+    return dict(json.loads(page.eval(
+        "JSON.stringify({note: document.getElementById('note').textContent, "
+        "download: !document.getElementById('download').hidden, "
+        "row: (r => r && r.textContent)(document.querySelector('tr.active')), "
+        "f: window.framefleet})")))
+
+
+def test_the_create_form_makes_a_video_shows_its_previews_then_plays_it(
+        api_fleet: ApiFleet, tmp_path: Path) -> None:  # noqa: F811
+    binary = require_binary("chromium", "Debian package chromium")
+    acme = api_fleet.keys["acme"]
+    browser = Browser(binary, tmp_path)
+    browser.start()
+    try:
+        # Given the page with a key pasted, in a laptop's window: the form shows
+        page = open_page(browser, api_fleet.gateway.url, acme.secret)
+        page.call("Emulation.setDeviceMetricsOverride", width=1280, height=800,
+                  deviceScaleFactor=1, mobile=False)
+        wait_for(lambda: page.eval("!document.getElementById('create').hidden") or None, 20,
+                 "the create form")
+        # When a person picks an image for a model that takes none, the form says why
+        page.eval("document.getElementById('model').value = 'tiny-slow'")
+        page.eval("document.getElementById('prompt').focus()")
+        page.call("Input.insertText", text="a red fox runs through deep snow")
+        _choose_file(page, "#image", _photo(tmp_path))
+        page.eval("document.getElementById('create-button').click()")
+        refused = wait_for(lambda: page.eval(
+            "(s => s.classList.contains('error') && s.textContent)"
+            "(document.getElementById('create-status'))") or None, 30, "the refusal")
+        assert refused == "input_reference: this model takes no input image", refused
+        assert page.eval("window.framefleet.playing") is None
+        # and without it, submits: the new job is listed and shown at once
+        page.eval("document.getElementById('image').value = ''")
+        page.eval("document.getElementById('create-button').click()")
+        video = str(wait_for(lambda: page.eval("window.framefleet.playing"), 30, "the new job"))
+        assert page.eval("document.getElementById('create-status').textContent") == \
+            f"created {video} (tiny-slow, 48x32, 0.5 s)"
+        _, body = http(api_fleet.gateway.url + f"/v1/videos/{video}", acme.headers)
+        made = json.loads(body)
+        assert (made["prompt"], made["model"]) == ("a red fox runs through deep snow",
+                                                   "tiny-slow"), made
+        row_text(page, video)
+        # Then its previews show in the player's place while it denoises (previews are on)
+        wait_for(lambda: page.eval(
+            "!document.getElementById('preview-box').hidden && "
+            "document.getElementById('preview').readyState >= 2") or None, 120, "a preview")
+        running = _shown(page)
+        shot = page.call("Page.captureScreenshot")["data"]
+        (tmp_path / "page-create-preview.png").write_bytes(base64.b64decode(shot))
+        assert job_state(api_fleet, video) != "SUCCESS"
+        assert running["f"]["preview"]["step"] >= 1 and running["f"]["live"] is False, running
+        # 54.7: a running job's row and note say it is noise, and no MP4 is offered yet
+        assert "random weights: noise" in running["row"], running["row"]
+        assert running["note"] in ("live: the job is in_progress; random weights: noise",
+                                   "live: the job is queued; random weights: noise"), running
+        assert running["download"] is False, running
+        # then the video plays,
+        wait_for(lambda: page.eval("window.framefleet.live && window.framefleet.frames > 3")
+                 or None, 180, "the video playing")
+        wait_for(lambda: job_state(api_fleet, video) == "SUCCESS" or None, 120, "its end")
+        # and once it succeeded the note no longer says it is live, and the MP4 is offered
+        done = wait_for(lambda: (lambda s: s if s["download"] else None)(_shown(page)), 30,
+                        "the note and Download of a finished job")
+        assert done["note"] == "random weights: noise", done
+        assert "completed (SUCCESS), random weights: noise" in done["row"], done
+        shot = page.call("Page.captureScreenshot")["data"]
+        (tmp_path / "page-create.png").write_bytes(base64.b64decode(shot))
+        assert page.eval("window.cspViolations") == []
+    finally:
+        browser.stop()

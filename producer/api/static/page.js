@@ -1,6 +1,7 @@
-// framefleet's page: list the key's jobs, play one live with hls.js, download its MP4. Until
-// a generate job's first segment is in, its newest preview (a small clip of the model's
-// estimate while it denoises) loops in the player's place.
+// framefleet's page: make a video (a prompt, a model, an optional image), list the key's jobs,
+// play one live with hls.js, download its MP4. Until a generate job's first segment is in, its
+// newest preview (a small clip of the model's estimate while it denoises) loops in the
+// player's place.
 // The key stays in this tab's sessionStorage and goes only into Authorization headers to
 // this origin. Every value from the API is put in the page as text, never as HTML.
 "use strict";
@@ -12,7 +13,7 @@
   const rows = $("jobs").querySelector("tbody");
   // What the player did, for people (the log) and for tests (window.framefleet).
   const state = window.framefleet = { events: [], frames: 0, playing: null, jobs: [],
-                                      preview: null, live: false };
+                                      preview: null, live: false, models: [] };
   let hls = null, timer = null, previewTimer = null;
 
   function key() { return sessionStorage.getItem(KEY); }
@@ -26,9 +27,25 @@
 
   function cell(text) { const td = document.createElement("td"); td.textContent = text; return td; }
 
+  // What the player says under the video, from the job's latest object: the state while it
+  // runs, the failure, and the noise label (a job of random weights, even while it runs).
+  function noteText(v) {
+    const ff = v.framefleet || {};
+    const parts = [];
+    if (v.status === "failed") parts.push("failed: " + (v.error ? v.error.message : v.status));
+    else if (v.status !== "completed") parts.push("live: the job is " + v.status);
+    if (ff.random_weights) parts.push(NOISE);
+    return parts.join("; ");
+  }
+  // The note and the Download button follow the job shown: an MP4 exists once it completed.
+  function showState(v) {
+    $("note").textContent = noteText(v);
+    $("download").hidden = v.status !== "completed";
+  }
+
   function render(videos) {
     rows.replaceChildren();
-    // An empty table says how to fill it: the page itself submits nothing.
+    // An empty table says how to fill it (the form above, curl, the SDK).
     $("empty").hidden = videos.length > 0;
     for (const v of videos) {
       const tr = document.createElement("tr");
@@ -45,10 +62,12 @@
                 cell(new Date(v.created_at * 1000).toLocaleString()));
       tr.addEventListener("click", () => play(v));
       rows.append(tr);
+      if (v.id === state.playing) showState(v);
     }
   }
 
   async function refresh() {
+    $("create").hidden = !key();
     if (!key()) { rows.replaceChildren(); $("empty").hidden = true; return; }
     try {
       const r = await fetch("/v1/videos?limit=50", { headers: auth() });
@@ -109,9 +128,7 @@
     }
     $("player").hidden = false;
     $("playing").textContent = v.id;
-    const ff = v.framefleet || {};
-    $("note").textContent = (v.status === "completed" ? "" : "live: the job is " + v.status) +
-      (ff.random_weights ? (v.status === "completed" ? "" : "; ") + NOISE : "");
+    showState(v);
     $("log").textContent = "";
     state.events = []; state.frames = 0;
     if (hls) hls.destroy();
@@ -155,16 +172,73 @@
     setTimeout(() => URL.revokeObjectURL(url), 60000);
   }
 
+  // The create form: POST /v1/videos as a multipart form (the SDK's shape), with the key
+  // already on the page. Empty fields are left out: the model's defaults apply. The new job
+  // is listed and played at once: its previews, then the video.
+  function createSay(text, error) {
+    $("create-status").textContent = text;
+    $("create-status").classList.toggle("error", !!error);
+  }
+  async function create(e) {
+    e.preventDefault();
+    const body = new FormData();
+    body.append("prompt", $("prompt").value);
+    for (const name of ["model", "size", "seconds"]) {
+      const value = $(name).value.trim();
+      if (value) body.append(name, value);
+    }
+    // Checked: the worker's own default (every 2 steps); unchecked: none.
+    if (!$("previews").checked) body.append("preview", JSON.stringify({ every: 0 }));
+    const image = $("image").files[0];
+    if (image) body.append("input_reference", image, image.name);
+    $("create-button").disabled = true;
+    createSay("submitting…");
+    try {
+      const r = await fetch("/v1/videos", { method: "POST", headers: auth(), body: body });
+      const v = await r.json();
+      if (!r.ok) { createSay(v.error ? v.error.message : "HTTP " + r.status, true); return; }
+      createSay("created " + v.id + " (" + v.model + ", " + v.size + ", " + v.seconds + " s)");
+      log("created", { id: v.id });
+      await refresh();
+      play(v);
+    } catch (err) {
+      createSay(String(err), true);
+    } finally {
+      $("create-button").disabled = false;
+    }
+  }
+  // The models the key may name, where the gateway lists them (GET /v1/models, the OpenAI
+  // shape); without the list the field is free text and empty means the map's first model.
+  async function loadModels() {
+    if (!key()) return;
+    try {
+      const r = await fetch("/v1/models", { headers: auth() });
+      if (!r.ok) return;
+      const body = await r.json();
+      const list = $("models");
+      list.replaceChildren();
+      for (const m of body.data || []) {
+        const option = document.createElement("option");
+        option.value = m.id;
+        list.append(option);
+      }
+      if (!$("model").value && body.data && body.data.length) $("model").value = body.data[0].id;
+      state.models = (body.data || []).map((m) => m.id);
+    } catch (err) { log("models-error", String(err)); }
+  }
+
   $("key-form").addEventListener("submit", (e) => {
     e.preventDefault();
     const value = $("key").value.trim();
     if (value) sessionStorage.setItem(KEY, value);
     $("key").value = "";
     refresh();
+    loadModels();
   });
+  $("create-form").addEventListener("submit", create);
   $("forget").addEventListener("click", () => {
     sessionStorage.removeItem(KEY); state.jobs = []; rows.replaceChildren();
-    $("empty").hidden = true; say("key forgotten");
+    $("empty").hidden = true; $("create").hidden = true; say("key forgotten");
   });
   $("download").addEventListener("click", download);
   // No hls.js (the gateway could not find it): say what is missing, never a silent player.
@@ -176,6 +250,7 @@
   }
   for (const el of document.querySelectorAll("#empty .origin")) el.textContent = location.origin;
   refresh();
+  loadModels();
   timer = setInterval(refresh, 2000);
   window.addEventListener("pagehide", () => { clearInterval(timer); stopPreview(); });
 })();
