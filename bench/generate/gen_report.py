@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from bench.generate import gen_previews
+from bench.generate.attn_report import split_table
 
 
 def _num(value: float | None, spec: str) -> str:
@@ -46,7 +47,7 @@ def markdown(doc: dict[str, Any]) -> str:
         "Image-to-video and LoRA rows (full figures in the JSON):", "",
         *("- " + json.dumps({k: v for k, v in e.items() if k not in ("framefleet", "diffusers")},
                             default=str) for e in doc["extras"]), "",
-        *gen_previews.table(doc["rows"]),
+        *gen_previews.table(doc["rows"]), *split_table(doc.get("split", [])),
         *(f"- skipped: {k['what']}: {k['reason']}" for k in doc["skipped"]),
     ]
     return "\n".join(lines) + "\n"

@@ -22,7 +22,8 @@ random weights these measure the arithmetic's error, not a model's visual qualit
 ``--image`` adds an image-to-video job per model that can take one (TI2V) against diffusers'
 WanImageToVideoPipeline; ``--lora`` the cost of a LoRA switch (gen_extra.py);
 ``--previews N`` runs each framefleet row again with a preview every N steps: the overhead in %
-of the denoise, the time to the first preview, one preview frame as a PNG (gen_previews.py).
+of the denoise, the time to the first preview, one preview frame as a PNG (gen_previews.py);
+``--split`` one transformer forward of each tier that ran, by kernel class (gen_split.py).
 ``--budget-s`` stops the run in time: an item whose estimate does not fit is skipped and
 listed with the reason, and what ran is saved after every row. For example:
   python bench/generate/generate.py --models wan2.2-ti2v-5b --steps 20,4 \
@@ -50,7 +51,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.generate import gen_extra, gen_previews
+from bench.generate import gen_extra, gen_previews, gen_split
 from bench.generate.gen_report import markdown, table
 from bench.generate.gen_runs import (
     baseline,
@@ -236,6 +237,7 @@ def bench_model(args: argparse.Namespace, name: str, device: torch.device, dtype
     # most; --order steps: every tier at the first step count, then the next
     bases: dict[int, dict[str, Any]] = {}
     refs: dict[int, dict[str, Any]] = {}
+    split: set[str] = set()
     passes = (["exact", "cache"], ["fp8", "fp8+cache"])
     plan = ([(steps, p) for steps in args.steps for p in passes] if args.order == "steps"
             else [(steps, p) for p in passes for steps in args.steps])
@@ -280,6 +282,12 @@ def bench_model(args: argparse.Namespace, name: str, device: torch.device, dtype
             print(json.dumps({k: row[k] for k in ("model", "steps", "tier", "speedup",
                                                   "denoise_s_per_step")}), flush=True)
             save(row)
+            base = "fp8" if tier.startswith("fp8") else "exact"
+            if args.split and base not in split:  # the resident's kernels by class, once
+                split.add(base)
+                resident = m.exact if base == "exact" or m.fp8 is None else m.fp8
+                save({**m.meta, "tier": base, **gen_split.split(
+                    resident.pipe.transformer, m.size, m.info, device)}, "split")
     gen_extra.extras(args, m, doc, budget, save)
     del m
     gc.collect()
@@ -306,6 +314,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--lora", default=None, metavar="MODEL", help="also a LoRA switch's cost")
     ap.add_argument("--previews", type=int, default=0, metavar="N",
                     help="also each framefleet row with a preview every N steps (0: not)")
+    ap.add_argument("--split", action="store_true",
+                    help="also one forward per tier by kernel class (attention, GEMM, other)")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="stop in time: skip what does not fit (default: BUDGET env, or none)")
     ap.add_argument("--tiny", action="store_true",
@@ -340,6 +350,7 @@ def main() -> int:
         **device_report(device), "diffusers": diffusers.__version__, "dtype": str(dtype),
         "weights": "random (seeded): quality figures measure arithmetic error only",
         "recommended_cache": RECOMMENDED_CACHE, "rows": [], "checks": [], "extras": [],
+        "split": [],
         "skipped": [], "nonfinite": [], "failed": False,
     }
     budget = Budget(args.budget_s, doc, TINY_EST_SCALE if args.tiny else 1.0)

@@ -42,6 +42,7 @@ from worker.generate.model.artifact_index import (
     merged,
     parse_index,
 )
+from worker.generate.tier import attnchoice
 from worker.stores.paths import read_bounded
 
 log = logging.getLogger(__name__)
@@ -197,6 +198,7 @@ def load(places: list[Place], stamp: Stamp, max_bytes: int) -> Loaded:
                                f"index's {entry.sha256[:12]}")
                 continue
             torch.compiler.load_cache_artifacts(data)
+            attnchoice.take(place, stamp, max_bytes)  # the kernels it was traced with
             return Loaded(stamp, entry, "", place.uri(entry.file), time.perf_counter() - t0)
         except (FramefleetError, OSError) as e:
             reasons.append(str(e))
@@ -236,6 +238,7 @@ def save(place: Place, stamp: Stamp, sizes: list[str], max_bytes: int) -> Entry 
         return None
     place.write(entry.file, data)  # the artifact first: the index never names a missing one
     place.write(INDEX, dump_index(entries))
+    attnchoice.keep(place, stamp)  # this GPU's attention kernels, beside it
     log.info("compile artifact %s written: %s at %s (%d bytes)", place.uri(entry.file),
              stamp.tier, ",".join(entry.sizes), len(data))
     return entry

@@ -6,7 +6,9 @@
   eager. Compiling changes kernels, not arithmetic: one forward stays within 2e-2 relative L2
   of eager (``tests/gpu/test_gpu_tiers.py``, ``bench/generate.py``'s quality column).
 - **fp8**: torchao's ``Float8DynamicActivationFloat8WeightConfig(PerRow())`` on the
-  transformer's linear layers (attention and norms stay bfloat16), then compiled the same way.
+  transformer's linear layers (norms stay bfloat16), and the blocks' self-attention in 8 bits
+  where this GPU has a kernel for it (``attn8``, chosen by ``attnchoice``), then compiled the
+  same way.
   Only a GPU of compute capability 8.9 or more has float8 matrix units: anywhere else the job
   fails at once, naming ``generate.tier``. There is no fallback to another tier.
 
@@ -42,6 +44,7 @@ from typing import Any
 import torch
 
 from producer.errors import InvalidJobError
+from worker.generate.tier import attnchoice, attnproc
 
 log = logging.getLogger(__name__)
 #: Float8 matrix units: Ada (8.9) and Hopper (9.0) onwards.
@@ -155,10 +158,16 @@ def allow_recompiles(sizes: int, tiers: int = 2) -> None:
 
 def prepare(pipe: Any, tier: str, compile: bool) -> bool:
     """Make ``pipe``'s transformers the ``tier`` (quantised for fp8) and compile their blocks
-    when ``compile`` (CUDA). Returns whether they are compiled."""
+    when ``compile`` (CUDA). Returns whether they are compiled.
+
+    On CUDA the self-attention's kernel is this GPU's choice (``attnchoice``): the fastest
+    exact one, and for fp8 the 8-bit attention where one runs here."""
     for transformer in transformers_of(pipe):
         if tier == "fp8":
             quantise_fp8(transformer)
+        device = next(transformer.parameters()).device
+        if device.type == "cuda":
+            attnproc.install(transformer, attnchoice.ensure(device, transformer), tier == "fp8")
         if compile:
             compile_blocks(transformer, FP8_INDUCTOR if tier == "fp8" else None)
     return compile
