@@ -19,9 +19,9 @@ Kernels (``KERNELS``), chosen per GPU by ``worker.generate.tier.attnchoice``:
 
 - ``cudnn``: cuDNN's float8 attention (``worker.generate.tier.cudnn8``), compute capability 9.0+;
 - ``reference``: the same arithmetic in plain torch, float8 rounding of Q, K, V, P and the
-  output simulated and products in float32, queries in chunks. It stands in on the CPU (tests, the bench's
-  ``--tiny``), where no 8-bit attention kernel exists, so the tier's code path and its quality
-  check run there; it is the error model of the kernel, not a fast path.
+  output simulated and products in float32, queries in chunks. It stands in on the CPU (tests,
+  the bench's ``--tiny``), where no 8-bit attention kernel exists, so the tier's code path and
+  its quality check run there; it is the error model of the kernel, not a fast path.
 """
 
 from __future__ import annotations
