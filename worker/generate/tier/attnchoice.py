@@ -25,6 +25,7 @@ import json
 import logging
 import re
 import statistics
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -73,11 +74,16 @@ def current(device: torch.device) -> Choice:
     return _CHOICES[key]
 
 
-def _time_ms(fn: Any, reps: int = 10) -> float:
+def _time_ms(fn: Any, device: torch.device, reps: int = 10) -> float:
+    """Median milliseconds of ``fn`` (CUDA events on CUDA)."""
     fn()
-    torch.cuda.synchronize()
     times = []
     for _ in range(reps):
+        if device.type != "cuda":
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+            continue
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
@@ -102,13 +108,13 @@ def measure(device: torch.device, heads: int, head_dim: int,
     head = [t[:, :, :CHECK_HEADS].float() for t in (q, k, v)]
     ref = exact_attention(head[0], head[1], head[2], "math").double()
     default = _time_ms(lambda: torch.nn.functional.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)))
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)), device)
     timings, errors, best = {"default": default}, {}, ("stock", default * (1 - MARGIN))
     for backend in ("cudnn", "flash", "efficient"):
         try:
             errors[backend] = _rel(exact_attention(q, k, v, backend), ref)
-            timings[backend] = _time_ms(lambda b=backend: exact_attention(q, k, v, b))
-        except RuntimeError as e:  # not built for, or not supported on, this GPU
+            timings[backend] = _time_ms(lambda b=backend: exact_attention(q, k, v, b), device)
+        except (RuntimeError, NotImplementedError) as e:  # not here: not built, not supported
             log.info("attention: exact %s unavailable on %s: %s", backend, choice.device, e)
             continue
         if errors[backend] <= EXACT_TOL and timings[backend] < best[1]:
@@ -119,7 +125,7 @@ def measure(device: torch.device, heads: int, head_dim: int,
         try:
             out = attn8.attention8(q, k, v, "cudnn")
             errors["attn8:cudnn"] = _rel(out, ref)
-            timings["attn8:cudnn"] = _time_ms(lambda: attn8.attention8(q, k, v, "cudnn"))
+            timings["attn8:cudnn"] = _time_ms(lambda: attn8.attention8(q, k, v, "cudnn"), device)
             ok = bool(torch.isfinite(out).all()) and errors["attn8:cudnn"] <= ATTN8_TOL
             choice.attn8 = "cudnn" if ok else None
             reason = None if ok else f"rel err {errors['attn8:cudnn']:.3g} over {ATTN8_TOL}"

@@ -87,3 +87,13 @@ def test_nothing_is_kept_before_a_measurement(tmp_path: Path) -> None:
     attnchoice.current(torch.device("cpu"))
     attnchoice.keep(place, Stamp("c" * 64, "exact", str(torch.__version__), "none", "cpu"))
     assert not list(tmp_path.iterdir())
+
+
+def test_measured_on_the_cpu_keeps_diffusers_attention() -> None:
+    """The CPU has none of the GPU kernels: each is tried and left out, the 8-bit attention is
+    none with its reason, and the exact tier keeps diffusers' attention."""
+    choice = attnchoice.measure(torch.device("cpu"), heads=2, head_dim=16, tokens=256)
+    assert choice is attnchoice.current(torch.device("cpu"))
+    assert (choice.exact, choice.attn8) == ("stock", None)
+    assert set(choice.measured_ms) == {"default"} and choice.measured_ms["default"] > 0
+    assert "8-bit attention: none (no CUDA device)" in choice.why
