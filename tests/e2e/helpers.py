@@ -52,8 +52,10 @@ def pattern_spec(job_id: str, input_uri: str, bucket: str, segment_frames: int =
     )
 
 
-def verify_output(s3: Any, bucket: str, result: JobResult, tmp: Path) -> list[int]:
-    """Download manifest and segments; check sizes, hashes and every frame index.
+def verify_output(s3: Any, bucket: str, result: JobResult, tmp: Path,
+                  besides: tuple[str, ...] = ()) -> list[int]:
+    """Download manifest and segments; check sizes, hashes and every frame index (``besides``:
+    names of other files the job's folder holds, ``ledger.json`` say).
 
     Returns the frame indices read from the video, in playback order.
     """
@@ -69,6 +71,7 @@ def verify_output(s3: Any, bucket: str, result: JobResult, tmp: Path) -> list[in
     listed = {o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"]}
     expected = {prefix + segment_name(s.index) for s in manifest.segments}
     expected.add(prefix + "index.m3u8")  # the live playlist, ended before the manifest
+    expected |= {prefix + name for name in besides}
     playlist = client.get_object(Bucket=bucket, Key=prefix + "index.m3u8")["Body"].read()
     assert playlist.decode().endswith("#EXT-X-ENDLIST\n")
     assert manifest.playlist_uri == f"s3://{bucket}/{prefix}index.m3u8"
