@@ -1,6 +1,7 @@
-"""The page at ``/`` in headless Chromium, driven over the DevTools protocol like a person:
-paste a key, see the jobs, click one that is still rendering and watch it play with hls.js
-(its events read from the page), all under the page's strict Content-Security-Policy.
+"""The page at ``/`` in headless Chromium, driven over the DevTools protocol like a person
+(``tests/e2e/browser.py``): paste a key, see the jobs, click one that is still rendering and
+watch it play with hls.js (its events read from the page); make a video with the create form
+and see its previews, then the video; all under the page's strict Content-Security-Policy.
 
 hls.js is the one the package ships: the fleet's gateway has no setting for it, a gateway run
 from a fresh install of the built wheel serves it too, and one whose hls.js is missing says so
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import itertools
 import json
 import subprocess
 import sys
@@ -23,67 +23,13 @@ import pytest
 
 from producer.api.page import HLS_JS_SHA256
 from tests.e2e.api_fleet import ApiFleet, api_fleet, wait_for  # noqa: F401 - the fixture
+from tests.e2e.browser import Browser, DevTools, frames_shown, open_page, row_text
 from tests.gateway import GatewayProcess
 from tests.require import require_binary
-from tests.services import _Process, free_port
 from tests.wheel import build_wheel, install_fresh
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 JOB = "page-1"
-#: Records any CSP violation from the first byte of a page on.
-CSP_PROBE = ("window.cspViolations = [];document.addEventListener('securitypolicyviolation',"
-             "e => window.cspViolations.push(e.violatedDirective + ' ' + e.blockedURI));")
-
-
-class DevTools:
-    """One page target of a Chromium, over its DevTools websocket."""
-
-    def __init__(self, port: int) -> None:
-        import websocket
-
-        targets = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/json",
-                                                    timeout=5).read())
-        (page,) = [t for t in targets if t["type"] == "page"][:1]
-        self.ws = websocket.create_connection(page["webSocketDebuggerUrl"], timeout=10,
-                                              suppress_origin=True)
-        self.ids = itertools.count(1)
-
-    def call(self, method: str, **params: Any) -> Any:
-        n = next(self.ids)
-        self.ws.send(json.dumps({"id": n, "method": method, "params": params}))
-        while True:
-            msg = json.loads(self.ws.recv())
-            if msg.get("id") == n:
-                assert "error" not in msg, msg
-                return msg.get("result")
-
-    def eval(self, expression: str) -> Any:
-        result = self.call("Runtime.evaluate", expression=expression, returnByValue=True)
-        return result["result"].get("value")
-
-
-class Browser(_Process):
-    def __init__(self, binary: str, workdir: Path) -> None:
-        super().__init__("chromium", workdir / "chromium.log")
-        self.binary, self.workdir, self.port = binary, workdir, free_port()
-
-    def start(self) -> None:
-        self._spawn([
-            self.binary, "--headless", "--no-sandbox", "--disable-gpu",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            "--no-first-run", "--disable-quic", "--autoplay-policy=no-user-gesture-required",
-            "--disable-background-timer-throttling", "--disable-renderer-backgrounding",
-            "--remote-allow-origins=*", f"--remote-debugging-port={self.port}",
-            "--remote-debugging-address=127.0.0.1", f"--user-data-dir={self.workdir / 'p'}",
-            "about:blank"], {"PATH": "/usr/bin:/bin", "HOME": str(self.workdir)}, self.workdir)
-
-    def devtools(self) -> DevTools:
-        def up() -> DevTools | None:
-            try:
-                return DevTools(self.port)
-            except OSError:
-                return None
-        return wait_for(up, 30, "DevTools endpoint")  # type: ignore[no-any-return]
 
 
 def http(url: str, headers: dict[str, str] | None = None, data: Any = None,
@@ -102,34 +48,6 @@ def http(url: str, headers: dict[str, str] | None = None, data: Any = None,
 def job_state(fleet: ApiFleet, job: str = JOB, tenant: str = "acme") -> str:
     _, body = http(fleet.gateway.url + f"/v1/jobs/{job}", fleet.keys[tenant].headers)
     return str(json.loads(body).get("state", body))
-
-
-def open_page(browser: Browser, url: str, key: str) -> DevTools:
-    """The page at ``url`` in a new tab, with ``key`` pasted as a person does."""
-    page = browser.devtools()
-    page.call("Page.enable")
-    page.call("Page.addScriptToEvaluateOnNewDocument", source=CSP_PROBE)
-    page.call("Page.navigate", url=url + "/")
-    wait_for(lambda: page.eval("document.readyState") == "complete" or None, 20, "page")
-    page.eval(f"document.getElementById('key').value = {json.dumps(key)};"
-              "document.querySelector('#key-form button[type=submit]').click()")
-    return page
-
-
-def row_text(page: DevTools, job: str, timeout: float = 30, has: str = "") -> str:
-    return str(wait_for(lambda: page.eval(
-        f"(r => r && r.textContent.includes({json.dumps(has)}) && r.textContent)"
-        f"(document.querySelector('tr[data-id=\"{job}\"]'))") or None, timeout,
-        f"the job {job} in the list"))
-
-
-def frames_shown(page: DevTools, job: str) -> dict[str, Any]:
-    """Click the job; what the player did once it showed a few frames."""
-    page.eval(f"document.querySelector('tr[data-id=\"{job}\"]').click()")
-    seen = wait_for(lambda: page.eval(
-        "window.framefleet.frames > 3 ? JSON.stringify(window.framefleet) : null"),
-        60, "frames on screen")
-    return dict(json.loads(seen))
 
 
 def test_the_page_lists_jobs_and_plays_one_still_running(api_fleet: ApiFleet,  # noqa: F811
@@ -315,16 +233,13 @@ def test_the_empty_table_says_what_to_do_and_a_small_video_keeps_download_in_vie
         browser.stop()
 
 
-def _photo(folder: Path) -> Path:
-    """A person's picture: a small PNG."""
+def _choose_photo(page: DevTools, selector: str, folder: Path) -> None:
+    """A person's picture (a small PNG) picked in the file input at ``selector``, as the
+    browser's file dialog does."""
     from PIL import Image
 
-    Image.radial_gradient("L").resize((48, 32)).convert("RGB").save(folder / "photo.png")
-    return folder / "photo.png"
-
-
-def _choose_file(page: DevTools, selector: str, path: Path) -> None:
-    """Pick ``path`` in the file input at ``selector``, as the browser's file dialog does."""
+    path = folder / "photo.png"
+    Image.radial_gradient("L").resize((48, 32)).convert("RGB").save(path)
     root = page.call("DOM.getDocument")["root"]["nodeId"]
     node = page.call("DOM.querySelector", nodeId=root, selector=selector)["nodeId"]
     page.call("DOM.setFileInputFiles", files=[str(path)], nodeId=node)
@@ -356,7 +271,7 @@ def test_the_create_form_makes_a_video_shows_its_previews_then_plays_it(
         page.eval("document.getElementById('model').value = 'tiny-slow'")
         page.eval("document.getElementById('prompt').focus()")
         page.call("Input.insertText", text="a red fox runs through deep snow")
-        _choose_file(page, "#image", _photo(tmp_path))
+        _choose_photo(page, "#image", tmp_path)
         page.eval("document.getElementById('create-button').click()")
         refused = wait_for(lambda: page.eval(
             "(s => s.classList.contains('error') && s.textContent)"
@@ -369,18 +284,16 @@ def test_the_create_form_makes_a_video_shows_its_previews_then_plays_it(
         video = str(wait_for(lambda: page.eval("window.framefleet.playing"), 30, "the new job"))
         assert page.eval("document.getElementById('create-status').textContent") == \
             f"created {video} (tiny-slow, 48x32, 0.5 s)"
-        _, body = http(api_fleet.gateway.url + f"/v1/videos/{video}", acme.headers)
-        made = json.loads(body)
-        assert (made["prompt"], made["model"]) == ("a red fox runs through deep snow",
-                                                   "tiny-slow"), made
+        made = json.loads(http(api_fleet.gateway.url + f"/v1/videos/{video}", acme.headers)[1])
+        assert (made["prompt"], made["model"]) == ("a red fox runs through deep snow", "tiny-slow")
         row_text(page, video)
         # Then its previews show in the player's place while it denoises (previews are on)
         wait_for(lambda: page.eval(
             "!document.getElementById('preview-box').hidden && "
             "document.getElementById('preview').readyState >= 2") or None, 120, "a preview")
         running = _shown(page)
-        shot = page.call("Page.captureScreenshot")["data"]
-        (tmp_path / "page-create-preview.png").write_bytes(base64.b64decode(shot))
+        (tmp_path / "page-create-preview.png").write_bytes(  # the docs' img/page.png
+            base64.b64decode(page.call("Page.captureScreenshot")["data"]))
         assert job_state(api_fleet, video) != "SUCCESS"
         assert running["f"]["preview"]["step"] >= 1 and running["f"]["live"] is False, running
         # 54.7: a running job's row and note say it is noise, and no MP4 is offered yet
@@ -397,8 +310,8 @@ def test_the_create_form_makes_a_video_shows_its_previews_then_plays_it(
                         "the note and Download of a finished job")
         assert done["note"] == "random weights: noise", done
         assert "completed (SUCCESS), random weights: noise" in done["row"], done
-        shot = page.call("Page.captureScreenshot")["data"]
-        (tmp_path / "page-create.png").write_bytes(base64.b64decode(shot))
+        (tmp_path / "page-create.png").write_bytes(
+            base64.b64decode(page.call("Page.captureScreenshot")["data"]))
         assert page.eval("window.cspViolations") == []
     finally:
         browser.stop()
