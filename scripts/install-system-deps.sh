@@ -19,6 +19,8 @@ command -v shellcheck >/dev/null || need+=(shellcheck)
 command -v ffprobe >/dev/null || need+=(ffmpeg)
 command -v dockerd >/dev/null || need+=(docker.io)
 command -v debootstrap >/dev/null || need+=(debootstrap)
+# the partition tests (tests/e2e/netns.py): a path cut inside a network namespace
+command -v iptables >/dev/null || need+=(iptables)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "missing system packages (install them to run every test): ${need[*]}" >&2

@@ -34,11 +34,14 @@ class Received:
 class Receiver:
     """``statuses``: answers to the first requests, in order (then 200); ``delay_s``: how long
     each answer takes; ``location``: the Location header of 3xx answers; ``tls``: serve HTTPS
-    with this server context; ``retry_after``: the Retry-After header of 429 and 503 answers."""
+    with this server context; ``retry_after``: the Retry-After header of 429 and 503 answers;
+    ``host``: the address it listens on (loopback; another one in a partition test's
+    namespace)."""
 
     def __init__(self, statuses: tuple[int, ...] = (), delay_s: float = 0.0,
                  location: str = "/elsewhere", tls: ssl.SSLContext | None = None,
-                 retry_after: str | None = None) -> None:
+                 retry_after: str | None = None, host: str = "127.0.0.1") -> None:
+        self.host = host
         self.statuses = list(statuses)
         self.retry_after = retry_after
         self.delay_s = delay_s
@@ -46,7 +49,7 @@ class Receiver:
         self.received: list[Received] = []
         self.lock = threading.Lock()
         self.closing = threading.Event()
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.httpd = ThreadingHTTPServer((host, 0), self._handler())
         self.httpd.daemon_threads = True
         if tls is not None:
             self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
@@ -57,7 +60,7 @@ class Receiver:
         return int(self.httpd.server_address[1])
 
     def url(self, path: str = "/hook") -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
+        return f"http://{self.host}:{self.port}{path}"
 
     def __enter__(self) -> Receiver:
         self.thread.start()

@@ -115,6 +115,20 @@ def run_lease(run: Any) -> JobLease | None:
     return fence if isinstance(fence, JobLease) else None
 
 
+def _quick(client: Any) -> Any:
+    """A client of ``client``'s server whose calls give up within a renewal period: Celery's
+    backend waits 120 s for an answer, and a renewal stuck that long on a dropped path would
+    tell a zombie it lost its lease a minute after the path healed. A pool of another kind
+    (Sentinel's) is used as it is."""
+    pool = getattr(client, "connection_pool", None)
+    if type(pool) is not redis.ConnectionPool:
+        return client
+    kwargs = {**pool.connection_kwargs, "socket_timeout": RENEW_EVERY_S,
+              "socket_connect_timeout": RENEW_EVERY_S}
+    return redis.Redis(connection_pool=redis.ConnectionPool(
+        connection_class=pool.connection_class, max_connections=8, **kwargs))
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -125,7 +139,8 @@ class JobLease:
     A :class:`~worker.stores.fence.Fence` for the run's writes (module docstring)."""
 
     def __init__(self, client: Any, job_id: str, node: str) -> None:
-        self.r = client
+        self.r = _quick(client)
+        self._own_client = self.r is not client  # closed at the release
         self.job = job_id
         self.key = keys.lease(job_id)
         self.gen_key = keys.lease_generation(job_id)
@@ -279,3 +294,6 @@ class JobLease:
             self.r.eval(keys.LEASE_RELEASE, 1, self.key, self.token)
         except REDIS_DOWN as e:  # it expires by itself
             log.warning("lease %s not released: %s", self.key, e)
+        finally:
+            if self._own_client:
+                self.r.connection_pool.disconnect()
