@@ -1,33 +1,34 @@
-"""Worker start from a downloaded-style model folder: diffusers' loading against framefleet's.
+"""Worker start from a downloaded-style model folder: what a new host of an autoscaling group
+pays, against diffusers' loading and the disk's own speed.
 
 Writes random weights at real size in the published Wan2.2-TI2V-5B layout and dtypes
 (transformer float32 in 5 shards with its index, UMT5-XXL bfloat16 in 3 shards, the VAE in
-one file, tokenizer, scheduler; about 31 GB) to ``--folder`` on local disk, then times, each in
-a fresh process:
+one file, tokenizer, scheduler; about 34 GB) to ``--folder`` on local disk, then, in one run:
 
-- the load methods of ``load_methods.py``: diffusers' ``from_pretrained(dtype=bfloat16)`` then
-  ``.to(device)``, its ``device_map=device``, the worker's fast path at each of
-  ``--threads-list``, and ``fastsafetensors`` where installed: seconds to the models on the
-  device, peak host RSS, and a digest of every tensor against diffusers'; the fastest
-  bit-identical one, after a dropped page cache, is the "chosen" line, with the reason;
-- framefleet: the worker's start path (imports, the decoder cache, the warm-up with the folder
-  as ``FRAMEFLEET_WARMUP_MODEL``, load method fast) to ready, then one job to its end: the
-  phases of ``framefleet_worker_start_seconds``, against the diffusers row above. In one
-  process without Celery or a broker: the pool process's own start, not the broker
-  connection (``--no-start`` leaves it out).
+- ``raw read``: every weight file read by parallel ``cat``s after ``echo 3 >
+  /proc/sys/vm/drop_caches`` (where the machine allows it: the results say whether it did);
+- the load methods of ``load_methods.py``, each in a fresh process, page cache warm and
+  dropped: diffusers' ``from_pretrained(dtype=bfloat16)`` then ``.to(device)`` (always: the
+  reference of exactness), and what ``--methods`` adds (``device_map``, the worker's fast path
+  at each of ``--threads-list``, ``fastsafetensors`` where installed): seconds, peak host RSS,
+  a digest of every tensor against diffusers'; the fastest bit-identical one is "chosen";
+- the worker's start rows (``start_rows.py``, each start a fresh ``start_child.py``: the pool
+  process's start path without Celery or a broker, to ready, then a first and a second job):
+  with no artifact and an empty compile cache; ``framefleet compile``; with the artifact and
+  an empty compile cache, page cache warm, then dropped. Each gives its phases and its critical
+  path, hit or miss per transformer size and per decoder graph, and both jobs' seconds;
+  ``targets`` checks them against the scale-up targets.
 
-Each once with the page cache warm (just written) and once after ``echo 3 >
-/proc/sys/vm/drop_caches`` where the machine allows it (the results say whether it did).
-Writes ``worker-start-<device>.json`` and ``.md`` to ``--out``. ``--methods`` picks the load
-methods (``all``, ``none`` or a list: ``diffusers,fast:8,fastsafetensors``), so that a device
-run stays bounded; diffusers always runs with the start rows (their baseline) and is the
-reference of exactness: without it no method is chosen.
+Writes ``worker-start-<gpu>.json`` and ``.md`` to ``--out``. ``--no-start`` leaves the start
+rows out (the load methods only).
 
-``--tiny``: the same on the CPU with the layout in miniature (CI runs it; nothing measured).
-Either way the framefleet child must exit 0 with nothing left running: a child that aborts at
-exit (``terminate called without an active exception``) fails the run.
+``--tiny``: the same on the CPU with the layout in miniature (CI runs it, every row; the
+transformer compiles with inductor's C++ backend, the decoder has no graphs, the page cache
+is not dropped; nothing measured). Each start's process must exit 0 with nothing left running:
+one that aborts at exit (``terminate called without an active exception``) fails the run.
 
-    python bench/startup/worker_start.py --folder /mnt/local/wan5b --out bench/results
+    python bench/startup/worker_start.py --folder /mnt/local/wan5b --methods none \
+        --threads-list 16 --out bench/results
     python bench/startup/worker_start.py --folder /mnt/local/wan5b --no-start --threads-list 4,16
 """
 
@@ -35,8 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from datetime import UTC, datetime
@@ -47,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.startup import load_methods  # noqa: E402  (the root is on the path now)
+from bench.startup import load_methods, start_rows  # noqa: E402  (the root is on the path now)
 
 #: component → (stored dtype, shards), as the published 5B folder has them
 LAYOUT = {"transformer": ("float32", 5), "text_encoder": ("bfloat16", 3), "vae": ("float32", 1)}
@@ -111,116 +110,30 @@ def write_folder(folder: Path, preset: str, device: str) -> int:
     return total
 
 
-def _child(folder: str, device: str, started: float, tiny: bool,
-           threads: int = 8) -> dict[str, Any]:
-    """Runs in a fresh process: the worker's start to ready, then its first job, timed.
-    ``threads``: ``FRAMEFLEET_LOAD_THREADS`` (the most of ``--threads-list``: the load
-    methods' rows above read with as many; the worker's default is 8)."""
-    out: dict[str, Any] = {"mode": "framefleet", "load_threads": threads}
-    import logging
-    import tempfile
-
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(relativeCreated)d ms %(levelname)s %(name)s: %(message)s")
-
-    import torch  # noqa: F401  (counted as imports)
-
-    from producer.settings import Settings
-    from producer.wire.spec import GenerateSpec, JobSpec, OutputSpec, VideoSpec
-    from worker.lifecycle import warmup
-    from worker.run import Run, default_decoders, run_job
-
-    hook = time.time()
-    size = "64x64x9" if tiny else "704x1280x121"
-    settings = Settings(device=device, warmup_model=folder, load_method="fast",
-                        load_threads=threads,
-                        warmup_generate_sizes=size,  # the CPU runs eager: nothing compiles
-                        work_dir=tempfile.mkdtemp(), file_roots=str(Path(folder).parent))
-    decoders = default_decoders(settings)
-    state = warmup.warm_up(decoders, settings, started=started,
-                           phases={"imports": hook - started, "init": time.time() - hook})
-    out["phases"], out["ready_s"] = state.phases, time.time() - started
-    out["weights_to_device_s"] = state.phases["read"] + state.phases["cast_move"]
-    h, w, f = (int(v) for v in size.split("x"))
-    # Under the roots, beside the model; a folder of its own per run, so that no run finds an
-    # earlier run's output and returns it unchanged (``reused``: it did, in 2 ms, on the H200).
-    outputs = Path(tempfile.mkdtemp(prefix="outputs-", dir=Path(folder).parent))
-    spec = JobSpec(job_id="first", output=OutputSpec(uri=outputs.as_uri()),
-                   video=VideoSpec(segment_frames=4 if tiny else 16), generate=GenerateSpec(
-                       model=Path(folder).as_uri(), prompt="a red fox in the snow", height=h,
-                       width=w, num_frames=f, num_inference_steps=2, guidance_scale=1.0))
-    t = time.perf_counter()
-    result = run_job(spec, decoders, Run(spec, settings=settings))
-    out["first_job_s"] = time.perf_counter() - t
-    if result.reused:  # not a first job: nothing was generated
-        raise SystemExit(f"the first job reused an earlier output: {result.manifest_uri}")
-    out["first_job_segments"] = len(result.manifest.segments)
-    out["first_job_stages"] = {k: round(v, 3) for k, v in result.timings.model_dump().items()
-                               if isinstance(v, float) and v > 0}
-    out["first_job_end_s"] = time.time() - started
-    return out
-
-
-def _exit_child(out: dict[str, Any]) -> None:
-    """The child's end, clean: what the worker's start left running is stopped, as a pool
-    process stops it (``worker.lifecycle.shutdown``: compile workers, monitors), and the
-    threads still running are reported (``threads_left``). One is a decode graph still
-    building in the background for the job's new size (CUDA): it is abandoned, since the
-    process is done and joining it would cost its whole compile, and an interpreter torn
-    down under a live compile or CUDA thread aborts (``terminate called without an active
-    exception``); so the child then ends at once with status 0, its output flushed."""
-    from worker.lifecycle.shutdown import stop_process
-
-    out["threads_left"] = left = stop_process()
-    print(json.dumps(out), flush=True)
-    if left:
-        sys.stderr.flush()
-        os._exit(0)
-
-
-def run_child(folder: Path, device: str, tiny: bool, threads: int = 8) -> dict[str, Any]:
-    started = time.time()
-    cmd = [sys.executable, __file__, "--child", "framefleet", "--folder", str(folder),
-           "--device", device, "--started", repr(started), "--threads-list", str(threads),
-           *(["--tiny"] if tiny else [])]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=3600)
-    if done.returncode != 0 or "terminate called" in done.stderr:
-        raise SystemExit(f"framefleet run failed (exit status {done.returncode}):\n"
-                         f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    out = dict(json.loads(done.stdout.strip().splitlines()[-1]))
-    # the worker's log of its start and job (timed lines): the figures' explanation where
-    # one is needed
-    out["log_tail"] = [line[:300] for line in done.stderr.splitlines()
-                       if not line.startswith((" ", "\t"))][-40:]
-    return out
-
-
 def table(doc: dict[str, Any]) -> str:
     lines = [f"# Worker start, {doc['device']}", "", f"`{doc['command']}`, {doc['date']}; "
-             f"{doc['bytes'] / 1e9:.1f} GB written in {doc['write_s']:.1f} s; page cache "
-             f"dropped: {doc['dropped_caches']}", ""]
-    if doc["runs"]:
-        lines += ["| page cache | diffusers from_pretrained | .to(device) | diffusers weights | "
-                  "framefleet weights | ready | first job end | framefleet phases |",
-                  "|---|---|---|---|---|---|---|---|"]
-    for run in doc["runs"]:
-        d, f = run["diffusers"], run["framefleet"]
-        phases = ", ".join(f"{k} {v:.1f}" for k, v in f["phases"].items() if k != "total")
-        lines.append(f"| {run['cache']} | {d['from_pretrained_s']:.1f} s | "
-                     f"{d['to_device_s']:.1f} s | {d['weights_to_device_s']:.1f} s | "
-                     f"{f['weights_to_device_s']:.1f} s | {f['ready_s']:.1f} s | "
-                     f"{f['first_job_end_s']:.1f} s | {phases} |")
-    for run in doc["runs"]:
-        stages = ", ".join(f"{k.removesuffix('_s')} {v:.1f}"
-                           for k, v in run["framefleet"].get("first_job_stages", {}).items())
-        lines.append(f"\nFirst job, page cache {run['cache']}: {stages}")
+             f"{doc['bytes'] / 1e9:.1f} GB written in {doc['write_s']:.1f} s", ""]
+    if doc.get("starts"):
+        lines += start_rows.table(doc)
+        for name, row in doc["starts"].items():
+            for job in ("first", "second"):
+                stages = ", ".join(f"{k.removesuffix('_s')} {v:.1f}"
+                                   for k, v in row.get(f"{job}_job_stages", {}).items())
+                lines.append(f"\n{job.capitalize()} job, {name.replace('_', ' ')}: {stages}")
     if doc.get("load_methods"):
         lines += ["", load_methods.table(doc["load_methods"]).rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 
+def result_name(device: str, tiny: bool) -> str:
+    """``worker-start-<gpu>``: tiny, h200, h100, or the device's name."""
+    if tiny:
+        return "worker-start-tiny"
+    return "worker-start-" + next((g.lower() for g in ("H200", "H100") if g in device), device)
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--folder", type=Path, help="where to write the model (local disk)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     ap.add_argument("--tiny", action="store_true", help="CPU, the layout in miniature")
@@ -228,22 +141,18 @@ def main() -> None:
     ap.add_argument("--methods", default="all",
                     help="load methods to compare: all, none, or a comma list of "
                          f"{', '.join(load_methods.METHODS)}, fast:N (diffusers is the "
-                         "reference of exactness and the start rows' baseline: it runs "
+                         "reference of exactness and the targets' baseline: it runs "
                          "whenever the start rows do)")
     ap.add_argument("--threads-list", default=",".join(map(str, load_methods.THREADS)),
-                    help="thread counts of the fast method (default %(default)s)")
+                    help="thread counts of the fast method (default %(default)s); the most "
+                    "of them reads in the worker's start and in the raw read")
     ap.add_argument("--no-start", action="store_true",
-                    help="skip the worker's start to its first job (the load methods only)")
-    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--started", type=float, default=0.0, help=argparse.SUPPRESS)
+                    help="skip the worker's start rows (the load methods only)")
     args = ap.parse_args()
     from bench.report import device_name, write_json
 
     device = args.device or ("cpu" if args.tiny else "cuda")
     threads = [int(n) for n in args.threads_list.split(",") if n.strip()]
-    if args.child:
-        _exit_child(_child(str(args.folder), device, args.started, args.tiny, max(threads)))
-        return
     methods = [] if args.methods == "none" else load_methods.parse_methods(args.methods,
                                                                             threads)
     if not args.no_start and "diffusers" not in methods:
@@ -259,25 +168,19 @@ def main() -> None:
     written = write_folder(folder, "tiny-ti2v" if args.tiny else "wan2.2-ti2v-5b", device)
     doc: dict[str, Any] = {"command": " ".join(["python", *sys.argv]), "device": device,
                            "date": datetime.now(UTC).isoformat(timespec="seconds"),
-                           "bytes": written, "write_s": time.perf_counter() - t, "runs": []}
+                           "bytes": written, "write_s": time.perf_counter() - t,
+                           "threads": max(threads)}
     if device == "cuda":
         doc["device"] = device_name("cuda")
+    doc["raw_read"] = start_rows.raw_read(folder, max(threads), drop=not args.tiny)
     caches = [("warm", False)] + ([] if args.tiny else [("cold", True)])
-    doc["load_methods"] = compared = load_methods.compare(folder, device, methods, caches)
-    rows = compared["rows"]
-    doc["dropped_caches"] = any(r.get("dropped") for r in rows)
-    for cache, drop in [] if args.no_start else caches:
-        run: dict[str, Any] = {"cache": cache, "diffusers": next(
-            r for r in rows if r["cache"] == cache and r["method"] == "diffusers")}
-        if run["diffusers"]["status"] != "ok":
-            raise SystemExit(f"diffusers {cache}: {run['diffusers']['status']}")
-        if drop:
-            run["framefleet_dropped"] = dropped = load_methods.drop_caches()
-            doc["dropped_caches"] = doc["dropped_caches"] or dropped
-        run["framefleet"] = run_child(folder, device, args.tiny, max(threads))
-        doc["runs"].append(run)
-    name = "worker-start-" + ("tiny" if args.tiny else "h200" if "H200" in doc["device"]
-                              else device)
+    doc["load_methods"] = load_methods.compare(folder, device, methods, caches)
+    doc["dropped_caches"] = doc["raw_read"]["dropped"] or any(
+        r.get("dropped") for r in doc["load_methods"]["rows"])
+    if not args.no_start:
+        doc.update(start_rows.start_rows(folder, device, args.tiny, max(threads)))
+        doc["targets"] = start_rows.targets(doc)
+    name = result_name(doc["device"], args.tiny)
     write_json(args.out / f"{name}.json", doc)
     (args.out / f"{name}.md").write_text(table(doc))
     print(table(doc))

@@ -41,6 +41,8 @@ class WarmupState:
     model: dict[str, Any] = field(default_factory=dict)
     #: seconds of the start by phase, process start to ready (worker.lifecycle.startphases)
     phases: dict[str, float] = field(default_factory=dict)
+    #: the same start's critical path by phase: adds up to phases["total"]
+    critical: dict[str, float] = field(default_factory=dict)
 
 
 def state_dir(settings: Settings) -> Path:

@@ -85,9 +85,9 @@ TINY_STANDS_FOR = {"--models", "--device", "--folder"}
 
 
 def test_every_option_of_the_device_calls_runs_in_ci() -> None:
-    """Each ``python3 bench/...`` call of bench/gpu_trust.sh uses only options that a CI test
-    passes to the same script in its ``--tiny`` mode (tests/bench/): a device run meets no
-    option whose code path CI never took."""
+    """Each ``python3 bench/...`` call of bench/gpu_trust.sh and bench/gpu_startup.sh uses
+    only options that a CI test passes to the same script in its ``--tiny`` mode
+    (tests/bench/): a device run meets no option whose code path CI never took."""
     import re
 
     from tests.bench import test_generate_tiny, test_soak_tiny, test_worker_start_tiny
@@ -95,14 +95,15 @@ def test_every_option_of_the_device_calls_runs_in_ci() -> None:
     ci = {
         "generate/generate.py": {*test_generate_tiny.DEVICE_BENCH, "--previews", "--out"},
         "soak/soak.py": {*test_soak_tiny.DEVICE_OPTIONS, "--redis-server", "--redis-lib",
-                         "--out"},
-        "soak/soak_prime.py": {"--soak", "--bench", "--out"},
+                         "--artifacts", "--out"},
+        "soak/soak_prime.py": {"--soak", "--bench", "--artifacts", "--out"},
         "startup/worker_start.py": {*test_worker_start_tiny.DEVICE_OPTIONS, "--out"},
     }
-    text = (ROOT / "bench" / "gpu_trust.sh").read_text().replace("\\\n", " ")
+    text = "".join((ROOT / "bench" / name).read_text() for name in (
+        "gpu_trust.sh", "gpu_startup.sh")).replace("\\\n", " ")
     calls = re.findall(r"python3 bench/(\S+\.py)([^\n]*)", text)
     assert {script for script, _ in calls} >= {"generate/generate.py", "soak/soak.py",
-                                              "soak/soak_prime.py"}
+                                              "soak/soak_prime.py", "startup/worker_start.py"}
     for script, rest in calls:
         used = set(re.findall(r"(?<!\S)--[a-z][a-z-]*", rest)) - TINY_STANDS_FOR
         allowed = {o for o in ci[script] if o.startswith("--")}

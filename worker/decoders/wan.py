@@ -135,17 +135,18 @@ class WanDecoder:
         scale = SPATIAL_RATIO * (self.patch_size or 1)
         return latent_h * scale, latent_w * scale
 
-    def warmup(self, latent_h: int, latent_w: int) -> None:
+    def warmup(self, latent_h: int, latent_w: int, first_now: bool = False) -> None:
         """(CUDA) compile and capture the steady-state graph for this size, then one short
         decode through it, so the first job pays no first-call costs. The first chunk's graph
-        is queued as a build (``graphs.wait()``, outside a job, waits for it).
+        is queued as a build (``graphs.wait()``, outside a job, waits for it), or with
+        ``first_now`` built here too (the worker's start: ready means both exist).
 
         Holds the device as a job of its owner (nested in the worker's own warm-up job): the
         short decode must never run beside a build, whose capture it would break."""
         owner = self.graphs.owner if self.graphs is not None else DEVICE
         with owner.job("decoder warm-up"):
             if self.graphs is not None:
-                self.graphs.prepare(self.graph_key(latent_h, latent_w))
+                self.graphs.prepare(self.graph_key(latent_h, latent_w), first_now=first_now)
             z = torch.randn((self.latent_channels, 2, latent_h, latent_w))
             for _ in self.stream(z):
                 pass

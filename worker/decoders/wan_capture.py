@@ -4,14 +4,18 @@ compiled functions a capture replays (see ``wan_graph`` for when graphs are buil
 Stream assumptions: everything here runs on the builds' own ``side`` stream; the compiled
 calls before a capture (compilation, autotuning and cuDNN's algorithm search, none of which may
 run while capturing) execute there, and the capture records kernels without running them. The
-builds run only while no job holds the device (``worker.owner``): nothing else in the process
-works on the device during a capture, whose synchronisations it would break.
+builds run only while no job holds the device (``worker.owner``), and a capture waits until no
+model's weights stream to the device (``loading``: the start reads its model beside the warm-up's
+graph builds): nothing else in the process works on the device during a capture, whose
+synchronisations it would break.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,8 +38,14 @@ class ChunkGraph:
     build_s: float
     #: seconds of the build's parts: ``history`` (the eager first chunk giving the history's
     #: shapes), ``compile`` (first compiled call: tracing, compiling or loading from the
-    #: compile cache, cuDNN's algorithm search), ``warm`` (two more calls), ``capture``
+    #: compile cache, cuDNN's algorithm search), ``warm`` (two more calls), ``wait`` (for the
+    #: weights streaming to the device meanwhile: ``loading``), ``capture``
     phases: dict[str, float] = field(default_factory=dict)
+    #: inductor's FX graph cache over the compile: ``{"hit": n, "miss": m}`` (no miss: served
+    #: from the caches, nothing compiled)
+    cache: dict[str, int] = field(default_factory=dict)
+    #: when the build waited for loads (epoch seconds, start and end), if it did
+    waited: tuple[float, float] | None = None
     #: The job's first chunk as a graph of its own (None until built): it leaves the history
     #: in ``caches`` itself, so ``load`` is not needed after it.
     first: ChunkGraph | None = None
@@ -70,17 +80,69 @@ def static_latent(key: Key, device: torch.device,
         .contiguous(memory_format=memory_format)
 
 
-def capture(
-    run: Callable[[torch.Tensor, Caches], torch.Tensor], z: torch.Tensor, caches: Caches,
-    side: torch.cuda.Stream, *, scratch: bool = False, pool: Any = None,
-) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, dict[str, float]]:
-    """Three calls of ``run(z, caches)`` on ``side`` (the first compiles), then one captured;
-    the graph, its output and the seconds of ``compile``, ``warm`` and ``capture``.
+def fx_counters() -> dict[str, int]:
+    """Inductor's FX graph cache counters of this process (hits, misses): whether a compile
+    was served from the caches (an artifact's, or the compile cache's) or compiled."""
+    from torch._dynamo.utils import counters
 
-    ``scratch``: the three calls write a history of the same layout as ``caches`` instead
-    (``caches`` belong to a graph a job may be replaying); ``pool``: the memory pool to capture
-    into (another graph's, replayed one after the other with this one, never at once)."""
+    inductor = counters["inductor"]
+    return {"hit": int(inductor.get("fxgraph_cache_hit", 0)),
+            "miss": int(inductor.get("fxgraph_cache_miss", 0))}
+
+
+_loads = 0
+_loads_done = threading.Condition()
+
+
+def begin_load() -> None:
+    """A load of weights to the device begins (see ``loading``); ``end_load`` ends it, from
+    this thread or another (the start begins a load before the thread that does it runs)."""
+    global _loads
+    with _loads_done:
+        _loads += 1
+
+
+def end_load() -> None:
+    global _loads
+    with _loads_done:
+        _loads -= 1
+        _loads_done.notify_all()
+
+
+@contextmanager
+def loading() -> Iterator[None]:
+    """Held while weights stream to the device from other threads (a model's load beside the
+    warm-up's graph builds): a capture waits until none is held. A capture records what its
+    thread queues, and copies and allocations of other threads are allowed beside it
+    (``thread_local``), but a device-wide synchronisation or an out-of-memory retry in a
+    loading thread would break it; the builds' compiles and calls do not wait."""
+    begin_load()
+    try:
+        yield
+    finally:
+        end_load()
+
+
+def wait_loads() -> tuple[float, float]:
+    """Until no load is held (see ``loading``); the wait's start and end (epoch seconds)."""
+    start = time.time()
+    with _loads_done:
+        while _loads:
+            _loads_done.wait()
+    return start, time.time()
+
+
+def compile_calls(
+    run: Callable[[torch.Tensor, Caches], torch.Tensor], z: torch.Tensor, caches: Caches,
+    side: torch.cuda.Stream, *, scratch: bool = False,
+) -> tuple[dict[str, float], dict[str, int]]:
+    """Three calls of ``run(z, caches)`` on ``side`` (the first compiles): the seconds of
+    ``compile`` and ``warm``, and the FX graph cache's hits and misses over the compile.
+
+    ``scratch``: the calls write a history of the same layout as ``caches`` instead
+    (``caches`` belong to a graph a job may be replaying)."""
     phases: dict[str, float] = {}
+    before = fx_counters()
     t = time.perf_counter()
     with torch.inference_mode(), torch.cuda.stream(side):
         # Same sizes, strides and inference-ness as ``caches``: the guards that the compiled
@@ -93,8 +155,21 @@ def capture(
                 side.synchronize()
                 phases["compile"], t = time.perf_counter() - t, time.perf_counter()
     side.synchronize()
-    phases["warm"], t = time.perf_counter() - t, time.perf_counter()
-    del warm
+    phases["warm"] = time.perf_counter() - t
+    after = fx_counters()
+    return phases, {k: after[k] - before[k] for k in after}
+
+
+def record(
+    run: Callable[[torch.Tensor, Caches], torch.Tensor], z: torch.Tensor, caches: Caches,
+    side: torch.cuda.Stream, *, pool: Any = None,
+) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, float, tuple[float, float]]:
+    """Capture ``run(z, caches)`` (compiled and called already: ``compile_calls``) once no
+    load is held: the graph, its output, the capture's seconds and the wait for the loads.
+    ``pool``: the memory pool to capture into (another graph's, replayed one after the other
+    with this one, never at once)."""
+    waited = wait_loads()
+    t = time.perf_counter()
     graph = torch.cuda.CUDAGraph()
     # The caller owns the device (``worker.owner``): no other thread works on it while the
     # capture is open. thread_local: calls that stay allowed meanwhile (a writer's event
@@ -104,12 +179,23 @@ def capture(
             graph, pool=pool, stream=side, capture_error_mode="thread_local"):
         out = run(z, caches)
     side.synchronize()
-    phases["capture"] = time.perf_counter() - t
+    seconds = time.perf_counter() - t
     # The calls' working set (about one eager chunk) sits cached on the build stream, where
     # the job's compute stream can never reuse it: give it back. The graph's own pool is held
     # by the graph and stays.
     torch.cuda.empty_cache()
-    return graph, out, phases
+    return graph, out, seconds, waited
+
+
+def capture(
+    run: Callable[[torch.Tensor, Caches], torch.Tensor], z: torch.Tensor, caches: Caches,
+    side: torch.cuda.Stream, *, scratch: bool = False, pool: Any = None,
+) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, dict[str, float], dict[str, int]]:
+    """``compile_calls`` then ``record``: the graph, its output, the seconds of ``compile``,
+    ``warm``, ``wait`` (for the loads) and ``capture``, and the compile's FX cache counters."""
+    phases, cache = compile_calls(run, z, caches, side, scratch=scratch)
+    graph, out, seconds, (start, end) = record(run, z, caches, side, pool=pool)
+    return graph, out, {**phases, "wait": end - start, "capture": seconds}, cache
 
 
 def advance_fn(step: WanStep) -> Callable[[torch.Tensor, Caches], torch.Tensor]:

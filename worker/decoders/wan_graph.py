@@ -33,6 +33,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -41,8 +42,9 @@ from worker.decoders.wan_capture import (
     ChunkGraph,
     Key,
     advance_fn,
-    capture,
+    compile_calls,
     first_chunk_fn,
+    record,
     static_latent,
     steady_caches,
 )
@@ -110,13 +112,47 @@ class ChunkGraphs:
             self._graphs.move_to_end(key)
         return graph
 
-    def prepare(self, key: Key) -> ChunkGraph | None:
+    def prepare(self, key: Key, first_now: bool = False) -> ChunkGraph | None:
         """Compile and capture ``key`` now, in this thread, holding the device (blocking);
-        None if it cannot be captured. Its first-chunk graph is queued as a build."""
+        None if it cannot be captured. Its first-chunk graph is queued as a build, or, with
+        ``first_now``, built here too: both compile before either is captured, so that a
+        capture that waits for weights still streaming in (``wan_capture.loading``) holds up
+        neither compile."""
         if self.capacity <= 0:
             return None
         with self.owner.job("decode graph build"):
+            if first_now and self.first_chunk:
+                return self._prepare_both(key)
             return self._prepare(key)
+
+    def _prepare_both(self, key: Key) -> ChunkGraph | None:
+        graph = self.get(key)
+        if graph is not None:  # built before: its first-chunk graph now, if it lacks one
+            if graph.first is None:
+                self._build_first(key)
+            return graph
+        if key in self._failed:
+            return None
+        try:
+            with _cudnn_search():
+                steady = self._warm_steady(key)
+                try:
+                    first: _Warmed | None = self._warm_first(key, steady.caches)
+                except Exception:  # an optimisation: the eager first chunk stays correct
+                    log.exception("first-chunk graph for %s not compiled; it stays eager", key)
+                    self._first_failed.add(key)
+                    first = None
+                graph = self._record_steady(key, steady)
+        except Exception:  # a graph is an optimisation: the eager step stays correct
+            log.exception("decode graph for %s not captured; this size stays eager", key)
+            self._failed.add(key)
+            return None
+        graph.build_s = sum(graph.phases.values())
+        log.info("decode graph for %s built in %.1f s", key, graph.build_s)
+        self._keep(key, graph)
+        if first is not None:
+            self._finish_first(key, graph, first)
+        return graph
 
     def _prepare(self, key: Key) -> ChunkGraph | None:
         """``prepare`` by a thread that holds the device already (a job, or the builder)."""
@@ -142,10 +178,13 @@ class ChunkGraphs:
             return None
         graph.build_s = time.perf_counter() - t0
         log.info("decode graph for %s built in %.1f s", key, graph.build_s)
+        self._keep(key, graph)
+        return graph
+
+    def _keep(self, key: Key, graph: ChunkGraph) -> None:
         self._graphs[key] = graph
         while len(self._graphs) > self.capacity:
             self._graphs.popitem(last=False)
-        return graph
 
     def prepare_later(self, key: Key) -> bool:
         """Queue ``prepare`` as a build (once per key; the caller decodes eagerly): it runs
@@ -184,8 +223,12 @@ class ChunkGraphs:
             return self._capture_searched(key)
 
     def _capture_searched(self, key: Key) -> ChunkGraph:
+        return self._record_steady(key, self._warm_steady(key))
+
+    def _warm_steady(self, key: Key) -> _Warmed:
+        """The steady chunk's history and compiled calls at ``key``, not captured yet."""
         # All of it on a stream of its own, made once: the allocator caches freed blocks per
-        # stream, and the build's working set is given back after the capture (``capture``).
+        # stream, and the build's working set is given back after the capture (``record``).
         if self._side is None:
             self._side = torch.cuda.Stream(self.device)
         side = self._side
@@ -196,22 +239,52 @@ class ChunkGraphs:
             z = static_latent(key, self.device, self.memory_format)
         side.synchronize()
         history = time.perf_counter() - t
-        graph, out, phases = capture(self._run, z, caches, side)
-        return ChunkGraph(graph, z, caches, out, 0.0, {"history": history, **phases})
+        phases, cache = compile_calls(self._run, z, caches, side)
+        return _Warmed(z, caches, {"history": history, **phases}, cache)
+
+    def _record_steady(self, key: Key, warmed: _Warmed) -> ChunkGraph:
+        assert self._side is not None
+        graph, out, seconds, waited = record(self._run, warmed.z, warmed.caches, self._side)
+        return ChunkGraph(graph, warmed.z, warmed.caches, out, 0.0,
+                          {**warmed.phases, "wait": waited[1] - waited[0], "capture": seconds},
+                          warmed.cache, waited)
 
     def _capture_first(self, key: Key, steady: ChunkGraph) -> ChunkGraph:
         """The first chunk at ``key``, captured into ``steady``'s pool, writing its history
         into ``steady.caches``. The compiled calls before the capture write a scratch history
         (a capture itself runs nothing): ``steady.caches`` may hold a job's history later."""
+        with _cudnn_search():
+            return self._record_first(self._warm_first(key, steady.caches), steady)
+
+    def _warm_first(self, key: Key, caches: Caches) -> _Warmed:
         side = self._side
         assert side is not None, "the steady graph's build made the stream"
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             z = static_latent(key, self.device, self.memory_format)
-        with _cudnn_search():
-            graph, out, phases = capture(self._first_fn, z, steady.caches, side, scratch=True,
-                                         pool=steady.graph.pool())
-        return ChunkGraph(graph, z, steady.caches, out, 0.0, phases)
+        phases, cache = compile_calls(self._first_fn, z, caches, side, scratch=True)
+        return _Warmed(z, caches, phases, cache)
+
+    def _record_first(self, warmed: _Warmed, steady: ChunkGraph) -> ChunkGraph:
+        assert self._side is not None
+        graph, out, seconds, waited = record(self._first_fn, warmed.z, steady.caches,
+                                             self._side, pool=steady.graph.pool())
+        return ChunkGraph(graph, warmed.z, steady.caches, out, 0.0,
+                          {**warmed.phases, "wait": waited[1] - waited[0], "capture": seconds},
+                          warmed.cache, waited)
+
+    def _finish_first(self, key: Key, steady: ChunkGraph, warmed: _Warmed) -> None:
+        """Capture the first-chunk graph compiled beside ``steady``'s (``_prepare_both``)."""
+        try:
+            with _cudnn_search():
+                first = self._record_first(warmed, steady)
+        except Exception:  # an optimisation: the eager first chunk stays correct
+            log.exception("first-chunk graph for %s not captured; it stays eager", key)
+            self._first_failed.add(key)
+            return
+        first.build_s = sum(first.phases.values())
+        log.info("first-chunk graph for %s built in %.1f s", key, first.build_s)
+        steady.first = first
 
     def _run(self, z: torch.Tensor, caches: Caches) -> torch.Tensor:
         """One steady chunk that leaves the next history in ``caches``."""
@@ -222,6 +295,17 @@ class ChunkGraphs:
         for static, fresh in zip(caches, new, strict=True):
             static.copy_(fresh)
         return out
+
+
+@dataclass
+class _Warmed:
+    """A graph compiled and called, not captured yet: its static input and history, the
+    seconds so far and the compile's FX cache counters."""
+
+    z: torch.Tensor
+    caches: Caches
+    phases: dict[str, float]
+    cache: dict[str, int]
 
 
 @contextmanager

@@ -10,6 +10,15 @@ the pool process that runs jobs, the spot interruption watcher in the main proce
 
 from __future__ import annotations
 
+# ruff: noqa: E402 - the readahead below starts before the imports after it
+# First thing, before the imports below take their seconds (torch, diffusers, Celery): the
+# warm-up model's weight files start streaming into the page cache, so that a new host's disk,
+# the longest step of its start, is read from the process's first moments.
+from producer.settings import get_settings
+from worker.lifecycle import readahead
+
+readahead.begin_from_settings(get_settings)
+
 import logging
 import os
 import sys
@@ -31,7 +40,7 @@ from celery.signals import (
 from producer.app import make_app
 from producer.cost import configured_prices
 from producer.errors import SettingsError
-from producer.settings import Settings, get_settings
+from producer.settings import Settings
 from producer.state.control import flags_for
 from worker import metrics, tasks
 from worker.concerns.cancel import preempt_node
@@ -121,9 +130,8 @@ def _start_process(settings: Settings) -> None:
     if decoders.device.type == "cuda":
         shutdown.start_sampler()
     compiled = startphases.compiled(state.model)
-    log.info("framefleet worker process ready on %s (metrics port %s), %.1f s after its start: "
-             "%s%s", decoders.device, port, state.phases.get("total", 0.0),
-             ", ".join(f"{k} {v:.1f} s" for k, v in state.phases.items() if k != "total"),
+    log.info("framefleet worker process ready on %s (metrics port %s), %s%s", decoders.device,
+             port, startphases.ready_line(state.phases, state.critical),
              f"; compiled: {compiled}" if compiled else "")
 
 

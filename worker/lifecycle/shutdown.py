@@ -20,6 +20,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from worker import metrics
 from worker.owner import DEVICE
@@ -41,12 +42,17 @@ def start_sampler() -> None:
 
 
 def stop_compile_workers() -> None:
-    """Shut down torch.compile's compile-worker pool, if this process compiled anything."""
+    """Shut down torch.compile's compile-worker pool, and its thread pool (the CPU's C++
+    kernels build there), if this process compiled anything."""
     if "torch._inductor.async_compile" not in sys.modules:  # never imported: nothing to stop
         return
     from torch._inductor import async_compile
 
     async_compile.shutdown_compile_workers()
+    threads: Any = getattr(async_compile.AsyncCompile, "pool", None)
+    if hasattr(threads, "cache_info") and threads.cache_info().currsize:  # made by a compile
+        threads().shutdown(wait=True)  # idle by now: joined at once
+        threads.cache_clear()
 
 
 def stop_progress_monitors() -> None:

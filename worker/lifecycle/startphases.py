@@ -1,4 +1,4 @@
-"""Where a worker's start went: process start → ready, by phase.
+"""Where a worker's start went: process start → ready, by phase, and its critical path.
 
 The phases (seconds, wall clock) are those of the pool process that runs jobs. A first pool
 process counts from the start of the worker's main process (the Celery process the launcher
@@ -8,38 +8,51 @@ own fork: it inherits an already-imported parent, and the parent's age is none o
 
 - ``imports``: from the main process's start to the pool process's start hook (Python,
   torch, diffusers and Celery imports, Celery's boot, the fork); a replacement's: its fork to
-  its start hook, about 0;
+  its start hook, about 0; then the warm-up model's classes (diffusers imports them on first
+  use), while a thread makes the device's context;
+- ``readahead``: the warm-up model's weight files read into the page cache from the main
+  process's first moments, beside the imports (``worker.lifecycle.readahead``);
 - ``init``: the device and the decoder cache, the /metrics server;
-- ``read``: the warm-up model's weights read (fast path: straight to the device, cast there);
-- ``cast_move``: what its load did after the read (moving, tying, the text encoder's place);
+- ``artifacts``: the warm-up model's compile artifacts read, checked and loaded, every tier's
+  before anything compiles (``worker.generate.model.artifacts``);
+- ``read``: the warm-up model's weights read (fast path: straight to the device, cast there;
+  the tokenizer and the scheduler beside);
+- ``model_decode``: (CUDA) the warm-up model's decoder graphs (steady chunk and first chunk)
+  at each warm-up size's latent size, built beside the read once the VAE is in; the seconds
+  their captures waited for the last weights are the read's, not theirs;
+- ``cast_move``: what its load did after the read (the pipeline built, moved, placed);
 - ``prepare``: quantising and wrapping its transformers for compile (fp8 tier);
-- ``artifacts``: its compile artifacts read, checked and loaded
-  (``worker.generate.model.artifacts``);
-- ``compile_cache``: one denoise step per warm-up size, compiled from
-  ``FRAMEFLEET_COMPILE_CACHE_DIR`` (a warm cache: no compile);
-- ``model_decode``: (CUDA) the warm-up model's own decoder compiled and captured at each
-  warm-up size's latent size;
+- ``compile_cache``: one denoise step per warm-up size, compiled from the artifacts and
+  ``FRAMEFLEET_COMPILE_CACHE_DIR`` (a warm cache: no compile), and one prompt encoded (a first
+  job's text encoder then pays no first call);
 - ``warmup``: the warm-up decoder built and captured at its sizes;
-- ``builds``: (CUDA) the builds those queued, run once the warm-up let go of the device (the
-  first-chunk decode graphs), waited for so that a first job does not wait for them;
-- ``other``: what none of the above holds (a benchmark's own models built before the
-  warm-up, the start's bookkeeping), so that the phases add up to the total;
+- ``builds``: (CUDA) builds the warm-up queued, run once it let go of the device, waited for
+  so that a first job does not wait for them;
+- ``other``: what no step held (a benchmark's own models built before the warm-up, the
+  start's bookkeeping);
 - ``total``: process start to ready.
 
-They are written to the readiness state (``framefleet fleet`` shows them) and to
-``framefleet_worker_start_seconds{phase}`` before the worker reports ready.
+Steps overlap, so each phase's own seconds do not add up to the total. The critical path
+does: each second of the start is charged to the step that, of those running then, ended
+last (the one the start was waiting for), or to ``other`` when none ran. The readiness state
+keeps both (``phases``: each step's own seconds, ``critical``: the path's, adding up to
+``total``), and so do ``framefleet_worker_start_seconds{phase}`` and
+``framefleet_worker_start_critical_seconds{phase}``, set before the worker reports ready.
 
 No torch at import time: the healthcheck imports ``worker.lifecycle.warmup``.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from typing import Any
 
-PHASES = ("imports", "init", "read", "cast_move", "prepare", "artifacts", "compile_cache",
-          "model_decode", "warmup", "builds", "other", "total")
+PHASES = ("imports", "readahead", "init", "artifacts", "read", "model_decode", "cast_move",
+          "prepare", "compile_cache", "warmup", "builds", "other", "total")
+#: (phase, start, end): epoch seconds
+Span = tuple[str, float, float]
 
 
 def started_at(pid: int) -> float | None:
@@ -84,23 +97,32 @@ def main_started_at() -> float:
     return own if own is not None else time.time()
 
 
-def model_phases(model: dict[str, Any]) -> dict[str, float]:
-    """``read``, ``cast_move``, ``prepare``, ``artifacts``, ``compile_cache`` and
-    ``model_decode`` summed over the warm-up model's tiers
-    (``worker.generate.model.warm.describe``)."""
-    out = {"read": 0.0, "cast_move": 0.0, "prepare": 0.0, "artifacts": 0.0, "compile_cache": 0.0,
-           "model_decode": 0.0}
+def model_spans(model: dict[str, Any]) -> list[Span]:
+    """The warm-up model's spans, every tier's (``worker.generate.model.warm.describe``)."""
+    spans: list[Span] = []
     for tier in model.values():
-        if not isinstance(tier, dict):
-            continue
-        out["read"] += float(tier.get("read_s", 0.0))
-        out["cast_move"] += float(tier.get("cast_move_s", 0.0))
-        out["prepare"] += float(tier.get("prepare_s", 0.0))
-        artifact = tier.get("artifact")
-        if isinstance(artifact, dict):
-            out["artifacts"] += float(artifact.get("load_s", 0.0))
-        out["compile_cache"] += sum(float(s) for s in tier.get("sizes", {}).values())
-        out["model_decode"] += sum(float(s) for s in tier.get("decode", {}).values())
+        if isinstance(tier, dict):
+            spans += [(str(p), float(a), float(b)) for p, a, b in tier.get("spans", [])]
+    return spans
+
+
+def own(spans: list[Span]) -> dict[str, float]:
+    """Each phase's own seconds (its spans summed), every phase of :data:`PHASES` listed."""
+    out = dict.fromkeys(PHASES[:-2], 0.0)
+    for phase, a, b in spans:
+        out[phase] = out.get(phase, 0.0) + max(0.0, b - a)
+    return out
+
+
+def critical(spans: list[Span], start: float, end: float) -> dict[str, float]:
+    """``[start, end]`` charged to the phases: each moment to the span running then that ends
+    last, to ``other`` where none runs. Adds up to ``end - start``."""
+    cuts = sorted({start, end, *(min(max(t, start), end) for _, a, b in spans for t in (a, b))})
+    out: dict[str, float] = {}
+    for a, b in itertools.pairwise(cuts):
+        running = [s for s in spans if s[1] <= a and s[2] >= b and s[2] > s[1]]
+        phase = max(running, key=lambda s: s[2])[0] if running else "other"
+        out[phase] = out.get(phase, 0.0) + (b - a)
     return out
 
 
@@ -110,14 +132,29 @@ def other(phases: dict[str, float]) -> float:
     return max(0.0, phases.get("total", 0.0) - named)
 
 
+def ready_line(phases: dict[str, float], path: dict[str, float]) -> str:
+    """``14.2 s after its start: imports 2.1 s, read 8.9 s, … (the critical path); beside
+    it: model_decode (3.5 s), …``: the path's phases in order (they add up to the total),
+    then each step's seconds that ran beside it."""
+    order = [p for p in PHASES if p != "total"]
+    on = ", ".join(f"{p} {path[p]:.1f} s" for p in order if path.get(p, 0.0) >= 0.05)
+    off = ", ".join(f"{p} ({phases[p] - path.get(p, 0.0):.1f} s)" for p in order
+                    if p != "other" and phases.get(p, 0.0) - path.get(p, 0.0) >= 0.05)
+    return (f"{phases.get('total', 0.0):.1f} s after its start: {on or 'none'} (the critical "
+            "path)" + (f"; beside it: {off}" if off else ""))
+
+
 def compiled(model: dict[str, Any]) -> str:
-    """The warm-up model's sizes, hit or miss and why, per tier, for the ready line:
-    ``exact 480x832x81 hit, exact 704x1280x121 miss (torch 2.11.0 in the artifact, …)``."""
+    """The warm-up model's sizes and decoder graphs, hit or miss and why, per tier, for the
+    ready line: ``exact 480x832x81 hit, exact 704x1280x121 miss (torch 2.11.0 in the
+    artifact, …), exact graph steady 48x44x80 hit, exact graph first 48x44x80 hit``."""
     parts = []
     for tier, info in model.items():
         if not isinstance(info, dict):
             continue
-        for size, outcome in (info.get("cache") or {}).items():
-            why = outcome.get("reason")
-            parts.append(f"{tier} {size} {outcome.get('result')}" + (f" ({why})" if why else ""))
+        for kind, outcomes in (("", info.get("cache")), ("graph ", info.get("graphs"))):
+            for name, outcome in (outcomes or {}).items():
+                why = outcome.get("reason")
+                parts.append(f"{tier} {kind}{name} {outcome.get('result')}"
+                             + (f" ({why})" if why else ""))
     return ", ".join(parts)

@@ -76,31 +76,48 @@ def _warm_model(decoders: DecoderCache, settings: Settings) -> dict[str, Any]:
 
 def warm_up(decoders: DecoderCache, settings: Settings,
             phases: dict[str, float] | None = None, started: float | None = None,
-            node: str | None = None) -> WarmupState:
+            node: str | None = None, readahead: Any = None) -> WarmupState:
     """Load and compile ``FRAMEFLEET_WARMUP_MODEL`` (``worker.generate.model.warm``), build and warm
     up ``FRAMEFLEET_WARMUP_DECODER`` at every warm-up size, then report ready. Without either
     the worker is ready at once. A size whose graph could not be captured (logged by the graph
     cache) stays eager: ready, its entry says ``graph: false``. Holds the process's capture
-    device as a job (``worker.owner``): first-chunk graphs are queued as builds and run after it;
-    the start waits for them (the ``builds`` phase, at most :data:`BUILDS_TIMEOUT_S`) before it
-    reports ready, so a first job does not wait for them unannounced.
+    device as a job (``worker.owner``): a build it queued runs after it; the start waits for
+    them (the ``builds`` phase, at most :data:`BUILDS_TIMEOUT_S`) before it reports ready, so a
+    first job does not wait for them unannounced.
 
-    The start's phases (``worker.lifecycle.startphases``: ``phases`` holds those before the
-    warm-up, ``started`` is the process start, epoch seconds) are published before ready;
-    ``node`` (the Celery node name) goes in the state for ``framefleet fleet``.
+    The start's phases (``worker.lifecycle.startphases``: ``phases`` holds ``imports`` and
+    ``init``, the seconds before the warm-up, in that order from ``started``, the process
+    start, epoch seconds; ``readahead``: this process's ``worker.lifecycle.readahead``, if
+    it started one) and its critical path are published before ready; ``node`` (the Celery
+    node name) goes in the state for ``framefleet fleet``.
     """
     from worker import metrics
     from worker.owner import DEVICE
 
-    phases = dict(phases or {})
+    spans = _before(phases or {}, started)
     with DEVICE.job("warm-up"):
-        state, decoder_s = _warm_up(decoders, settings, phases, started, node)
-    phases["builds"] = _wait_builds(DEVICE)
-    _publish_phases(state, phases, decoder_s, started)
+        state = _warm_up(decoders, settings, spans, node)
+    t = time.time()
+    _wait_builds(DEVICE)
+    spans.append(("builds", t, time.time()))
+    if readahead is not None and (done := readahead.join(BUILDS_TIMEOUT_S)) is not None:
+        spans.append(("readahead", *done))
+    _publish_phases(state, spans, started)
     state.ready = True
     write_state(state_dir(settings), state)
     metrics.WORKER_READY.set(1)
     return state
+
+
+def _before(phases: dict[str, float], started: float | None) -> list[tuple[str, float, float]]:
+    """The spans of the phases before the warm-up (``imports``, ``init``), one after the
+    other from ``started`` (or ending now, without it)."""
+    at = started if started is not None else time.time() - sum(phases.values())
+    spans = []
+    for name, seconds in phases.items():
+        spans.append((name, at, at + seconds))
+        at += seconds
+    return spans
 
 
 def _wait_builds(owner: Any) -> float:
@@ -115,27 +132,29 @@ def _wait_builds(owner: Any) -> float:
     return time.perf_counter() - t
 
 
-def _publish_phases(state: WarmupState, phases: dict[str, float], decoder_s: float,
+def _publish_phases(state: WarmupState, spans: list[tuple[str, float, float]],
                     started: float | None) -> None:
+    """Each phase's own seconds and, from the process start, the critical path, in the state
+    and the start's series."""
     from worker import metrics
-    from worker.lifecycle.startphases import PHASES, model_phases, other
+    from worker.lifecycle.startphases import critical, model_spans, own
 
-    phases.update(model_phases(state.model))
-    phases["warmup"] = decoder_s
-    if started is not None:
-        phases["total"] = time.time() - started
-        phases["other"] = other(phases)
-    order = {name: i for i, name in enumerate(PHASES)}  # as the ready line lists them
-    state.phases = {k: round(phases[k], 3) for k in sorted(phases, key=lambda k: order.get(
-        k, len(order)))}
-    for phase, seconds in state.phases.items():
-        metrics.WORKER_START.labels(phase).set(seconds)
+    spans = spans + model_spans(state.model)
+    phases = own(spans)
+    end = time.time()
+    start = started if started is not None else min((a for _, a, _ in spans), default=end)
+    path = {k: round(v, 3) for k, v in critical(spans, start, end).items()}
+    phases["other"] = path.get("other", 0.0)
+    phases["total"] = end - start
+    state.phases = {k: round(v, 3) for k, v in phases.items()}
+    state.critical = path
+    metrics.publish_start(state.phases, state.critical)
 
 
-def _warm_up(decoders: DecoderCache, settings: Settings, phases: dict[str, float],
-             started: float | None, node: str | None) -> tuple[WarmupState, float]:
-    """The warm-up itself, holding the device; returns the state (not ready yet) and the
-    decoder's warm-up seconds."""
+def _warm_up(decoders: DecoderCache, settings: Settings,
+             spans: list[tuple[str, float, float]], node: str | None) -> WarmupState:
+    """The warm-up itself, holding the device; returns the state (not ready yet) and adds the
+    warm-up decoder's span (``warmup``) to ``spans``."""
     from producer.client.connection import address
     from producer.wire.spec import RANDOM_WEIGHTS, DecoderSpec
     from producer.wire.weights import needs_weights
@@ -152,8 +171,8 @@ def _warm_up(decoders: DecoderCache, settings: Settings, phases: dict[str, float
     t0 = time.perf_counter()
     if settings.warmup_model is not None:
         state.model = _warm_model(decoders, settings)
-    t_decoder = time.perf_counter()
     if settings.warmup_decoder is not None:
+        start = time.time()
         # The jobs' own weights: a job naming the same folder gets this very decoder (and its
         # captured graphs) from the cache instead of building a second one.
         # Unset: random weights, by name (they compile the same kernels; a job naming other
@@ -165,7 +184,9 @@ def _warm_up(decoders: DecoderCache, settings: Settings, phases: dict[str, float
         state.build_s = round(time.perf_counter() - t0, 3)
         for h, w in parse_sizes(settings.warmup_latent_size):
             t = time.perf_counter()
-            decoder.warmup(h, w)
+            # Both graphs now (the first chunk's too): ready means a first job at this size
+            # replays graphs from its first chunk, with no build queued behind the ready line.
+            _warm_decoder_size(decoder, h, w)
             graphs = getattr(decoder, "graphs", None)
             key = getattr(decoder, "graph_key", None)
             graph = graphs.get(key(h, w)) if graphs is not None and key is not None else None
@@ -176,5 +197,17 @@ def _warm_up(decoders: DecoderCache, settings: Settings, phases: dict[str, float
                                            getattr(graph, "phases", {}).items()}})
             log.info("warmed up %s at %dx%d latents in %.1f s (graph: %s)", decoder.name, h, w,
                      time.perf_counter() - t, captured)
+        spans.append(("warmup", start, time.time()))
     state.seconds = round(time.perf_counter() - t0, 3)
-    return state, time.perf_counter() - t_decoder
+    return state
+
+
+def _warm_decoder_size(decoder: Any, h: int, w: int) -> None:
+    """``decoder.warmup`` with both graphs built now where it has them (the Wan decoders; the
+    test pattern has none)."""
+    import inspect
+
+    if "first_now" in inspect.signature(decoder.warmup).parameters:
+        decoder.warmup(h, w, first_now=True)
+    else:
+        decoder.warmup(h, w)

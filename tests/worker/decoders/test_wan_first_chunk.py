@@ -1,9 +1,11 @@
 """The first chunk of a job as a graph of its own (``wan_graph``'s ``first_chunk``), on the CPU:
 what the graph runs, how the decoder hands the history from it to the steady graph, and when
-the graph cache builds it. The capture itself runs in tests/gpu."""
+the graph cache builds it, and both built at once beside a load. The capture itself runs in
+tests/gpu."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
@@ -11,8 +13,14 @@ import pytest
 import torch
 
 from worker.decoders.wan import WanDecoder, build_vae
-from worker.decoders.wan_capture import advance_fn, first_chunk_fn
-from worker.decoders.wan_graph import ChunkGraph, ChunkGraphs
+from worker.decoders.wan_capture import (
+    advance_fn,
+    begin_load,
+    end_load,
+    first_chunk_fn,
+    wait_loads,
+)
+from worker.decoders.wan_graph import ChunkGraph, ChunkGraphs, _Warmed
 from worker.decoders.wan_step import WanStep
 from worker.owner import DeviceOwner
 
@@ -178,3 +186,65 @@ def test_wait_includes_first_chunk_builds_queued_by_a_background_steady_build() 
     graphs.wait(timeout=30)
     graph = graphs.get(_key(4))
     assert graph is not None and graph.first is not None
+
+
+class _GatedGraphs(ChunkGraphs):
+    """Both graphs of a size built now (``prepare(first_now=True)``), without CUDA: the
+    compiles and captures are logged, and each capture waits for the loads, as
+    ``wan_capture.record`` does."""
+
+    def __init__(self) -> None:
+        super().__init__(WanStep(build_vae("tiny")), torch.device("cpu"), capacity=2,
+                         compile=False, first_chunk=True, owner=DeviceOwner())
+        self.log: list[str] = []
+
+    def _warm_steady(self, key):  # type: ignore[no-untyped-def]
+        self.log.append("compile steady")
+        return _Warmed(torch.empty(0), [], {"compile": 0.1}, {"hit": 1, "miss": 0})
+
+    def _warm_first(self, key, caches):  # type: ignore[no-untyped-def]
+        self.log.append("compile first")
+        return _Warmed(torch.empty(0), [], {"compile": 0.1}, {"hit": 1, "miss": 0})
+
+    def _record_steady(self, key, warmed):  # type: ignore[no-untyped-def]
+        waited = wait_loads()
+        self.log.append("capture steady")
+        return ChunkGraph(graph=None, z=warmed.z, caches=[], out=warmed.z, build_s=0.0,  # type: ignore[arg-type]
+                          phases=dict(warmed.phases), cache=warmed.cache, waited=waited)
+
+    def _record_first(self, warmed, steady):  # type: ignore[no-untyped-def]
+        waited = wait_loads()
+        self.log.append("capture first")
+        return ChunkGraph(graph=None, z=warmed.z, caches=[], out=warmed.z, build_s=0.0,  # type: ignore[arg-type]
+                          phases=dict(warmed.phases), cache=warmed.cache, waited=waited)
+
+
+def test_both_graphs_compile_beside_a_load_and_capture_after_it() -> None:
+    # Given weights streaming to the device in another thread (the worker's start)
+    graphs = _GatedGraphs()
+    begin_load()
+    done = threading.Event()
+    built: list[object] = []
+
+    def build() -> None:
+        built.append(graphs.prepare(_key(4), first_now=True))
+        done.set()
+
+    thread = threading.Thread(target=build)
+    thread.start()
+    # Then both compile meanwhile, and neither captures while the load is held
+    deadline = time.monotonic() + 30
+    while len(graphs.log) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)
+    assert graphs.log == ["compile steady", "compile first"] and not done.is_set()
+    # When the load ends, the captures follow, the steady one first, nothing queued
+    end_load()
+    thread.join(30)
+    assert graphs.log == ["compile steady", "compile first", "capture steady",
+                          "capture first"]
+    (steady,) = built
+    assert steady is not None and steady.first is not None  # type: ignore[attr-defined]
+    assert steady.waited is not None and steady.waited[1] - steady.waited[0] >= 0.1  # type: ignore[attr-defined]
+    assert steady.cache == {"hit": 1, "miss": 0}  # type: ignore[attr-defined]
+    assert graphs.owner.drain(1)  # no first-chunk build was queued

@@ -40,7 +40,9 @@ def _fleet(work_dir: Path, redis_url: str) -> str:
 
 
 def _ready_lines(w: WorkerProcess) -> list[tuple[float, dict[str, float]]]:
-    return [(float(total), {k: float(v) for k, v in re.findall(r"(\w+) ([0-9.]+) s", rest)})
+    """Each ready line's total and its critical path's phases (those of 0.05 s or more)."""
+    return [(float(total), {k: float(v) for k, v in re.findall(
+        r"(\w+) ([0-9.]+) s", rest.split(" (the critical path)")[0])})
             for total, rest in READY.findall(w.log_text())]
 
 
@@ -78,10 +80,10 @@ def test_a_replacements_ready_line_counts_from_its_own_fork(
         # Then its phases are its own: all within the time from the kill to its line
         assert total <= seen - killed + 0.1, (total, seen - killed, phases)
         assert total < MAIN_AGE_S <= time.time() - main_start, (total, phases)
-        assert phases["imports"] < 2.0, phases  # a fork of an imported parent
-        assert sum(phases.values()) <= total + 0.1 * len(phases), (total, phases)
+        assert phases.get("imports", 0.0) < 2.0, phases  # a fork of an imported parent
+        assert sum(phases.values()) == pytest.approx(total, abs=0.05 * len(phases)), phases
         # while the first pool process's start still counts from the worker's (imports:
         # the main process's Python, torch and Celery before its fork)
-        assert first[1]["imports"] > phases["imports"], (first, phases)
+        assert first[1]["imports"] > phases.get("imports", 0.0), (first, phases)
     finally:
         w.stop()

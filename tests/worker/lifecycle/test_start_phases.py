@@ -62,11 +62,16 @@ def test_phases_are_published_before_ready(tmp_path: Path,
     assert state.ready
     assert list(state.phases) == list(startphases.PHASES)  # in the ready line's order
     assert state.phases["read"] > 0 and state.phases["imports"] == 1.5
-    # and every second of the start belongs to a named phase: they add up to the total
-    named = sum(v for k, v in state.phases.items() if k != "total")
-    assert named == pytest.approx(state.phases["total"], abs=0.01)
+    # and every second of the start belongs to a phase of the critical path: it adds up to
+    # the total (nothing overlaps on the CPU: it is every phase's own seconds)
+    assert sum(state.critical.values()) == pytest.approx(state.phases["total"], abs=0.01)
+    assert state.critical["imports"] == pytest.approx(1.5, abs=0.01)
+    assert all(v <= state.phases[k] + 0.01 for k, v in state.critical.items())
     gauge = {s.labels["phase"]: s.value for s in metrics.WORKER_START.collect()[0].samples}
     assert gauge == state.phases
+    path = {s.labels["phase"]: s.value
+            for s in metrics.WORKER_START_CRITICAL.collect()[0].samples}
+    assert path == state.critical
     # and `framefleet fleet` shows them for this host's worker process
     monkeypatch.setenv("FRAMEFLEET_WORK_DIR", str(tmp_path))
     monkeypatch.setenv("FRAMEFLEET_BROKER_URL", "redis://:s3cret@10.1.2.3:6380/0")
@@ -113,3 +118,31 @@ def test_ready_comes_after_the_builds_the_warm_up_queued(tmp_path: Path,
     state = warmup.warm_up(decoders, settings, started=time.time())
     assert state.ready and built.is_set()
     assert state.phases["builds"] >= 0.5
+
+
+def test_the_critical_path_charges_each_second_to_what_the_start_waited_for() -> None:
+    # Given a start whose decoder graphs built beside the read, their capture waiting for it
+    spans = [("imports", 0.0, 2.0), ("init", 2.0, 2.5), ("read", 2.5, 12.0),
+             ("model_decode", 3.0, 6.0), ("model_decode", 12.0, 12.5),
+             ("compile_cache", 12.5, 16.0)]
+    # When its critical path is taken to ready at 16.5
+    path = startphases.critical(spans, 0.0, 16.5)
+    # Then the read holds the graphs' compile, the capture after it is theirs, the half
+    # second no step held is other, and it all adds up to the wall
+    assert path == {"imports": 2.0, "init": 0.5, "read": 9.5, "model_decode": 0.5,
+                    "compile_cache": 3.5, "other": 0.5}
+    phases = {**startphases.own(spans), "other": 0.5, "total": 16.5}
+    assert phases["model_decode"] == 3.5 and sum(path.values()) == 16.5
+    line = startphases.ready_line(phases, path)
+    assert line.startswith("16.5 s after its start: imports 2.0 s, init 0.5 s, read 9.5 s, "
+                           "model_decode 0.5 s, compile_cache 3.5 s, other 0.5 s "
+                           "(the critical path); beside it: model_decode (3.0 s)"), line
+
+
+def test_a_build_that_waited_for_the_weights_has_the_wait_cut_from_its_span() -> None:
+    from worker.generate.model.graphs import cut
+
+    assert cut("model_decode", 3.0, 12.5, [(6.0, 12.0)]) == [("model_decode", 3.0, 6.0),
+                                                             ("model_decode", 12.0, 12.5)]
+    assert cut("model_decode", 3.0, 5.0, []) == [("model_decode", 3.0, 5.0)]
+    assert cut("model_decode", 3.0, 5.0, [(3.0, 5.0)]) == []

@@ -5,8 +5,10 @@ inductor's FX graph cache, the AOTAutograd cache, Triton's kernels and the autot
 after one tier of one model was compiled at some sizes. It is valid only for what produced it,
 its ``Stamp``: the model's config digest (the transformer's architecture: weights do not enter
 the compiled code), the tier, the torch and Triton versions and the device's name (a GPU's
-name, ``cpu`` on the CPU). There is one artifact per stamp; its index entry adds the sizes it
-covers, when it was made, its length and sha256.
+name, ``cpu`` on the CPU). There is one artifact per stamp; its index entry adds the sizes of
+the transformer it covers, the decoder graphs it covers (``steady 48x44x80``, ``first
+48x44x80``: see ``worker.generate.model.graphs``; an index written before they were recorded
+has none), when it was made, its length and sha256.
 
 No torch here: the index is plain JSON, checked field by field when it is read.
 """
@@ -25,6 +27,7 @@ STAMP_FIELDS = ("config", "tier", "torch", "triton", "device")
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}\.artifact$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _SIZE = re.compile(r"^[0-9]{1,5}x[0-9]{1,5}x[0-9]{1,5}$")
+_GRAPH = re.compile(r"^(steady|first) [0-9]{1,4}x[0-9]{1,5}x[0-9]{1,5}$")
 
 
 @dataclass(frozen=True)
@@ -65,10 +68,12 @@ class Entry:
     created: str = ""
     bytes: int = 0
     sha256: str = ""
+    graphs: list[str] = field(default_factory=list)  # the decoder's graphs, sorted
 
     def as_json(self) -> dict[str, Any]:
         return {**asdict(self.stamp), "file": self.file, "sizes": sorted(self.sizes),
-                "created": self.created, "bytes": self.bytes, "sha256": self.sha256}
+                "graphs": sorted(self.graphs), "created": self.created, "bytes": self.bytes,
+                "sha256": self.sha256}
 
 
 def _entry(item: Any, where: str) -> Entry:
@@ -88,8 +93,13 @@ def _entry(item: Any, where: str) -> Entry:
     if not isinstance(sizes, list) or not all(isinstance(s, str) and _SIZE.match(s)
                                               for s in sizes):
         raise ValueError(f"{where}.sizes: not a list of HxWxF")
+    graphs = item.get("graphs", [])
+    if not isinstance(graphs, list) or not all(isinstance(g, str) and _GRAPH.match(g)
+                                               for g in graphs):
+        raise ValueError(f"{where}.graphs: not a list of 'steady|first CxHxW'")
     stamp = Stamp(*(item[name] for name in STAMP_FIELDS))
-    return Entry(stamp, item["file"], sorted(sizes), item["created"], size, item["sha256"])
+    return Entry(stamp, item["file"], sorted(sizes), item["created"], size, item["sha256"],
+                 sorted(graphs))
 
 
 def parse_index(data: bytes, where: str = INDEX) -> list[Entry]:
@@ -113,10 +123,13 @@ def dump_index(entries: list[Entry]) -> bytes:
 
 def better(new: Entry, old: Entry | None) -> bool:
     """Whether ``new`` may replace ``old`` (same stamp): only an artifact that covers every
-    size the old one did and more. A worse or equal one never overwrites a good one."""
+    size and decoder graph the old one did, and more. A worse or equal one never overwrites a
+    good one."""
     if old is None:
         return True
-    return set(new.sizes) > set(old.sizes)
+    sizes, graphs = (set(new.sizes), set(old.sizes)), (set(new.graphs), set(old.graphs))
+    return sizes[0] >= sizes[1] and graphs[0] >= graphs[1] and \
+        (sizes[0] > sizes[1] or graphs[0] > graphs[1])
 
 
 def merged(entries: list[Entry], new: Entry) -> list[Entry] | None:

@@ -218,10 +218,12 @@ def start_recording() -> None:
     CacheArtifactManager.clear()
 
 
-def save(place: Place, stamp: Stamp, sizes: list[str], max_bytes: int) -> Entry | None:
+def save(place: Place, stamp: Stamp, sizes: list[str], max_bytes: int,
+         graphs: list[str] | None = None) -> Entry | None:
     """Write what was recorded since ``start_recording`` as the artifact of ``stamp``
-    covering ``sizes``, then the index; None (nothing written) when there was nothing to
-    save or the place already has an artifact covering as much."""
+    covering ``sizes`` of the transformer and ``graphs`` of the decoder
+    (``worker.generate.model.graphs``), then the index; None (nothing written) when there was
+    nothing to save or the place already has an artifact covering as much."""
     saved = torch.compiler.save_cache_artifacts()
     if saved is None or not saved[0]:
         return None
@@ -231,7 +233,7 @@ def save(place: Place, stamp: Stamp, sizes: list[str], max_bytes: int) -> Entry 
                               "over FRAMEFLEET_COMPILE_ARTIFACT_MAX_MIB")
     entry = Entry(stamp, stamp.file_name(), sorted(set(sizes)),
                   time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), len(data),
-                  hashlib.sha256(data).hexdigest())
+                  hashlib.sha256(data).hexdigest(), sorted(set(graphs or ())))
     entries = merged(place.entries(max_bytes), entry)
     if entries is None:
         log.info("compile artifact %s kept: it covers these sizes already", place.uri(entry.file))
@@ -239,8 +241,9 @@ def save(place: Place, stamp: Stamp, sizes: list[str], max_bytes: int) -> Entry 
     place.write(entry.file, data)  # the artifact first: the index never names a missing one
     place.write(INDEX, dump_index(entries))
     attnchoice.keep(place, stamp)  # this GPU's attention kernels, beside it
-    log.info("compile artifact %s written: %s at %s (%d bytes)", place.uri(entry.file),
-             stamp.tier, ",".join(entry.sizes), len(data))
+    log.info("compile artifact %s written: %s at %s, decoder graphs %s (%d bytes)",
+             place.uri(entry.file), stamp.tier, ",".join(entry.sizes),
+             ", ".join(entry.graphs) or "none", len(data))
     return entry
 
 

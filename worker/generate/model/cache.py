@@ -24,6 +24,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,14 +115,19 @@ class ModelCache:
         return list(self._entries)
 
     def get(self, folder: Path, dtype: torch.dtype, tier: str = "exact",
-            pipeline: str = "WanPipeline") -> Resident:
+            pipeline: str = "WanPipeline",
+            on_ready: Callable[[str, Any], None] | None = None) -> Resident:
+        """The resident at ``tier``, loaded on a miss. ``on_ready(name, model)``: called with
+        each model of the pipeline once its weights are on the device, while the others may
+        still be read (the fast path; ``diffusers``: all at once, after the load); not for a
+        resident already there."""
         key = (str(folder), dtype, tier)
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None:
                 self._entries.move_to_end(key)
                 return entry
-            entry = self._load(folder, dtype, pipeline)
+            entry = self._load(folder, dtype, pipeline, on_ready)
             self._prepare(entry, tier)
             self._admit(key, entry)
             return entry
@@ -174,7 +180,8 @@ class ModelCache:
         if self.device.type == "cuda" and torch.cuda.is_initialized():
             torch.cuda.empty_cache()
 
-    def _load(self, folder: Path, dtype: torch.dtype, pipeline: str) -> Resident:
+    def _load(self, folder: Path, dtype: torch.dtype, pipeline: str,
+              on_ready: Callable[[str, Any], None] | None = None) -> Resident:
         import diffusers
         from safetensors import SafetensorError
 
@@ -189,7 +196,8 @@ class ModelCache:
                 # the text encoder read straight to where it lives between jobs
                 host = ("text_encoder",) if self._text_on_host else ()
                 pipe, times = fastload.load_pipeline(folder, pipeline, dtype, self.device,
-                                                     self.load_threads, on_host=host)
+                                                     self.load_threads, on_host=host,
+                                                     on_ready=on_ready)
             else:
                 pipe = getattr(diffusers, pipeline).from_pretrained(
                     str(folder), **quiet.dtype_kwargs(dtype), use_safetensors=True,
@@ -202,8 +210,12 @@ class ModelCache:
         read_s = time.perf_counter() - t0
         entry = self._resident(pipe, folder, dtype, read_s)
         entry.load_s = time.perf_counter() - t0
-        entry.read_s = read_s if not fast else times.build_s + times.read_s
+        entry.read_s = read_s if not fast else times.ready_s
         entry.cast_move_s = entry.load_s - entry.read_s
+        if not fast and on_ready is not None:  # from_pretrained gave them all at once
+            for name in fastload.MODELS:
+                if getattr(pipe, name, None) is not None:
+                    on_ready(name, getattr(pipe, name))
         return entry
 
     def _resident(self, pipe: Any, folder: Path, dtype: torch.dtype, load_s: float) -> Resident:

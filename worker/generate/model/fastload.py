@@ -7,7 +7,10 @@
 usual: the rotary tables are no checkpoint tensors), then its shards are opened with
 ``safetensors``' own ``safe_open(..., device=...)`` in ``FRAMEFLEET_LOAD_THREADS`` threads,
 every shard of every component in one pool, and each tensor is cast on the device as it
-arrives. The host holds one tensor per thread at most, never the model.
+arrives. The host holds one tensor per thread at most, never the model. A model's shards are
+queued as soon as its empty model is built (the VAE's first: the worker's start builds its
+decode graphs while the rest streams in), the tokenizer and the scheduler load beside the
+reads, and a model whose weights are all in is assigned at once and handed on (``on_ready``).
 
 The result is the one ``from_pretrained(dtype=...)`` builds, bit for bit (tests compare every
 tensor and dtype): floating tensors in the job's dtype except what the model keeps in float32
@@ -25,8 +28,10 @@ import importlib
 import inspect
 import json
 import logging
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,9 +51,10 @@ LIBRARIES = ("diffusers", "transformers")
 class LoadTimes:
     """Where a load's seconds went (wall clock)."""
 
-    build_s: float = 0.0  # configs, empty models, tokenizer and scheduler
-    read_s: float = 0.0  # shards read to the device and cast there (all threads, wall)
-    cast_move_s: float = 0.0  # what is left: buffers moved, tied weights, the pipeline built
+    build_s: float = 0.0  # configs and empty models, shards queued as each is built
+    read_s: float = 0.0  # from then until the last shard was read, cast and assigned
+    ready_s: float = 0.0  # the two: the load's start until every weight is on its device
+    cast_move_s: float = 0.0  # what is left: the pipeline built
     bytes: int = 0  # bytes of the tensors read
     shards: int = 0
     per_component: dict[str, float] = field(default_factory=dict)  # thread seconds
@@ -87,15 +93,23 @@ def target_dtype(model: Any, library: str, name: str, stored: torch.dtype,
     return torch.float32 if any(k in parts for k in keep) else dtype
 
 
+#: Held while a model is built empty and while one is given its weights: accelerate's
+#: ``init_empty_weights`` patches ``Module.register_parameter`` process-wide, so a model tied
+#: or assigned in a reading thread meanwhile would get meta parameters (seen: a tied embedding
+#: left empty).
+_PATCHED = threading.Lock()
+
+
 def _empty_model(folder: Path, name: str, library: str, cls_name: str) -> Any:
     from accelerate import init_empty_weights
 
     cls = getattr(importlib.import_module(library), cls_name)
     path = folder / name
-    with init_empty_weights(include_buffers=False):
+    config = cls.load_config(str(path)) if library == "diffusers" else \
+        cls.config_class.from_pretrained(str(path))
+    with _PATCHED, init_empty_weights(include_buffers=False):
         if library == "diffusers":
-            return cls.from_config(cls.load_config(str(path)))
-        config = cls.config_class.from_pretrained(str(path))
+            return cls.from_config(config)
         return cls._from_config(config)
 
 
@@ -157,67 +171,132 @@ def _untie_given(model: Any, tensors: dict[str, torch.Tensor]) -> None:
             tensor, requires_grad=False)
 
 
-def load_pipeline(folder: Path, pipeline: str, dtype: torch.dtype, device: torch.device,
-                  threads: int, on_host: tuple[str, ...] = ()) -> tuple[Any, LoadTimes]:
-    """``diffusers.<pipeline>.from_pretrained(folder, dtype=dtype)`` with its models on
-    ``device`` (those of ``on_host`` on the CPU: the lean mode's text encoder), read as the
-    module says. ``folder`` must have passed the loader's check."""
-    cpu = torch.device("cpu")
-    import diffusers
-
-    times = LoadTimes()
-    t0 = time.perf_counter()
-    index = json.loads((folder / "model_index.json").read_text())
-    parts: dict[str, Any] = {}
-    jobs: list[tuple[str, Path, list[str]]] = []
+def _plan(folder: Path, index: dict[str, Any]) -> list[tuple[str, str | None, str | None]]:
+    """(name, library, class) of every component, checked, in the order they are built and
+    read: the VAE first (the start builds its decode graphs while the rest streams in), then
+    the others as the index lists them."""
+    parts = []
     for name, value in index.items():
         if name.startswith("_") or not isinstance(value, list) or len(value) != 2:
             continue
         library, cls_name = value
-        if library is None:
-            parts[name] = None
-            continue
-        if library not in LIBRARIES:
+        if library is not None and library not in LIBRARIES:
             raise InvalidJobError(f"{FIELD}: {folder}/model_index.json: {name} is a {library} "
                                   "class; only diffusers and transformers are loaded")
-        if name in MODELS:
-            parts[name] = _empty_model(folder, name, library, cls_name)
-            plan = shard_plan(folder / name, library)
-            jobs += [(name, shard, names) for shard, names in plan.items()]
-        else:
-            cls = getattr(importlib.import_module(library), cls_name)
-            parts[name] = cls.from_pretrained(str(folder / name))
-    times.build_s = time.perf_counter() - t0
+        parts.append((name, library, cls_name))
+    return sorted(parts, key=lambda p: p[0] != "vae")
 
-    t1 = time.perf_counter()
-    libraries = {n: index[n][0] for n in parts if n in MODELS and parts[n] is not None}
-    read: dict[str, dict[str, torch.Tensor]] = {n: {} for n in libraries}
 
-    def work(job: tuple[str, Path, list[str]]) -> tuple[str, dict[str, torch.Tensor], int,
-                                                         float]:
-        name, shard, names = job
+def import_classes(folder: Path, pipeline: str) -> None:
+    """Import the pipeline's class and its components' (diffusers and transformers import
+    them on first use: seconds of module imports), so that a load that follows reads."""
+    import diffusers
+
+    index = json.loads((folder / "model_index.json").read_text())
+    for _, library, cls_name in _plan(folder, index):
+        if library is not None and cls_name is not None:
+            getattr(importlib.import_module(library), cls_name)
+    getattr(diffusers, pipeline)
+
+
+class _Reads:
+    """The shards of every component in flight: a component whose last shard is read is
+    assigned and handed to ``on_ready`` at once, by the thread that read that shard."""
+
+    def __init__(self, on_host: tuple[str, ...], device: torch.device, dtype: torch.dtype,
+                 on_ready: Callable[[str, Any], None] | None) -> None:
+        self.on_host, self.device, self.dtype, self.on_ready = on_host, device, dtype, on_ready
+        self.models: dict[str, tuple[Any, str]] = {}  # name → (empty model, library)
+        self.left: dict[str, int] = {}
+        self.tensors: dict[str, dict[str, torch.Tensor]] = {}
+        self.lock = threading.Lock()
+        self.times = LoadTimes()
+
+    def add(self, name: str, model: Any, library: str, shards: int) -> None:
+        with self.lock:
+            self.models[name], self.left[name], self.tensors[name] = (model, library), shards, {}
+
+    def read(self, name: str, shard: Path, names: list[str]) -> None:
         t = time.perf_counter()
-        where = cpu if name in on_host else device
-        tensors, size = _read_shard(shard, names, parts[name], libraries[name], dtype, where)
-        return name, tensors, size, time.perf_counter() - t
+        model, library = self.models[name]
+        where = torch.device("cpu") if name in self.on_host else self.device
+        tensors, size = _read_shard(shard, names, model, library, self.dtype, where)
+        with self.lock:
+            self.tensors[name].update(tensors)
+            self.times.bytes += size
+            self.times.per_component[name] = self.times.per_component.get(name, 0.0) + \
+                time.perf_counter() - t
+            self.left[name] -= 1
+            done = self.left[name] == 0
+            whole = self.tensors.pop(name) if done else {}
+        if done:
+            with _PATCHED:
+                _assign(model, whole, name)
+                model.to(where)  # the buffers built on the host: small
+            model.eval()
+            if self.on_ready is not None:
+                self.on_ready(name, model)
 
-    # Biggest shards first: the pool's last thread does not start a large one alone at the end.
-    jobs.sort(key=lambda j: -j[1].stat().st_size)
-    with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="load") as pool:
-        for name, tensors, size, seconds in pool.map(work, jobs):
-            read[name].update(tensors)
-            times.bytes += size
-            times.per_component[name] = times.per_component.get(name, 0.0) + seconds
+
+def load_pipeline(folder: Path, pipeline: str, dtype: torch.dtype, device: torch.device,
+                  threads: int, on_host: tuple[str, ...] = (),
+                  on_ready: Callable[[str, Any], None] | None = None) -> tuple[Any, LoadTimes]:
+    """``diffusers.<pipeline>.from_pretrained(folder, dtype=dtype)`` with its models on
+    ``device`` (those of ``on_host`` on the CPU: the lean mode's text encoder), read as the
+    module says. ``folder`` must have passed the loader's check.
+
+    Each model's shards are queued as soon as its empty model is built (the VAE's first), so
+    reading starts while the next model is built; the tokenizer and the scheduler load beside
+    them. ``on_ready(name, model)``: called with each model once all its weights are on its
+    device (from a reading thread), before the others are read. While it loads, decode graphs
+    are not captured (``wan_capture.loading``)."""
+    from worker.decoders.wan_capture import loading
+
+    with loading():
+        return _load(folder, pipeline, dtype, device, threads, on_host, on_ready)
+
+
+def _load(folder: Path, pipeline: str, dtype: torch.dtype, device: torch.device, threads: int,
+          on_host: tuple[str, ...], on_ready: Callable[[str, Any], None] | None,
+          ) -> tuple[Any, LoadTimes]:
+    import diffusers
+
+    t0 = time.perf_counter()
+    reads = _Reads(on_host, device, dtype, on_ready)
+    times = reads.times
+    index = json.loads((folder / "model_index.json").read_text())
+    parts: dict[str, Any] = {}
+    futures: list[Future[None]] = []
+    others: dict[str, Future[Any]] = {}
+    with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="load") as pool, \
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="load-parts") as beside:
+        for name, library, cls_name in _plan(folder, index):
+            if library is None or cls_name is None:
+                parts[name] = None
+            elif name in MODELS:
+                parts[name] = model = _empty_model(folder, name, library, cls_name)
+                plan = shard_plan(folder / name, library)
+                reads.add(name, model, library, len(plan))
+                # Biggest shards first: the pool's last thread does not start a large one
+                # alone at the end.
+                for shard, names in sorted(plan.items(), key=lambda i: -i[0].stat().st_size):
+                    futures.append(pool.submit(reads.read, name, shard, names))
+                times.shards += len(plan)
+            else:  # the tokenizer, the scheduler: beside the reads, off their path
+                cls = getattr(importlib.import_module(library), cls_name)
+                others[name] = beside.submit(cls.from_pretrained, str(folder / name))
+        times.build_s = time.perf_counter() - t0
+        for future in futures:
+            future.result()
+        parts.update({name: future.result() for name, future in others.items()})
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    times.read_s, times.shards = time.perf_counter() - t1, len(jobs)
+        # This stream's copies and casts only: a device-wide synchronisation would wait for
+        # (and break the capture of) a graph a build records meanwhile.
+        torch.cuda.current_stream(device).synchronize()
+    times.read_s = time.perf_counter() - t0 - times.build_s
+    times.ready_s = time.perf_counter() - t0
 
     t2 = time.perf_counter()
-    for name, tensors in read.items():
-        model = parts[name]
-        _assign(model, tensors, name)
-        model.to(cpu if name in on_host else device)  # the buffers built on the host: small
-        model.eval()
     cls = getattr(diffusers, pipeline)
     accepted = inspect.signature(cls.__init__).parameters
     extra = {k: v for k, v in index.items() if not k.startswith("_") and k not in parts
@@ -225,6 +304,7 @@ def load_pipeline(folder: Path, pipeline: str, dtype: torch.dtype, device: torch
     pipe = cls(**{k: v for k, v in parts.items() if k in accepted}, **extra)
     pipe.register_to_config(_name_or_path=str(folder))  # as from_pretrained records it
     times.cast_move_s = time.perf_counter() - t2
-    log.info("%s: %d shards, %.2f GB read to %s in %.2f s (%d threads)", folder, times.shards,
-             times.bytes / 1e9, device, times.read_s, threads)
+    log.info("%s: %d shards, %.2f GB read to %s in %.2f s (%d threads; models built in "
+             "%.2f s, reading beside)", folder, times.shards, times.bytes / 1e9, device,
+             times.ready_s, threads, times.build_s)
     return pipe, times

@@ -163,3 +163,54 @@ def test_the_compile_command_names_a_bad_argument(tmp_path: Path) -> None:
                               timeout=300, check=False)
         assert done.returncode == 1 and f"error: {said}" in done.stderr, done.stderr[-2000:]
     assert not (model / "compiled").exists()
+
+
+def test_the_index_lists_the_decoder_graphs_and_more_of_them_is_better() -> None:
+    graphs = ["first 48x44x80", "steady 48x44x80"]
+    entry = _entry(sizes=("704x1280x121",))
+    entry.graphs = graphs
+    assert parse_index(dump_index([entry])) == [entry]
+    # an index written before graphs were recorded reads as covering none
+    old = json.loads(dump_index([_entry(sizes=("704x1280x121",))]))
+    del old["artifacts"][0]["graphs"]
+    (read,) = parse_index(json.dumps(old).encode())
+    assert read.graphs == []
+    # the same sizes with the decoder's graphs replace it; without them, never
+    assert merged([read], entry) == [entry]
+    assert merged([entry], read) is None
+    bad = json.loads(dump_index([entry]))
+    bad["artifacts"][0]["graphs"] = ["steady ../x"]
+    with pytest.raises(ValueError, match=r"artifacts\[0\]\.graphs"):
+        parse_index(json.dumps(bad).encode())
+
+
+def test_each_decoder_graph_is_a_hit_or_a_miss_with_its_reason() -> None:
+    from worker.generate.model.graphs import judge
+
+    def outcomes() -> dict[str, dict[str, object]]:
+        served = {"captured": True, "fxgraph": {"hit": 1, "miss": 0}}
+        compiled = {"captured": True, "fxgraph": {"hit": 0, "miss": 1}}
+        return {"steady 48x44x80": dict(served), "first 48x44x80": dict(compiled),
+                "steady 48x30x52": dict(compiled), "first 48x30x52": {"captured": False}}
+
+    entry = _entry()
+    entry.graphs = ["first 48x44x80", "steady 48x44x80"]
+    found = artifacts.Loaded(STAMP, entry, "")
+    said = outcomes()
+    judge(said, [found], "no artifact for tier exact")
+    assert {k: (v["result"], v["reason"]) for k, v in said.items()} == {
+        "steady 48x44x80": ("hit", ""),
+        "first 48x44x80": ("miss", "cache: the artifact covers it, yet the FX graph cache "
+                                   "missed"),
+        "steady 48x30x52": ("miss", "graph: not in the artifact"),
+        "first 48x30x52": ("miss", "error: not captured (the decoder logged why); it runs "
+                                   "eager")}
+    said = outcomes()
+    judge(said, [artifacts.Loaded(STAMP, None, "torch 2.0.0 in the artifact, 2.11.0 here")],
+          "torch 2.0.0 in the artifact, 2.11.0 here")
+    assert said["first 48x44x80"]["reason"] == "torch 2.0.0 in the artifact, 2.11.0 here"
+    from worker.metrics.start import reason_code
+
+    assert [reason_code(v["reason"]) for v in said.values()] == ["", "torch", "torch",
+                                                                 "error"]
+    assert reason_code("graph: not in the artifact") == "graph"
