@@ -43,7 +43,7 @@ def _inputs(transformer: Any, size: tuple[int, int, int], info: Any,
     lat = torch.randn(1, cfg.in_channels, (f - 1) // info.temporal_factor + 1,
                       h // info.spatial_factor, w // info.spatial_factor, generator=g)
     text = torch.randn(1, MAX_SEQUENCE_LENGTH, cfg.text_dim, generator=g)
-    dtype = next(transformer.parameters()).dtype
+    dtype = transformer.dtype  # the model's (a module kept in float32 may come first)
     return {"hidden_states": lat.to(device, dtype), "timestep": torch.tensor([500], device=device),
             "encoder_hidden_states": text.to(device, dtype), "return_dict": False}
 

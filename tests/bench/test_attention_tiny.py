@@ -69,3 +69,24 @@ def test_kernel_names_are_classified() -> None:
     assert classify("aten::addmm") == "gemm"
     assert classify("triton_poi_fused__to_copy_abs_amax_clamp_div_0") == "other"
     assert classify("void at::native::vectorized_layer_norm_kernel<float>") == "other"
+
+
+def test_split_inputs_take_the_models_dtype_not_its_first_parameters() -> None:
+    """A Wan transformer keeps ``scale_shift_table`` in float32 and lists it first: the inputs
+    are the model's dtype (bf16 on a GPU), or its patch embedding refuses them (seen on an
+    H100: "Input type (float) and bias type (c10::BFloat16) should be the same")."""
+    import types
+
+    import torch
+    from diffusers import WanTransformer3DModel
+
+    from bench.generate.gen_split import _inputs
+    from worker.generate.model.presets import PRESETS, cast
+
+    model = cast(WanTransformer3DModel(**PRESETS["tiny-ti2v"].transformer), torch.bfloat16)
+    assert next(model.parameters()).dtype == torch.float32
+    info = types.SimpleNamespace(temporal_factor=4, spatial_factor=16)
+    args = _inputs(model, PRESETS["tiny-ti2v"].default_size, info, torch.device("cpu"))
+    assert args["hidden_states"].dtype == torch.bfloat16
+    with torch.no_grad():
+        assert model(**args)[0].dtype == torch.bfloat16

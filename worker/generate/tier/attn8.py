@@ -37,6 +37,11 @@ E4M3_MAX = 448.0
 AMAX_LB = 1e-12
 P_SCALE = cudnn8.P_SCALE
 KERNELS = ("cudnn", "reference")
+#: Fewer query tokens than this run exact attention even where ``cudnn`` is chosen: the
+#: quantisation's passes grow with the tokens, the attention with their square. On an H100 the
+#: compiled 8-bit path took 0.82 ms against bf16's 0.67 at 5,070 tokens (24 heads) and 11.1
+#: against 15.4 at 27,280 (bench/results/attention-h100.md): even at about 7,000.
+CUDNN_MIN_TOKENS = 8192
 #: Query rows per chunk of the reference (bounds its score matrix).
 REFERENCE_CHUNK = 2048
 

@@ -10,7 +10,8 @@ constant:
 - ``stock``: diffusers' processor as it is (today's graph, bit for bit);
 - an exact backend (``EXACT_BACKENDS``: cuDNN, flash, efficient, math): the same attention in
   bfloat16 through that one SDPA kernel, where it is faster on this GPU than the default;
-- ``attn8``: the fp8 tier's 8-bit attention (``worker.generate.tier.attn8``) with its kernel.
+- ``attn8``: the fp8 tier's 8-bit attention (``worker.generate.tier.attn8``) with its kernel
+  (cuDNN's from ``attn8.CUDNN_MIN_TOKENS`` tokens on: below, exact).
 
 The self-attention path is diffusers' ``WanAttnProcessor`` (QKV projections, RMS norms of Q
 and K, heads, rotary embedding, output projection) with only the attention call swapped;
@@ -24,7 +25,7 @@ from typing import Any
 
 import torch
 
-from worker.generate.tier.attn8 import attention8
+from worker.generate.tier.attn8 import CUDNN_MIN_TOKENS, attention8
 
 #: The exact (bfloat16) attention kernels: aten's SDPA ops, called directly so that a compiled
 #: graph holds the one that was chosen.
@@ -82,6 +83,8 @@ class TierAttention:
                  attention_mask: torch.Tensor | None = None,
                  rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         kernel = self.mode.attn8 if self.eight else None
+        if kernel == "cudnn" and hidden_states.shape[1] < CUDNN_MIN_TOKENS:
+            kernel = None  # a short sequence: the quantisation would cost more than it saves
         backend = self.mode.exact
         if (kernel is None and backend == "stock") or encoder_hidden_states is not None \
                 or attention_mask is not None or attn.add_k_proj is not None:

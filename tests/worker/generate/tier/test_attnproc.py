@@ -84,3 +84,13 @@ def test_compiled_blocks_hold_the_8_bit_attention_without_a_graph_break() -> Non
     compiled = model(**args)[0]
     assert _rel(compiled, eager) < 1e-5
     torch._dynamo.reset()
+
+
+@torch.no_grad()
+def test_a_short_sequence_keeps_exact_attention_where_cudnn_is_chosen() -> None:
+    """Below ``CUDNN_MIN_TOKENS`` the quantisation would cost more than the 8-bit kernel saves
+    (measured on an H100): the processor runs the exact path, cuDNN's op is never called."""
+    model, args = _transformer(), _inputs()  # 48 tokens
+    ref = model(**args)[0]
+    attnproc.install(model, attnproc.Mode(attn8="cudnn"), eight=True)
+    assert torch.equal(model(**args)[0], ref)
