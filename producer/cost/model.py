@@ -76,22 +76,26 @@ def job_cost(
 
 
 #: The stages a CostReport splits a job into: GPU stages in job order, then S3.
-#: ``adapter_load`` (LoRAs loaded) and ``preview`` (previews made while denoising) are listed
-#: only when a job spent time on them.
-COST_STAGES = ("adapter_load", "text_encode", "denoise", "preview", "decode", "s3")
+#: ``adapter_load`` (LoRAs loaded), ``preview`` (previews made while denoising) and
+#: ``upload_wait`` (the device held while it waited for the encode and upload: a full frame
+#: ring, the tail after the last chunk; a slow link to the store shows here) are listed only
+#: when a job spent time on them.
+COST_STAGES = ("adapter_load", "text_encode", "denoise", "preview", "decode", "upload_wait",
+               "s3")
 #: The GPU stages a job names its seconds of; ``decode`` is the rest of the GPU time.
-NAMED_STAGES = ("adapter_load", "text_encode", "denoise", "preview")
+NAMED_STAGES = ("adapter_load", "text_encode", "denoise", "preview", "upload_wait")
 #: Named stages listed only when a job spent time on them.
-OPTIONAL_STAGES = ("adapter_load", "preview")
+OPTIONAL_STAGES = ("adapter_load", "preview", "upload_wait")
 
 
 def with_stages(report: CostReport, seconds: Mapping[str, float]) -> CostReport:
     """``report`` with its ``stages``: what each stage cost and its share of the total.
 
     ``seconds`` gives the GPU-seconds of ``text_encode`` and ``denoise`` (generate jobs; 0 or
-    missing for decode jobs), and of ``adapter_load`` when LoRAs were loaded and ``preview``
-    when previews were made (each listed only then). ``decode`` is the rest of the GPU time
-    the job held: loading, decoding and the encode/upload tail it waited for. GPU $ is split
+    missing for decode jobs), and of ``adapter_load`` when LoRAs were loaded, ``preview``
+    when previews were made and ``upload_wait`` when the device waited for the encode and
+    upload (each listed only then). ``decode`` is the rest of the GPU time the job held:
+    loading and decoding. GPU $ is split
     in proportion to seconds; ``s3`` is the PUT $ plus one month of storage. Shares add up to
     1 (0 when the total is 0). Raises ``ValueError`` for an unknown stage, a negative value,
     or named stages longer than the job's GPU time.

@@ -67,19 +67,25 @@ class Stage:
         other = next(h for h in self.hosts if h is not zombie)
         # When it loses the fleet longer than the lease: taken for lost, the job runs elsewhere
         lose(zombie)
+        lost_at = time.monotonic()
         wait_for(lambda: received([other], job_id) >= 1, 90, f"{job_id} delivered again")
+        detected = time.monotonic() - lost_at
         if heal == "mid-run":
             call(lambda: wait_for(lambda: jobs.meta(job_id).get("worker") == other.nodename,
                                   60, f"{job_id} running on {other.host}"))
             time.sleep(2.0)
             come_back(zombie)
         result = call(lambda: jobs.handles[job_id].wait(timeout=180, poll_s=0.2))
-        done = datetime.now(UTC)
+        done, recovered = datetime.now(UTC), time.monotonic() - lost_at
         if heal == "after-success":
             come_back(zombie)
+        healed_at = time.monotonic()
         # Then, once the zombie's run is over (it stops, or, unfenced, ends the job again) ...
         wait_for(lambda: "stopped without an end" in zombie.log_text()
                  or succeeded([zombie], job_id), 90, f"the zombie's run over ({zombie.host})")
+        print(f"zombie {job_id} ({heal}): delivered again {detected:.1f} s after the fault, "
+              f"SUCCESS {recovered:.1f} s after it; the zombie stopped "
+              f"{time.monotonic() - healed_at:.1f} s after the heal")
         time.sleep(3.0)  # anything it still had in flight has had its chance to land
         call(lambda: self.check_one_end(job_id, other, result, done))
         ends = [x for x in self.receiver.received if x.json["job_id"] == job_id

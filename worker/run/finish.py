@@ -82,7 +82,8 @@ def finish(run: Run, out: JobOutput, latents: Latents, report: PipelineReport,
     if run.cost is not None:
         stored = sum(s.bytes for s in segments) + (previews.stored_bytes if previews else 0)
         direct = run.cost(spec, wall, out.puts, stored, manifest.video_seconds)
-        cost = with_stages(direct, _cost_seconds(latents, previews, direct.gpu_seconds))
+        cost = with_stages(direct, _cost_seconds(latents, previews, direct.gpu_seconds,
+                                                 stats.backpressure_s + stats.tail_s))
         if latents.facts is not None:
             cost = with_denoise(cost, latents.facts, latents.seconds.get("denoise", 0.0))
     return JobResult(manifest=manifest, manifest_uri=manifest_uri, timings=timings, worker=info,
@@ -90,12 +91,15 @@ def finish(run: Run, out: JobOutput, latents: Latents, report: PipelineReport,
 
 
 def _cost_seconds(latents: Latents, previews: PreviewPublisher | None,
-                  gpu_seconds: float) -> dict[str, float]:
+                  gpu_seconds: float, waited_s: float) -> dict[str, float]:
     """GPU-seconds per named cost stage. The previews' projection ran inside the denoise: it
     moves from ``denoise`` to ``preview``, with the encodes (which overlap the decode), within
-    what the job held."""
-    seconds = {k: latents.seconds.get(k, 0.0) for k in NAMED_STAGES if k != "preview"}
+    what the job held. ``waited_s``: the device held idle for the encode and upload (a full
+    ring, the tail): ``upload_wait``, out of what the job held."""
+    named = ("upload_wait", "preview")
+    seconds = {k: latents.seconds.get(k, 0.0) for k in NAMED_STAGES if k not in named}
     if previews is not None and previews.seconds > 0:
         seconds["denoise"] = max(0.0, seconds.get("denoise", 0.0) - previews.gpu_s)
         seconds["preview"] = min(previews.seconds, max(0.0, gpu_seconds - sum(seconds.values())))
+    seconds["upload_wait"] = min(waited_s, max(0.0, gpu_seconds - sum(seconds.values())))
     return seconds

@@ -120,7 +120,7 @@ def test_hand_off_exact_and_progress_in_order(
     assert result.cost is not None
     # previews are on by default: their stage is priced too
     assert [s.stage for s in result.cost.stages] == ["text_encode", "denoise", "preview",
-                                                     "decode", "s3"]
+                                                     "decode", "upload_wait", "s3"]
     assert result.timings.denoise_s > 0
 
 

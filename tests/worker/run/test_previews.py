@@ -92,7 +92,7 @@ def test_previews_land_in_order_and_decode_as_announced(
     assert result.timings.preview_s > 0
     assert result.cost is not None
     stages = {s.stage: s for s in result.cost.stages}
-    assert list(stages) == ["text_encode", "denoise", "preview", "decode", "s3"]
+    assert list(stages) == ["text_encode", "denoise", "preview", "decode", "upload_wait", "s3"]
     assert stages["preview"].gpu_seconds == pytest.approx(result.timings.preview_s)
 
 
@@ -216,15 +216,17 @@ def test_the_preview_stage_is_priced_within_what_the_job_held() -> None:
                       seconds={"text_encode": 1.0, "denoise": 6.0})
     # The projection (0.5 s of GPU) ran inside the denoise: it moves to the preview stage
     previews = SimpleNamespace(seconds=0.8, gpu_s=0.5)
-    seconds = _cost_seconds(latents, previews, 10.0)  # type: ignore[arg-type]
-    assert seconds == {"adapter_load": 0.0, "text_encode": 1.0, "denoise": 5.5, "preview": 0.8}
+    # and the device waited 0.7 s for the encode and upload (a full ring, the tail)
+    seconds = _cost_seconds(latents, previews, 10.0, 0.7)  # type: ignore[arg-type]
+    assert seconds == {"adapter_load": 0.0, "text_encode": 1.0, "denoise": 5.5, "preview": 0.8,
+                       "upload_wait": 0.7}
     stages = {s.stage: s for s in with_stages(direct, seconds).stages}
-    assert list(stages) == ["text_encode", "denoise", "preview", "decode", "s3"]
-    assert stages["decode"].gpu_seconds == pytest.approx(10.0 - 1.0 - 5.5 - 0.8)
+    assert list(stages) == ["text_encode", "denoise", "preview", "decode", "upload_wait", "s3"]
+    assert stages["decode"].gpu_seconds == pytest.approx(10.0 - 1.0 - 5.5 - 0.8 - 0.7)
     # encodes that outlast what the job held (they overlap it) are priced within it
-    seconds = _cost_seconds(latents, SimpleNamespace(seconds=9.0, gpu_s=0.5), 10.0)  # type: ignore[arg-type]
+    seconds = _cost_seconds(latents, SimpleNamespace(seconds=9.0, gpu_s=0.5), 10.0, 0.0)  # type: ignore[arg-type]
     assert seconds["preview"] == pytest.approx(3.5)
     assert sum(with_stages(direct, seconds).stages[i].share for i in range(5)) == pytest.approx(1)
     # no previews: no preview stage
     assert "preview" not in [s.stage for s in with_stages(
-        direct, _cost_seconds(latents, None, 10.0)).stages]
+        direct, _cost_seconds(latents, None, 10.0, 0.0)).stages]
