@@ -5,10 +5,11 @@
 # from an earlier stage (the wheels' install included, ~20 s):
 #   STAGE=tests  pytest -m gpu: the whole GPU suite (~480 s on the H200), nothing else
 #   STAGE=soak   bench/soak/soak.py: the real worker process, a real Redis, >= 40 mixed jobs
-#                (soak-h200.json / .md). SOAK_WARM=none (default): the worker compiles no size
-#                and its denoise runs eager, so it is ready in well under a minute on a cold
-#                compile cache (the last run's worker took 353 s compiling 6 sizes); all: it
-#                compiles every size first (for a machine whose compile cache is warm). The
+#                (soak-h200.json / .md). SOAK_WARM=all (default): the worker starts, with an
+#                empty compile cache, from the compile artifacts STAGE=prime wrote to ARTIFACTS
+#                (run it first on the same machine, or carry the folder), compiled denoise and
+#                decode graphs as in production; none: it compiles no size and its denoise runs
+#                eager, ready in well under a minute with nothing primed. The
 #                soak submits until its --budget-s less the drain (50 s): at BUDGET=560 that
 #                is ~7.5 min of soak after a ~20 s install and a ~45 s start; BUDGET=590 gives
 #                >= 8 min
@@ -21,7 +22,8 @@
 #                quality against diffusers' latents, no exact reference in this call
 #   STAGE=extra  the 1.3B denoise rows
 #   STAGE=prime  bench/soak/soak_prime.py: every soak and bench size compiled into the compile cache
-#                (cold: minutes a size), a process a task in parallel, so that a soak with
+#                (cold: minutes a size), a process a task in parallel, each task's compile
+#                artifact (decoder graphs included) written under ARTIFACTS, so that a soak with
 #                SOAK_WARM=all and the bench rows start in seconds
 #   STAGE=race   the capture-race test alone (builds against jobs, worker/owner.py)
 # Every script and option here also runs in CI at tiny size on the CPU (tests/bench/).
@@ -39,6 +41,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=8
 # One compile cache for every stage of one machine: later stages load what earlier compiled.
 export FRAMEFLEET_COMPILE_CACHE_DIR=/tmp/ff-compile-cache
+ARTIFACTS=${ARTIFACTS:-/tmp/ff-artifacts}  # STAGE=prime writes them, STAGE=soak starts from them
 export TORCHINDUCTOR_CACHE_DIR=$FRAMEFLEET_COMPILE_CACHE_DIR/inductor
 export TRITON_CACHE_DIR=$FRAMEFLEET_COMPILE_CACHE_DIR/triton
 {
@@ -80,7 +83,7 @@ race)  # the capture race alone: builds queued while jobs run (worker/owner.py)
   ;;
 prime)  # every soak and bench size compiled into the compile cache, one process a task, in parallel
   timeout $(( $(left) - 5 )) python3 bench/soak/soak_prime.py --soak --bench --out "$OUT" \
-    >"$OUT/soak-prime.log" 2>&1
+    --artifacts "$ARTIFACTS" >"$OUT/soak-prime.log" 2>&1
   echo "prime exit $?"; cat "$OUT/soak-prime.log"
   ;;
 soak)
@@ -88,7 +91,8 @@ soak)
   # new jobs until 8 minutes and 40 jobs, or until the budget less the drain (the soak's
   # minutes run from its first submit to its last end)
   timeout $(( $(left) - 3 )) python3 bench/soak/soak.py --minutes 8 --max-minutes 9 --jobs 40 \
-    --warm-sizes "${SOAK_WARM:-none}" --budget-s $(( $(left) - 8 )) \
+    --warm-sizes "${SOAK_WARM:-all}" --budget-s $(( $(left) - 8 )) \
+    $( [ "${SOAK_WARM:-all}" = all ] && echo --artifacts "$ARTIFACTS" ) \
     --redis-server "$PWD/.redis/redis-server" --redis-lib "$PWD/.redis/lib" \
     --out "$OUT" >"$OUT/soak.log" 2>&1
   echo "soak exit $?"; tail -40 "$OUT/soak.log"

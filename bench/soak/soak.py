@@ -21,10 +21,17 @@ runs the same on the CPU with the tiny presets and the GPU's tiers (the fp8 jobs
 end in the worker's refusal: no float8 units), for CI and for checking the script before device
 time is spent. ``--warm-sizes none`` starts the worker in seconds on a cold compile cache (its
 denoise then runs eager); ``--budget-s`` ends the run, drain included, within a device call.
+``--artifacts DIR`` (with ``--warm-sizes all``, the production default: compiled denoise and
+decode graphs) starts the worker with an empty compile cache from the compile artifacts that
+``soak_prime.py --artifacts DIR`` wrote (``STAGE=prime``): each size and graph is a hit or a
+miss in the report (``compiled``), and the worker should be ready within 30 s
+(``ready_within_30s``). On the CPU (``--tiny``) the big model's first size compiles, with
+inductor's C++ backend, the rest runs eager: a CPU compile takes a minute.
 
   python bench/soak/soak.py --minutes 8 --jobs 40 --out bench/results          # on a CUDA host
   python bench/soak/soak.py --tiny --minutes 1 --jobs 12 --out /tmp/soak        # CPU
   python bench/soak/soak.py --warm-sizes none --budget-s 550 --out DIR   # one 10-minute call
+  python bench/soak/soak.py --artifacts /tmp/ff-artifacts --out DIR  # after soak_prime.py
 """
 
 from __future__ import annotations
@@ -180,6 +187,9 @@ def main() -> int:
                     help="all: the worker compiles every size before it is ready (minutes a "
                     "size with a cold compile cache); none: it compiles nothing, its "
                     "transformers run eager (FRAMEFLEET_COMPILED_SIZES=0): ready in seconds")
+    ap.add_argument("--artifacts", default=None, metavar="DIR",
+                    help="compile artifacts of soak_prime.py --artifacts: the worker starts "
+                    "from them with an empty compile cache (with --warm-sizes all)")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="seconds this script may run in all: after the worker's start, no "
                     f"job is submitted later than the budget less {DRAIN_S:.0f} s (the drain)")
@@ -196,6 +206,11 @@ def main() -> int:
     setup, env = soak_inputs.prepare(work, args.tiny)
     if args.warm_sizes == "none":
         env.update({"FRAMEFLEET_SOAK_SIZES": "", "FRAMEFLEET_COMPILED_SIZES": "0"})
+    elif args.artifacts:
+        if not Path(args.artifacts).is_dir():
+            raise SystemExit(f"--artifacts {args.artifacts}: no such folder (soak_prime.py "
+                             "--artifacts writes it: STAGE=prime)")
+        env.update(soak_inputs.from_artifacts(Path(args.artifacts), work, setup, args.tiny))
     env.update({"FRAMEFLEET_BROKER_URL": url, "FRAMEFLEET_RESULT_BACKEND": url,
                 "FRAMEFLEET_METRICS_PORT": str(ports[1]), "PYTHONUNBUFFERED": "1"})
     log = out / "soak-worker.log"
@@ -214,6 +229,7 @@ def main() -> int:
         soak = Soak(client, setup, args, f"http://127.0.0.1:{ports[1]}/metrics", worker)
         soak.run()
         doc = soak_check.report(soak.records, args, ready_s, worker, soak.elapsed(), log)
+        doc.update(soak_check.compiled(log, args, ready_s))
         # written before the teardown: a call's time limit may end that, not the results
         soak_check.write(doc, out / (args.json or f"soak-{doc['device_short']}.json"))
     finally:

@@ -191,7 +191,8 @@ def report(records: list[dict[str, Any]], args: Any, ready_s: float,
     doc = {
         "command": " ".join(["python", *sys.argv]),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "device": device, "device_short": "h200" if "H200" in device else "cpu",
+        "device": device, "device_short": next(
+            (g.lower() for g in ("H200", "H100") if g in device), "cpu" if not cuda else "gpu"),
         "torch": torch.__version__, "minutes": round(elapsed / 60, 2), "jobs": len(records),
         "worker_ready_s": round(ready_s, 1), "warm_sizes": getattr(args, "warm_sizes", "all"),
         "worker_alive_at_end": alive,
@@ -205,6 +206,18 @@ def report(records: list[dict[str, Any]], args: Any, ready_s: float,
                                              for g in groups.values())
         and len(records) >= args.jobs)
     return doc
+
+
+def compiled(log: Path, args: Any, ready_s: float) -> dict[str, Any]:
+    """What the worker's start compiled or took from the artifacts (its ``soak: compiled``
+    lines: per model, tier, size and decoder graph, hit or miss), and whether it was ready
+    within 30 s."""
+    lines = re.findall(r"soak: compiled (\S+) (\S+) (graph \S+|\S+) (hit|miss) in ([0-9.]+) s",
+                       log.read_text(errors="replace"))
+    return {"artifacts": getattr(args, "artifacts", None),
+            "compiled": [{"model": m, "tier": t, "what": w, "result": r, "seconds": float(s)}
+                         for m, t, w, r, s in lines],
+            "ready_within_30s": ready_s <= 30.0}
 
 
 def table(doc: dict[str, Any]) -> str:
@@ -226,9 +239,10 @@ def table(doc: dict[str, Any]) -> str:
 def write(doc: dict[str, Any], path: Path) -> None:
     write_json(path, doc)
     summary = {k: doc[k] for k in ("device", "minutes", "jobs", "worker_ready_s", "warm_sizes",
+                                   "artifacts", "compiled", "ready_within_30s",
                                    "worker_alive_at_end", "not_as_planned",
                                    "nonfinite_or_bad_output_reported_as_success", "memory",
-                                   "deaths", "passed")}
+                                   "deaths", "passed") if k in doc}
     md = [f"# GPU soak: {doc['device']}", "", f"`{doc['command']}`, {doc['date']}, torch "
           f"{doc['torch']}.", "", "```json", json.dumps(summary, indent=2), "```", "",
           "Groups (same seed, tier and inputs; second round on):", "",

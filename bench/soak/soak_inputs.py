@@ -121,6 +121,20 @@ def prepare(work: Path, tiny: bool) -> tuple[Setup, dict[str, str]]:
     return setup, env
 
 
+def from_artifacts(folder: Path, work: Path, setup: Setup, tiny: bool) -> dict[str, str]:
+    """The worker's environment to start from ``soak_prime.py``'s artifacts in ``folder``: an
+    empty compile cache of its own, so that nothing but the artifacts serves its compiles. On
+    the CPU one size compiles (the big model's first: ``soak_prime.TINY_COMPILED``), with
+    inductor's C++ backend, and the rest runs eager."""
+    env = {"SOAK_ARTIFACTS": str(folder.absolute()),
+           "FRAMEFLEET_COMPILE_CACHE_DIR": str(work / "compile-cache-from-artifacts")}
+    if tiny:
+        h, w, f = setup.big_sizes[0]
+        env.update({"FRAMEFLEET_COMPILE_ON_CPU": "1", "FRAMEFLEET_COMPILED_SIZES": "1",
+                    "FRAMEFLEET_SOAK_SIZES": f"tiny-ti2v={h}x{w}x{f}"})
+    return env
+
+
 def tempfile_root() -> str:
     import tempfile
 

@@ -13,6 +13,13 @@ tier, then ``worker.generate.model.warm.compile_size``), so the graphs are the o
 traces. The text encoder's weights are given up after the build (the warm-up step takes zero prompt
 embeddings), and the builds start a few seconds apart, so the parallel processes fit in GPU memory.
 
+``--artifacts DIR``: each task also builds its model's decoder graphs at its sizes (CUDA) and
+writes what it compiled as a compile artifact (``worker.generate.model.artifacts``) into a
+folder of its own under DIR (two tasks of one model and tier would write the same artifact's
+name), which the soak's worker loads, with an empty compile cache, before it compiles
+(``SOAK_WARM=all``: ``bench/soak/soak.py --artifacts DIR``). On the CPU (``--tiny``) only the
+first soak task compiles, with inductor's C++ backend (a minute a size on two cores).
+
   python bench/soak/soak_prime.py --out dir \
       --task wan2.2-ti2v-5b:exact:480x832x49 --task wan2.2-ti2v-5b:fp8:480x832x49 ...
   python bench/soak/soak_prime.py --out dir --soak --bench     # the soak's and the bench's sizes
@@ -29,6 +36,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 #: The soak's sizes (bench/soak/soak_inputs.py) per preset and tier, (H, W, frames).
 SOAK = ["wan2.2-ti2v-5b:exact:480x832x49", "wan2.2-ti2v-5b:exact:704x1280x33",
@@ -41,12 +49,16 @@ BENCH = ["wan2.2-ti2v-5b:exact:704x1280x121", "wan2.2-ti2v-5b:fp8:704x1280x121",
 TINY_SOAK = ["tiny-ti2v:exact:64x64x9", "tiny-ti2v:exact:32x64x9", "tiny-ti2v:fp8:64x64x9",
              "tiny-ti2v:fp8:32x64x9", "tiny:exact:32x48x9,48x32x9"]
 TINY_BENCH = ["tiny-ti2v:exact:64x64x9", "tiny-ti2v:fp8:64x64x9", "tiny:exact:32x48x9"]
+#: ``--tiny --artifacts``: the one task the CPU compiles (the tiny soak's one compiled size).
+TINY_COMPILED = ["tiny-ti2v:exact:64x64x9"]
 
 
-def run_task(task: str, device_name: str) -> dict[str, object]:
-    """Build ``preset`` with random weights, make it the resident at ``tier``, compile each size.
+def run_task(task: str, device_name: str, artifacts: str | None = None) -> dict[str, object]:
+    """Build ``preset`` with random weights, make it the resident at ``tier``, compile each size;
+    with ``artifacts`` (a folder), build its decoder's graphs and write the artifact there.
 
-    On the CPU (the tiny presets, for the tests) the same steps run eager: nothing compiles."""
+    On the CPU (the tiny presets, for the tests) the same steps run eager, nothing compiles,
+    unless an artifact is asked for (inductor's C++ backend then)."""
     import torch
 
     from producer.errors import InvalidJobError
@@ -69,21 +81,47 @@ def run_task(task: str, device_name: str) -> dict[str, object]:
     pipe.text_encoder.to_empty(device="cpu")
     if cuda:
         torch.cuda.empty_cache()
-    models = ModelCache(device, 2**40, offload_text_encoder=True, compiled_sizes=8)
+    models = ModelCache(device, 2**40, offload_text_encoder=True, compiled_sizes=8,
+                        graphs=8, compile_cpu=artifacts is not None)
     try:  # the worker's own refusal of a tier this device lacks (fp8 on the CPU): a skip
         check_tier(tier, device)
     except InvalidJobError as e:
         return {"task": task, "skipped": str(e)}
     entry = models.adopt(folder, pipe, tier)
     info = read_model(folder)
-    times = {"build_s": round(time.perf_counter() - t0, 1)}
+    times: dict[str, object] = {"build_s": round(time.perf_counter() - t0, 1)}
+    if artifacts is not None:
+        from worker.generate.model import artifacts as compiled
+
+        compiled.start_recording()
     for h, w, f in parse_video_sizes(sizes):
         t = time.perf_counter()
-        if not compile_size(models, entry, info, h, w, f) and cuda:
+        if not compile_size(models, entry, info, h, w, f) and (cuda or artifacts):
             raise RuntimeError(f"{task}: the transformer did not run compiled")
         times[f"{h}x{w}x{f}_s"] = round(time.perf_counter() - t, 1)
+    if artifacts is not None:
+        times["artifact"] = _write_artifact(models, entry, folder, tier, sizes, artifacts)
     peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
     return {"task": task, **times, "peak_gib": round(peak, 1)}
+
+
+def _write_artifact(models: Any, entry: Any, folder: Path, tier: str, sizes: str,
+                    where: str) -> dict[str, object]:
+    """The decoder's graphs at ``sizes`` (CUDA), then what was compiled since the recording
+    began, as the artifact of this model and tier in ``where``."""
+    from worker.generate.model import artifacts, graphs
+    from worker.generate.model.warm import parse_video_sizes
+
+    built: dict[str, Any] = {}
+    if models.device.type == "cuda":
+        latents = graphs.latent_sizes(entry.pipe.vae, parse_video_sizes(sizes))
+        built, _ = graphs.build(models.decoder(entry), latents)
+    stamp = artifacts.stamp_for(folder, tier, models.device)
+    written = artifacts.save(artifacts.Place(where), stamp, sizes.split(","), 2**31,
+                             [k for k, v in built.items() if v["captured"]])
+    if written is None:
+        raise RuntimeError(f"{folder.name} {tier}: nothing compiled, no artifact written")
+    return {"file": written.file, "bytes": written.bytes, "graphs": written.graphs}
 
 
 def _refused(task: str, device: str) -> str | None:
@@ -112,15 +150,20 @@ def main() -> int:
     ap.add_argument("--tiny", action="store_true",
                     help="--soak and --bench on the tiny presets, on the CPU, no stagger (CI)")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--artifacts", default=None, metavar="DIR",
+                    help="also write each task's compile artifact (decoder graphs included) "
+                    "into a folder of its own under DIR, for the soak's worker to load")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # a child: one task, JSON on stdout
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(run_task(args.one, args.device)), flush=True)
+        print(json.dumps(run_task(args.one, args.device, args.artifacts)), flush=True)
         return 0
     args.device = args.device or ("cpu" if args.tiny else "cuda")
     soak, bench = (TINY_SOAK, TINY_BENCH) if args.tiny else (SOAK, BENCH)
     if args.tiny:
         args.stagger_s = 0.0
+        if args.artifacts:  # a CPU compile costs a minute: the tiny soak compiles one size
+            soak, bench = TINY_COMPILED, []
     tasks = args.task + (soak if args.soak else []) + (bench if args.bench else [])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -138,9 +181,11 @@ def main() -> int:
         if procs:
             time.sleep(args.stagger_s)
         log = (out / f"prime-{i}.log").open("w")
+        mine = ["--artifacts", str(Path(args.artifacts).absolute() / f"task-{i}")] \
+            if args.artifacts else []
         procs.append((task, log, subprocess.Popen(
-            [sys.executable, __file__, "--out", args.out, "--device", args.device, "--one", task],
-            env=env, stdout=subprocess.PIPE, stderr=log, text=True)))
+            [sys.executable, __file__, "--out", args.out, "--device", args.device, *mine,
+             "--one", task], env=env, stdout=subprocess.PIPE, stderr=log, text=True)))
     for task, log, proc in procs:
         stdout, _ = proc.communicate()
         log.close()

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -100,25 +101,44 @@ def compile_row(folder: Path, size: str, cache_dir: Path) -> dict[str, Any]:
             "compile_cache": "warm (the no-artifact row's)", "stdout": done.stdout.strip()}
 
 
-def start_rows(folder: Path, device: str, tiny: bool, threads: int) -> dict[str, Any]:
-    """Rows 2-5 of the module's docstring, each start in a fresh process."""
+def start_rows(folder: Path, device: str, tiny: bool, threads: int,
+               save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Rows 2-5 of the module's docstring, each start in a fresh process; ``save(doc)`` is
+    called after each (a run stopped at its time limit keeps the rows it finished). A row that
+    fails keeps its error and the run goes on."""
     from bench.startup.start_child import SIZES
 
     work = Path(tempfile.mkdtemp(prefix="ff-start-"))
-    rows: dict[str, Any] = {}
+    doc: dict[str, Any] = {"starts": {}}
     caches = work / "cache-cold"
-    rows["no_artifact"] = {"page_cache": "warm", "compile_cache": "empty", "artifact": False,
-                           **run_child(folder, device, tiny, threads, caches)}
-    compiled = compile_row(folder, SIZES["tiny" if tiny else "cuda"], caches)
-    rows["artifact_warm"] = {"page_cache": "warm", "compile_cache": "empty", "artifact": True,
-                             **run_child(folder, device, tiny, threads, work / "cache-2")}
+    plan: list[tuple[str, Callable[[], dict[str, Any]]]] = [
+        ("no_artifact", lambda: {"page_cache": "warm", "compile_cache": "empty",
+                                 "artifact": False,
+                                 **run_child(folder, device, tiny, threads, caches)}),
+        ("compile", lambda: compile_row(folder, SIZES["tiny" if tiny else "cuda"], caches)),
+        ("artifact_warm", lambda: {"page_cache": "warm", "compile_cache": "empty",
+                                   "artifact": True,
+                                   **run_child(folder, device, tiny, threads, work / "c2")})]
     if not tiny:
-        dropped = drop_caches()
-        rows["artifact_dropped"] = {
-            "page_cache": "dropped" if dropped else "warm (drop_caches refused)",
+        plan.append(("artifact_dropped", lambda: {
+            "page_cache": "dropped" if drop_caches() else "warm (drop_caches refused)",
             "compile_cache": "empty", "artifact": True,
-            **run_child(folder, device, tiny, threads, work / "cache-3")}
-    return {"compile": compiled, "starts": rows}
+            **run_child(folder, device, tiny, threads, work / "c3")}))
+    for name, run in plan:
+        try:
+            row = run()
+        except (SystemExit, subprocess.SubprocessError, OSError, ValueError) as e:
+            row = {"error": str(e)[-3000:]}
+            print(f"{name}: failed: {row['error']}", flush=True)
+        if name == "compile":
+            doc["compile"] = row
+        else:
+            doc["starts"][name] = row
+        save(doc)
+    failed = [n for n, r in [("compile", doc["compile"]), *doc["starts"].items()] if "error" in r]
+    if failed:
+        raise SystemExit(f"rows failed: {', '.join(failed)}")
+    return doc
 
 
 def graphs_s(row: dict[str, Any]) -> float:

@@ -177,10 +177,13 @@ def main() -> None:
     doc["load_methods"] = load_methods.compare(folder, device, methods, caches)
     doc["dropped_caches"] = doc["raw_read"]["dropped"] or any(
         r.get("dropped") for r in doc["load_methods"]["rows"])
-    if not args.no_start:
-        doc.update(start_rows.start_rows(folder, device, args.tiny, max(threads)))
-        doc["targets"] = start_rows.targets(doc)
     name = result_name(doc["device"], args.tiny)
+    write_json(args.out / f"{name}.json", doc)  # again after each row: a stopped run keeps them
+    if not args.no_start:  # a failed row ends the run here, the rows so far written
+        doc.update(start_rows.start_rows(folder, device, args.tiny, max(threads), lambda
+                                         rows: write_json(args.out / f"{name}.json",
+                                                          {**doc, **rows})))
+        doc["targets"] = start_rows.targets(doc)
     write_json(args.out / f"{name}.json", doc)
     (args.out / f"{name}.md").write_text(table(doc))
     print(table(doc))
