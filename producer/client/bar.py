@@ -37,7 +37,8 @@ class Bar:
             console=self.console, disable=not self.live,
         )
         self.task = self.progress.add_task(job_id, total=None, what="", unit="")
-        self.previewed = self.warned = False
+        self.previewed = False
+        self.warned: str | None = None
         self.phase: str | None = None
         self.progress.start()
 
@@ -76,8 +77,8 @@ class Bar:
 
     def update(self, p: Progress) -> None:
         where = f" on {p.worker}" if p.worker else ""
-        if p.warning is not None and not self.warned:
-            self.warned = True
+        if p.warning is not None and p.warning != self.warned:
+            self.warned = p.warning  # a CPU worker's estimate, said again when it changed
             self.say(f"warning: {p.warning}")
         if p.preview is not None and not self.previewed:
             self.previewed = True
