@@ -211,6 +211,10 @@ class _Reads:
         self.tensors: dict[str, dict[str, torch.Tensor]] = {}
         self.lock = threading.Lock()
         self.times = LoadTimes()
+        #: every model built empty: ``on_ready`` waits for it, so that what it starts (the
+        #: start's decoder graphs compile) never runs while ``init_empty_weights`` patches
+        #: ``Module.register_parameter`` process-wide
+        self.built = threading.Event()
 
     def add(self, name: str, model: Any, library: str, shards: int) -> None:
         with self.lock:
@@ -235,7 +239,30 @@ class _Reads:
                 model.to(where)  # the buffers built on the host: small
             model.eval()
             if self.on_ready is not None:
+                self.built.wait()
                 self.on_ready(name, model)
+
+
+def _queue(folder: Path, index: dict[str, Any], parts: dict[str, Any], reads: _Reads,
+           pool: ThreadPoolExecutor, beside: ThreadPoolExecutor, futures: list[Future[None]],
+           others: dict[str, Future[Any]]) -> None:
+    """Build each model empty and queue its shards' reads at once; queue the other parts'
+    loads beside them."""
+    for name, library, cls_name in _plan(folder, index):
+        if library is None or cls_name is None:
+            parts[name] = None
+        elif name in MODELS:
+            parts[name] = model = _empty_model(folder, name, library, cls_name)
+            plan = shard_plan(folder / name, library)
+            reads.add(name, model, library, len(plan))
+            # Biggest shards first: the pool's last thread does not start a large one alone
+            # at the end.
+            for shard, names in sorted(plan.items(), key=lambda i: -i[0].stat().st_size):
+                futures.append(pool.submit(reads.read, name, shard, names))
+            reads.times.shards += len(plan)
+        else:  # the tokenizer, the scheduler: beside the reads, off their path
+            cls = getattr(importlib.import_module(library), cls_name)
+            others[name] = beside.submit(cls.from_pretrained, str(folder / name))
 
 
 def load_pipeline(folder: Path, pipeline: str, dtype: torch.dtype, device: torch.device,
@@ -270,21 +297,10 @@ def _load(folder: Path, pipeline: str, dtype: torch.dtype, device: torch.device,
     others: dict[str, Future[Any]] = {}
     with ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="load") as pool, \
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="load-parts") as beside:
-        for name, library, cls_name in _plan(folder, index):
-            if library is None or cls_name is None:
-                parts[name] = None
-            elif name in MODELS:
-                parts[name] = model = _empty_model(folder, name, library, cls_name)
-                plan = shard_plan(folder / name, library)
-                reads.add(name, model, library, len(plan))
-                # Biggest shards first: the pool's last thread does not start a large one
-                # alone at the end.
-                for shard, names in sorted(plan.items(), key=lambda i: -i[0].stat().st_size):
-                    futures.append(pool.submit(reads.read, name, shard, names))
-                times.shards += len(plan)
-            else:  # the tokenizer, the scheduler: beside the reads, off their path
-                cls = getattr(importlib.import_module(library), cls_name)
-                others[name] = beside.submit(cls.from_pretrained, str(folder / name))
+        try:
+            _queue(folder, index, parts, reads, pool, beside, futures, others)
+        finally:  # also when a model cannot be built: no reading thread waits for ever
+            reads.built.set()
         times.build_s = time.perf_counter() - t0
         for future in futures:
             future.result()

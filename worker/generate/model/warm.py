@@ -232,14 +232,16 @@ def _load_beside(models: ModelCache, info: ModelInfo, settings: Settings, warm: 
     thread.start()
     vae_in.wait()
     sizes = parse_video_sizes(settings.warmup_generate_sizes)
-    if "vae" in box and models.device.type == "cuda" and models.graphs > 0 and sizes:
-        from worker.decoders.wan import WanDecoder
+    try:
+        if "vae" in box and models.device.type == "cuda" and models.graphs > 0 and sizes:
+            from worker.decoders.wan import WanDecoder
 
-        decoder = WanDecoder(box["vae"], models.device, graphs=models.graphs)
-        box["outcomes"], box["spans"] = graphs.build(
-            decoder, graphs.latent_sizes(box["vae"], sizes))
-        box["decoder"] = decoder
-    thread.join()
+            decoder = WanDecoder(box["vae"], models.device, graphs=models.graphs)
+            box["outcomes"], box["spans"] = graphs.build(
+                decoder, graphs.latent_sizes(box["vae"], sizes))
+            box["decoder"] = decoder
+    finally:  # whatever became of the graphs, the load ends before the warm-up goes on
+        thread.join()
     if "error" in box:
         raise box["error"]
     entry: Resident = box["entry"]
