@@ -7,7 +7,7 @@ namespace by a veth pair. Every address (``10.77.0.0/24``) lives only in those n
 the lab removes them all (its processes die with them). Faults, per host namespace:
 ``cut(ns, port)`` drops the TCP traffic to and from one port of the services (``iptables``),
 ``heal(ns)`` restores it, ``throttle(ns, port, rate)`` makes a slow link to one port
-(``tc`` with ``tbf``: this kernel has no ``netem``).
+(``tc``: ``htb`` and ``tbf``; this kernel has no ``netem``).
 
 Linux keeps the network namespace per thread: :meth:`Netns.run` runs a function on a thread
 that entered the namespace (``setns``), so the sockets it opens live there, and so do the
@@ -135,14 +135,21 @@ class Lab:
         self.hosts[host].exec("iptables", "-F")
 
     def throttle(self, host: str, port: int, rate: str) -> None:
-        """``host``'s traffic to the services' ``port`` through a token bucket of ``rate``
-        (``"2mbit"``): a prio qdisc sends it to a band with ``tbf``, the rest goes as before."""
+        """``host``'s traffic to the services' ``port`` through a token bucket (``tbf``) of
+        ``rate`` (``"2mbit"``): an ``htb`` root sends it (a ``u32`` filter on the port) to a
+        class of that rate with the ``tbf`` below it; the rest goes at full speed. (This
+        kernel has neither ``netem`` nor ``prio``.)"""
         ns = self.hosts[host]
-        ns.exec("tc", "qdisc", "add", "dev", "eth0", "root", "handle", "1:", "prio")
-        ns.exec("tc", "qdisc", "add", "dev", "eth0", "parent", "1:3", "handle", "30:", "tbf",
-                "rate", rate, "burst", "16kb", "latency", "200ms")
+        tc = ("tc", "qdisc", "add", "dev", "eth0")
+        ns.exec(*tc, "root", "handle", "1:", "htb", "default", "10", "r2q", "1000")
+        ns.exec("tc", "class", "add", "dev", "eth0", "parent", "1:", "classid", "1:10", "htb",
+                "rate", "10gbit")
+        ns.exec("tc", "class", "add", "dev", "eth0", "parent", "1:", "classid", "1:20", "htb",
+                "rate", rate, "ceil", rate)
+        ns.exec(*tc, "parent", "1:20", "handle", "20:", "tbf", "rate", rate, "burst", "16kb",
+                "latency", "200ms")
         ns.exec("tc", "filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "u32",
-                "match", "ip", "dport", str(port), "0xffff", "flowid", "1:3")
+                "match", "ip", "dport", str(port), "0xffff", "flowid", "1:20")
 
     def close(self) -> None:
         for ns in (self.services, *self.hosts.values()):

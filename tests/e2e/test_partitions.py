@@ -88,3 +88,40 @@ def _cut_from_s3(lab: Lab, stage: Stage, job_id: str, uri: str) -> None:
     time.sleep(3.0)
     ender = next(h for h in stage.hosts if h.nodename == result.worker.node)
     call(lambda: stage.check_one_end(job_id, ender, result, done))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not FULL, reason="make chaos only (FRAMEFLEET_CHAOS_FULL=1)")
+def test_a_slow_link_to_s3_holds_the_ring_and_charges_the_wait_to_the_upload(
+        lab_stage: tuple[Lab, Stage]) -> None:
+    lab, stage = lab_stage
+    jobs, call = stage.jobs, stage.call
+    # Given both hosts' path to S3 throttled below what the job makes (32 kbit/s, for the
+    # pattern's lossless segments of ~4 kB; Redis as fast as ever)
+    for ns in lab.hosts:
+        lab.throttle(ns, _port(jobs.s3.endpoint_url), "32kbit")
+    uri = call(lambda: jobs.put_input("slow", JOB))
+    spec = pattern_spec("slow-link", uri, jobs.bucket, segment_frames=12, time_limit_s=240)
+    # Lossless: the pattern compresses to almost nothing otherwise
+    spec = spec.model_copy(update={"video": spec.video.model_copy(update={"crf": 0})})
+    jobs.specs["slow-link"] = spec
+    t0 = time.monotonic()
+    handle = call(lambda: jobs.client.submit(spec))
+    # When the job runs, Then it succeeds within its time limit ...
+    result = call(lambda: handle.wait(timeout=260, poll_s=0.5))
+    took = time.monotonic() - t0
+    assert took < spec.time_limit_s
+    # ... its frame ring held the decode back (bounded memory) while segments crawled out ...
+    timings = result.timings
+    stored = sum(seg.bytes for seg in result.manifest.segments)
+    assert timings.backpressure_s > 0 and timings.upload_s > 1.0, (stored, timings)
+    # ... and its cost report charges the wait to the upload, not to the decode
+    assert result.cost is not None
+    stages = {s.stage: s for s in result.cost.stages}
+    assert stages["upload_wait"].gpu_seconds > 1.0, stages
+    stored = sum(seg.bytes for seg in result.manifest.segments)
+    print(f"slow link (32 kbit/s to S3): {took:.1f} s, {result.manifest.frames} frames, "
+          f"{stored / 1e6:.1f} MB, "
+          f"upload {timings.upload_s:.1f} s, ring wait {timings.backpressure_s:.1f} s, "
+          f"upload_wait {stages['upload_wait'].gpu_seconds:.1f} of "
+          f"{result.cost.gpu_seconds:.1f} GPU-s")

@@ -15,7 +15,11 @@ before the lease can have lapsed in Redis, and so before any other run can have 
   of a request's body it reads (:class:`FencedBody`);
 - the S3 client's sockets close with a reset (``SO_LINGER`` 0): a request it gave up on is
   dropped by the kernel, never finished when a partition heals; each socket operation times
-  out after ``S3_OP_TIMEOUT_S``, and a small send buffer keeps that true on a slow link.
+  out after ``S3_OP_TIMEOUT_S``, unacknowledged data aborts the connection after as long
+  (``TCP_USER_TIMEOUT``: a partition), and a small send buffer keeps the bound true on a slow
+  link: what is left in it when the body's last chunk was checked drains within one
+  operation down to 256 kbit/s. A slower link fails its uploads (retried, then the job fails
+  naming the store) rather than land them late.
 
 So the last byte of a write reaches the store within 2 × ``S3_OP_TIMEOUT_S`` of a check that
 saw the lease held for ``WRITE_MARGIN_S`` more. A local file (``file://``) lands by a rename,
@@ -38,14 +42,16 @@ S3_OP_TIMEOUT_S = 3.0
 #: that may follow the last check, and a second for the network.
 WRITE_MARGIN_S = 2 * S3_OP_TIMEOUT_S + 1.0
 #: The S3 sockets' send buffer: what the kernel may still send after the last check. Small,
-#: so that a slow link (1 Mbit/s) drains it within one socket operation; large enough for
-#: full speed to an S3 endpoint in the same region (a few ms away).
-S3_SEND_BUFFER = 256 * 1024
+#: so that a slow link drains it within one socket operation (64 KiB, doubled by Linux: 1 s
+#: at 1 Mbit/s); large enough for tens of MB/s to an S3 endpoint in the same region (a
+#: round trip of 1-2 ms).
+S3_SEND_BUFFER = 64 * 1024
 #: Socket options of the S3 client: a reset on close (no half-sent request is finished
-#: later), the bounded send buffer.
+#: later), the bounded send buffer, and unacknowledged data given up after one operation.
 S3_SOCKET_OPTIONS = (
     (socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)),
     (socket.SOL_SOCKET, socket.SO_SNDBUF, S3_SEND_BUFFER),
+    (socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(S3_OP_TIMEOUT_S * 1000)),
 )
 
 
