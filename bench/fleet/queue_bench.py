@@ -10,8 +10,9 @@
    the host-wide monotonic clock), split at the worker's ``task_received``.
 2. Submit throughput from one process, no worker consuming: ``Client.submit`` of distinct
    job_ids, then raw ``app.send_task`` with the same message (what the idempotency registry
-   costs), then the variants of ``bench/fleet/queue_variants.py``, one per proposed change, each
-   patching a Client of this process only (``--variant-jobs``).
+   costs), the bulk path ``Client.submit_many`` (``--bulk-jobs``), then the variants of
+   ``bench/fleet/queue_variants.py``, one per proposed change, each patching a Client of this
+   process only (``--variant-jobs``).
 3. A cProfile of the submit loop (``--profile-jobs``), grouped by where the time goes.
 
     python bench/fleet/queue_bench.py --latency-jobs 200 --submit-jobs 5000 \
@@ -51,7 +52,8 @@ from bench.fleet.queue_runs import (  # noqa: E402
 from bench.report import write_json  # noqa: E402
 from tests.services import REPO_ROOT, RedisServer  # noqa: E402
 
-TARGETS = {"p50_ms": 10.0, "p99_ms": 50.0, "submits_per_s": 1000.0}
+TARGETS = {"p50_ms": 10.0, "p99_ms": 50.0, "submits_per_s": 1000.0,
+           "bulk_submits_per_s": 2000.0}
 
 
 # --- report -------------------------------------------------------------------------------
@@ -78,12 +80,16 @@ def machine(url: str) -> dict[str, Any]:
 
 def verdict(result: dict[str, Any]) -> dict[str, Any]:
     lat = result["latency"]["submit_to_start"]
-    rate = result["throughput"]["client_submit"]["jobs_per_s"]
-    got = {"p50_ms": lat["p50_ms"], "p99_ms": lat["p99_ms"], "submits_per_s": rate}
-    return {k: {"target": ("≤ " if k != "submits_per_s" else "≥ ") + str(TARGETS[k]),
+    thr = result["throughput"]
+    got = {"p50_ms": lat["p50_ms"], "p99_ms": lat["p99_ms"],
+           "submits_per_s": thr["client_submit"]["jobs_per_s"]}
+    if "client_submit_many" in thr:
+        got["bulk_submits_per_s"] = thr["client_submit_many"]["jobs_per_s"]
+    rates = ("submits_per_s", "bulk_submits_per_s")
+    return {k: {"target": ("≥ " if k in rates else "≤ ") + str(TARGETS[k]),
                 "measured": got[k],
-                "met": got[k] >= TARGETS[k] if k == "submits_per_s" else got[k] <= TARGETS[k]}
-            for k in TARGETS}
+                "met": got[k] >= TARGETS[k] if k in rates else got[k] <= TARGETS[k]}
+            for k in TARGETS if k in got}
 
 
 def markdown(res: dict[str, Any]) -> str:
@@ -154,6 +160,14 @@ def reading(res: dict[str, Any]) -> list[str]:
              "PUBLISH task-sent) and a redis-py client built by kombu per publish. The "
              "client is CPU-bound; "
              f"redis-server spends {shipped['redis_cpu_us_per_job']} µs per job."]
+    if "client_submit_many" in thr:
+        many = thr["client_submit_many"]
+        lines.append(
+            f"- Bulk: `Client.submit_many` (and `framefleet submit --from`) queued "
+            f"{many['jobs_per_s']} jobs/s, ×{many['jobs_per_s'] / shipped['jobs_per_s']:.2f} "
+            f"one submit at a time, every job still checked, claimed and marked sent; "
+            f"{many['client_cpu_us_per_job']} µs of client CPU per job: what is left is "
+            "Celery's building of each message.")
     if "proposed" in thr:
         prop, bulk = thr["proposed"], thr["submit_many"]
         lines.append(
@@ -184,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile-jobs", type=int, default=1000, help="0: no profile")
     p.add_argument("--variant-jobs", type=int, default=2000,
                    help="jobs per settings variant; 0: no variants")
+    p.add_argument("--bulk-jobs", type=int, default=5000,
+                   help="jobs through Client.submit_many, the bulk path; 0: not timed")
     p.add_argument("--out", type=Path, default=Path("bench/results/queue-cpu.json"))
     args = p.parse_args(argv)
     binary = shutil.which("redis-server")
@@ -208,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
             throughput_url = url[: -len("/0")] + "/1"
             print("throughput ...", flush=True)
             res["throughput"] = run_throughput(throughput_url, args.submit_jobs,
-                                               args.variant_jobs, args.rounds, base)
+                                               args.variant_jobs, args.rounds, base,
+                                               args.bulk_jobs)
             if args.profile_jobs:
                 print("profile ...", flush=True)
                 res["profile"] = run_profile(throughput_url, args.profile_jobs, base)

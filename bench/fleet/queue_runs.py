@@ -17,7 +17,7 @@ import numpy as np
 import redis
 
 from bench.fleet.queue_probe import EVENTS_KEY, URL_ENV, now
-from bench.fleet.queue_variants import PATHS, Patch, send_raw, submit_many
+from bench.fleet.queue_variants import PATHS, Patch, client_submit_many, send_raw, submit_many
 from producer.client import Client
 from producer.wire.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec, VideoSpec
 from tests.services import WorkerProcess
@@ -160,6 +160,8 @@ def timed(url: str, key: str, conf: dict[str, Any], patches: list[Patch],
         cpu0, start = time.process_time(), time.perf_counter()
         if key == "submit_many":
             submit_many(client, jobs)
+        elif key == "client_submit_many":
+            client_submit_many(client, jobs)
         else:
             for spec in jobs:
                 send(spec)
@@ -172,14 +174,16 @@ def timed(url: str, key: str, conf: dict[str, Any], patches: list[Patch],
     return wall, cpu, server
 
 
-def run_throughput(url: str, n: int, n_variant: int, rounds: int, base: JobSpec
-                   ) -> dict[str, Any]:
-    """The first two paths submit ``n`` jobs, the variants ``n_variant`` (0: skipped), in
-    ``rounds`` interleaved rounds (order rotated each round), so a load change on the host
-    hits all paths alike."""
-    paths = PATHS if n_variant > 0 else PATHS[:2]
-    per_path = {key: max(1, (n if i < 2 else n_variant) // rounds)
-                for i, (key, *_) in enumerate(paths)}
+def run_throughput(url: str, n: int, n_variant: int, rounds: int, base: JobSpec,
+                   n_bulk: int = 0) -> dict[str, Any]:
+    """The first two paths submit ``n`` jobs, the shipped bulk path ``n_bulk`` (0: skipped),
+    the variants ``n_variant`` (0: skipped), in ``rounds`` interleaved rounds (order rotated
+    each round), so a load change on the host hits all paths alike."""
+    paths = [p for i, p in enumerate(PATHS)
+             if i < 2 or (p[0] == "client_submit_many" and n_bulk > 0)
+             or (i > 2 and n_variant > 0)]
+    counts = {"client_submit": n, "raw_send_task": n, "client_submit_many": n_bulk}
+    per_path = {key: max(1, counts.get(key, n_variant) // rounds) for key, *_ in paths}
     walls: dict[str, list[tuple[float, float, float]]] = {key: [] for key, *_ in paths}
     for rnd in range(rounds):
         order = paths[rnd % len(paths):] + paths[: rnd % len(paths)]

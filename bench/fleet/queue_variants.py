@@ -3,6 +3,8 @@
 Each variant patches one fresh Client in the benchmark process only: production files are
 unchanged, and every variant but ``raw_send_task`` and ``submit_many`` still runs the real
 ``Client.submit``. Each stands for one proposed change (see ``bench/results/queue-cpu.md``).
+``client_submit_many`` is no variant: the shipped bulk path, ``Client.submit_many``, timed
+beside the single submit (``--bulk-jobs``).
 """
 
 from __future__ import annotations
@@ -86,11 +88,21 @@ def submit_many(c: Client, jobs: list[JobSpec], size: int = 100) -> None:
         c.submit(spec)
 
 
+def client_submit_many(c: Client, jobs: list[JobSpec]) -> None:
+    """The shipped bulk path, ``Client.submit_many``: every job's checks, claim and sent mark,
+    a chunk's claims in one pipeline, its publishes in one kombu batch."""
+    refused = [o for o in c.submit_many(jobs) if not o.ok]
+    if refused:
+        raise RuntimeError(f"{len(refused)} jobs refused, the first: {refused[0].error}")
+
+
 Patch = Callable[[Client], None]
-#: (key, what, app.conf changes, patches); every path but raw_send_task runs Client.submit.
+#: (key, what, app.conf changes, patches); every path but raw_send_task and the two bulk
+#: paths runs Client.submit.
 PATHS: list[tuple[str, str, dict[str, Any], list[Patch]]] = [
     ("client_submit", "Client.submit", {}, []),
     ("raw_send_task", "app.send_task alone (no registry)", {}, []),
+    ("client_submit_many", "Client.submit_many (bulk: chunks of 500)", {}, []),
     ("no_sent_event", "submit, task_send_sent_event=False", {"task_send_sent_event": False}, []),
     ("kombu_batch", "submit, LPUSH + PUBLISH pipelined", {}, [kombu_batch]),
     ("batch_no_sent_event", "submit, pipelined + task_send_sent_event=False",

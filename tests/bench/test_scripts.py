@@ -74,10 +74,12 @@ def test_queue_bench_runs_at_a_smoke_size(tmp_path: Path) -> None:
     out = tmp_path / "queue.json"
     done = _bench("fleet/queue_bench.py", "--latency-jobs", "3", "--warmup-jobs", "1",
                   "--long-idle-jobs", "0", "--submit-jobs", "40", "--rounds", "1",
-                  "--profile-jobs", "20", "--variant-jobs", "20", "--out", str(out))
+                  "--profile-jobs", "20", "--variant-jobs", "20", "--bulk-jobs", "40",
+                  "--out", str(out))
     assert done.returncode == 0, done.stdout + done.stderr
     doc = json.loads(out.read_text())
     assert doc and out.with_suffix(".md").exists()
+    assert doc["throughput"]["client_submit_many"]["jobs"] == 40  # the bulk path, timed
 
 
 #: Options a device call may use that ``--tiny`` stands for in CI (the models and device).
