@@ -81,8 +81,9 @@ class Stage:
             come_back(zombie)
         healed_at = time.monotonic()
         # Then, once the zombie's run is over (it stops, or, unfenced, ends the job again) ...
-        wait_for(lambda: "stopped without an end" in zombie.log_text()
-                 or succeeded([zombie], job_id), 90, f"the zombie's run over ({zombie.host})")
+        stopped = f"job {job_id}: this run stopped without an end"
+        wait_for(lambda: stopped in zombie.log_text() or succeeded([zombie], job_id), 90,
+                 f"the zombie's run over ({zombie.host})")
         print(f"zombie {job_id} ({heal}): delivered again {detected:.1f} s after the fault, "
               f"SUCCESS {recovered:.1f} s after it; the zombie stopped "
               f"{time.monotonic() - healed_at:.1f} s after the heal")
@@ -93,8 +94,8 @@ class Stage:
         assert len(ends) == 1, [x.json for x in ends]
         assert ends[0].json["data"]["result"]["worker"]["node"] == other.nodename
         # ... and the zombie's log says it lost its lease and stopped without an end
-        assert "lost its lease" in zombie.log_text()
-        assert "stopped without an end" in zombie.log_text()
+        assert f"job {job_id}: this run (generation" in zombie.log_text()
+        assert "lost its lease" in zombie.log_text() and stopped in zombie.log_text()
 
     def check_one_end(self, job_id: str, other: Host, result: JobResult, done: datetime) -> None:
         """The job ended once, by ``other``'s run, and nothing of it changed after ``done``."""
