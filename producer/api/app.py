@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import FastAPI
 
-from producer.api import errors, ops, page, routes_jobs, routes_videos
+from producer.api import errors, ops, page, routes_batches, routes_jobs, routes_videos, schema
 from producer.api.bodylimit import BodyLimit
 from producer.api.clientlimit import ClientLimit
 from producer.api.context import Gateway
@@ -26,8 +24,9 @@ def create_app(settings: Settings | None = None, client: Client | None = None) -
     naming the variable when the keys file, the model map or the output prefix is missing."""
     settings = settings or get_settings()
     gateway = Gateway(settings, client)
+    # /openapi.json is the key's own (producer.api.schema): its inputs' prefix is in it
     app = FastAPI(title="framefleet", version="1", description=DESCRIPTION, docs_url=None,
-                  redoc_url=None)
+                  redoc_url=None, openapi_url=None)
     app.state.gateway = gateway
     errors.install(app)
     # Innermost first: a HEAD finds its GET route (methods.py); the client limit's 429s are
@@ -40,17 +39,9 @@ def create_app(settings: Settings | None = None, client: Client | None = None) -
                                       settings.api_max_body_bytes))
     app.include_router(routes_videos.router)
     app.include_router(routes_jobs.router)
+    app.include_router(routes_batches.router)
     app.include_router(ops.router)
     app.include_router(page.router)
-    app.openapi = lambda: _with_spec_schemas(app)  # type: ignore[method-assign]
+    app.include_router(schema.router)
+    app.openapi = lambda: schema.document(app, None)  # type: ignore[method-assign]
     return app
-
-
-def _with_spec_schemas(app: FastAPI) -> dict[str, Any]:
-    """FastAPI's schema, plus the JobSpec parts that ``POST /v1/jobs``'s body refers to."""
-    if app.openapi_schema is None:
-        schema = FastAPI.openapi(app)
-        schema.setdefault("components", {}).setdefault("schemas", {}).update(
-            routes_jobs.spec_schemas()[1])
-        app.openapi_schema = schema
-    return app.openapi_schema

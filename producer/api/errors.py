@@ -32,8 +32,10 @@ TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_
          501: "invalid_request_error"}
 CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large",
          416: "range_not_satisfiable"}
-# "generate.num_frames: must be 4k+1" or "invalid job spec: time_limit_s: ...": the field.
-_FIELD = re.compile(r"^(?:invalid job spec: )?([A-Za-z_][\w.\[\]]*): ")
+# "generate.num_frames: must be 4k+1" or "invalid job spec: time_limit_s: ...": the field,
+# whatever it is spelt with (a body's own key may be any text: "video.kæï: Extra inputs …");
+# of "generate.height, generate.width: …" the first.
+_FIELD = re.compile(r"^(?:invalid job spec: )?([^\s:][^:]*?): ")
 
 
 #: The body of every error, as the schema documents it.
@@ -90,7 +92,9 @@ def from_fleet(e: FramefleetError) -> ApiRequestError:
     text = " ".join(str(e).split())
     if isinstance(e, InvalidJobError):
         match = _FIELD.match(text)
-        return ApiRequestError(400, "invalid_value", text, match.group(1) if match else None)
+        # no field named (the message's size): the body as a whole
+        field = match.group(1).split(", ")[0] if match else "body"
+        return ApiRequestError(400, "invalid_value", text, field)
     if isinstance(e, JobConflictError):
         return ApiRequestError(409, "conflict", text)
     if isinstance(e, UnknownJobError):

@@ -16,55 +16,37 @@ from producer.api.events import job_events
 from producer.api.files import serve
 from producer.api.jsonbody import parse_json
 from producer.api.registry import Record
+from producer.api.schema_parts import FileName, PathId
 from producer.api.streams import Slot
-from producer.api.submit import submit_job
+from producer.api.submit import json_numbers, submit_job
 from producer.api.video import job_object
-from producer.wire.spec import JobSpec
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=RESPONSES)
-_SPEC_DOC = ("A JobSpec (producer/wire/spec.py) without tenant and output, which the gateway sets; "
-             "job_id is the key's own id; generate.model and decoder.weights are model names "
-             "of the gateway's map; input URIs lie under the key's input prefix.")
 
 
-def spec_schemas() -> tuple[dict[str, Any], dict[str, Any]]:
-    """The request body's JSON schema (a JobSpec as a key sends it: no tenant, no output,
-    models by name) and the schemas it refers to, for the OpenAPI components."""
-    schema = JobSpec.model_json_schema(ref_template="#/components/schemas/{model}")
-    defs: dict[str, Any] = schema.pop("$defs", {})
-    for name in ("tenant", "output"):
-        schema["properties"].pop(name, None)
-    schema["required"] = [r for r in schema.get("required", []) if r not in ("tenant", "output")]
-    schema["title"] = "JobRequest"
-    generate = defs["GenerateSpec"]["properties"]
-    generate["model"] = {"type": "string", "description": "a model name of the gateway's map"}
-    return schema, defs
-
-
-@router.post("", summary="Submit a JobSpec", openapi_extra={"requestBody": {
-    "required": True, "description": _SPEC_DOC,
-    "content": {"application/json": {"schema": spec_schemas()[0]}}}})
+# Its body is written from the model map and the key (producer.api.schema).
+@router.post("", summary="Submit a JobSpec")
 async def create_job(request: Request, gw: GatewayDep, tenant: TenantDep) -> dict[str, Any]:
     # Read here, not through a Body parameter: FastAPI turns any error while reading a body
     # into a 400, and an over-long body must stay the 413 that the limit raises.
-    spec = parse_json(await request.body())
+    spec = json_numbers(parse_json(await request.body()))
     view = await run_in_threadpool(submit_job, gw, tenant, spec)
     return job_object(view)
 
 
 @router.get("/{job_id}", summary="A job's state, progress and result")
-def get_job(job_id: str, gw: GatewayDep, tenant: TenantDep) -> dict[str, Any]:
+def get_job(job_id: PathId, gw: GatewayDep, tenant: TenantDep) -> dict[str, Any]:
     return job_object(gw.view(gw.lookup(tenant, job_id, "job")))
 
 
 @router.delete("/{job_id}", summary="Cancel a job")
-def cancel_job(job_id: str, gw: GatewayDep, tenant: TenantDep) -> dict[str, Any]:
+def cancel_job(job_id: PathId, gw: GatewayDep, tenant: TenantDep) -> dict[str, Any]:
     rec = gw.lookup(tenant, job_id, "job")
     state = gw.client.cancel(rec.job_id, rec.tenant)
     return {"id": rec.id, "object": "framefleet.job.cancel", "was": state}
 
 
-def _record(job_id: str, gw: GatewayDep, tenant: TenantDep) -> Record:
+def _record(job_id: PathId, gw: GatewayDep, tenant: TenantDep) -> Record:
     # A dependency: an unknown id is a 404 before the stream starts.
     return gw.lookup(tenant, job_id, "job")
 
@@ -88,7 +70,7 @@ async def events(gw: GatewayDep, rec: Annotated[Record, Depends(_record)],
         yield e
 
 
-def job_file(job_id: str, name: str, request: Request, gw: GatewayDep, tenant: TenantDep,
+def job_file(job_id: PathId, name: FileName, request: Request, gw: GatewayDep, tenant: TenantDep,
              range_header: Annotated[str | None, Header(alias="range")] = None) -> Response:
     return serve(gw, gw.lookup(tenant, job_id, "job"), name, range_header,
                  head=request.method == "HEAD")

@@ -14,37 +14,14 @@ from producer.api.context import Gateway, GatewayDep, TenantDep
 from producer.api.errors import RESPONSES
 from producer.api.files import content
 from producer.api.jsonbody import parse_json
+from producer.api.schema_parts import PUBLIC_ID, PUBLIC_ID_CHARS, PathId
 from producer.api.store import parse
-from producer.api.submit import VideoCreate, submit_video
+from producer.api.submit import VideoCreate, json_numbers, submit_video
 from producer.api.video import video_object
 from producer.errors import ApiRequestError
 
 #: How soon the SDK's ``poll`` asks again (header ``openai-poll-after-ms``).
 POLL_AFTER_MS = 500
-
-
-def _inlined(schema: dict[str, Any]) -> dict[str, Any]:
-    """The model's JSON schema with its ``$defs`` written in place: a ``#/$defs/…`` reference
-    would point at the root of the OpenAPI document, where there are none."""
-    defs = schema.pop("$defs", {})
-
-    def walk(node: Any) -> Any:
-        if isinstance(node, dict):
-            ref = node.get("$ref", "")
-            if ref.startswith("#/$defs/"):
-                return walk(defs[ref.removeprefix("#/$defs/")])
-            return {k: walk(v) for k, v in node.items()}
-        return [walk(v) for v in node] if isinstance(node, list) else node
-    return dict(walk(schema))
-
-
-_SCHEMA = _inlined(VideoCreate.model_json_schema())
-_CREATE_BODY = {"content": {
-    "application/json": {"schema": _SCHEMA},
-    "multipart/form-data": {"schema": {"type": "object", "properties": {
-        **_SCHEMA["properties"],
-        "input_reference": {"type": "string", "format": "binary"}}, "required": ["prompt"]}},
-}, "required": True}
 
 
 #: The create request's integer fields, which a multipart form sends as their digits.
@@ -80,7 +57,7 @@ async def _read(request: Request, gw: Gateway) -> tuple[VideoCreate, bytes | Non
         if len(raw) > gw.settings.api_max_body_bytes:
             raise ApiRequestError(413, "body_too_large",
                                   f"over {gw.settings.api_max_body_bytes} bytes")
-        fields = parse_json(raw)
+        fields = json_numbers(parse_json(raw))
         if not isinstance(fields, dict):
             raise ApiRequestError(400, "invalid_value", "body: expected a JSON object", "body")
     try:
@@ -97,17 +74,19 @@ async def create(request: Request, gw: GatewayDep, tenant: TenantDep) -> dict[st
 
 def list_videos(
     gw: GatewayDep, tenant: TenantDep,
-    after: Annotated[str | None, Query(max_length=128)] = None,
+    after: Annotated[str | None, Query(max_length=PUBLIC_ID_CHARS, pattern=PUBLIC_ID)] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     order: Literal["asc", "desc"] = "desc",
 ) -> dict[str, Any]:
+    if after is not None:  # an id that names nothing is a 404, as for any lookup by id
+        gw.lookup(tenant, after)
     records, more = gw.registry.page(tenant.name, after, limit, order)
     data = [video_object(gw.view(r)) for r in records]
     return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
             "last_id": data[-1]["id"] if data else None, "has_more": more}
 
 
-def retrieve(video_id: str, gw: GatewayDep, tenant: TenantDep,
+def retrieve(video_id: PathId, gw: GatewayDep, tenant: TenantDep,
              response: Response) -> dict[str, Any]:
     view = gw.view(gw.lookup(tenant, video_id))
     if not view.state.finished:
@@ -115,7 +94,7 @@ def retrieve(video_id: str, gw: GatewayDep, tenant: TenantDep,
     return video_object(view)
 
 
-def delete(video_id: str, gw: GatewayDep, tenant: TenantDep) -> dict[str, Any]:
+def delete(video_id: PathId, gw: GatewayDep, tenant: TenantDep) -> dict[str, Any]:
     """A job still queued or running is cancelled (``deleted: false``: it ends as failed,
     code ``cancelled``). A finished one is deleted with its outputs if the key may
     (``delete_outputs`` in the keys file); otherwise 403."""
@@ -134,15 +113,15 @@ def delete(video_id: str, gw: GatewayDep, tenant: TenantDep) -> dict[str, Any]:
     return {"id": rec.id, "object": "video.deleted", "deleted": True}
 
 
-def video_content(video_id: str, request: Request, gw: GatewayDep, tenant: TenantDep,
+def video_content(video_id: PathId, request: Request, gw: GatewayDep, tenant: TenantDep,
                   variant: Literal["video"] = "video",
                   range_header: Annotated[str | None, Header(alias="range")] = None) -> Response:
     return content(gw, gw.lookup(tenant, video_id), range_header, head=request.method == "HEAD")
 
 
 router = APIRouter(prefix="/v1/videos", tags=["videos"], responses=RESPONSES)
-router.add_api_route("", create, methods=["POST"], summary="Create a video",
-                     openapi_extra={"requestBody": _CREATE_BODY})
+# Its body is written from the model map (producer.api.schema), as is POST /v1/jobs's.
+router.add_api_route("", create, methods=["POST"], summary="Create a video")
 router.add_api_route("", list_videos, methods=["GET"],
                      summary="List the key's videos, newest first")
 router.add_api_route("/{video_id}", retrieve, methods=["GET"], summary="Retrieve a video")

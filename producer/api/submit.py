@@ -13,14 +13,17 @@ worker's). Then ``Client.submit`` checks the spec as it checks any other.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import time
-from typing import Any
+from decimal import Decimal, InvalidOperation
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, field_validator
 
+from producer.api.accepts import written
 from producer.api.auth import Tenant
-from producer.api.catalog import NATIVE_FIELDS, ModelEntry, check_limits, shape
+from producer.api.catalog import NATIVE_FIELDS, SIZE_RE, ModelEntry, check_limits, shape
 from producer.api.context import Gateway
 from producer.api.reach import folder_reach
 from producer.api.registry import Record, fleet_id, new_video_id, valid_public_id
@@ -55,7 +58,9 @@ class VideoCreate(BaseModel):
 
     prompt: str = Field(min_length=1, max_length=20_000)
     model: str | None = Field(default=None, max_length=64)
-    seconds: str | None = Field(default=None, max_length=16, coerce_numbers_to_str=True)
+    # "0.5" or 0.5; as text, written as a number's shortest form (no exponent, sign, spaces
+    # or trailing zeros): the schema lists each duration a model makes so
+    seconds: Annotated[str, Field(max_length=16)] | StrictInt | StrictFloat | None = None
     size: str | None = Field(default=None, max_length=16)
     negative_prompt: str = Field(default="", max_length=20_000)
     # Strict: JSON's true or "2" is not a number of steps (a form's fields are text, and
@@ -80,6 +85,20 @@ class VideoCreate(BaseModel):
 
 #: What ``/v1/videos`` calls the quantities of the fleet's limits.
 VIDEO_NAMES = Names(width="size", height="size", frames="seconds", steps="steps")
+
+
+def json_numbers(data: Any) -> Any:
+    """A JSON body's numbers as JSON Schema reads them: ``2.0`` is the integer 2, which the
+    schema's integers take, and so does the gateway; ``2.5``, ``true`` and ``"2"`` are no
+    integer. (The wire's own models stay strict: this is the HTTP API's reading of JSON.)
+    The body's depth is bounded already (``producer.api.jsonbody``)."""
+    if isinstance(data, float):
+        return int(data) if data.is_integer() else data
+    if isinstance(data, dict):
+        return {k: json_numbers(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [json_numbers(v) for v in data]
+    return data
 
 
 def _bad(param: str, message: str) -> ApiRequestError:
@@ -125,16 +144,34 @@ def _send(gw: Gateway, tenant: Tenant, rec: Record, spec: JobSpec) -> View:
     return gw.view(rec)
 
 
+#: A duration as text: a number's shortest form.
+SECONDS_RE = re.compile(r"^(0|[1-9][0-9]*)(\.[0-9]*[1-9])?$")
+
+
+def _seconds(value: str | int | float | None) -> str | None:
+    """A duration as ``shape`` reads it: a number's shortest form, text written so."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if not SECONDS_RE.match(value):
+            raise _bad("seconds", f"{value[:32]!r}: write a duration as a plain number such as "
+                       "5, 0.5 or 1.25 (no sign, exponent, spaces or trailing zeros)")
+        return value
+    try:
+        return written(Decimal(repr(value)))
+    except InvalidOperation:
+        raise _bad("seconds", f"{value!r} is not a number of seconds") from None
+
+
 def submit_video(gw: Gateway, tenant: Tenant, req: VideoCreate,
                  upload: bytes | None) -> View:
     """A prompt (and an image) for a model of the map."""
     name, entry = gw.catalog.get(req.model)
-    dims = shape(entry, req.size, req.seconds, req.steps, image=upload is not None,
+    if req.size is not None and not SIZE_RE.match(req.size):
+        raise _bad("size", f"expected WIDTHxHEIGHT such as {entry.size}, got {req.size[:32]!r}")
+    dims = shape(entry, req.size, _seconds(req.seconds), req.steps, image=upload is not None,
                  reach=folder_reach(entry.folder))
     check_fits(gw, entry, dims.width, dims.height, dims.frames, dims.steps, VIDEO_NAMES)
-    if req.preview is not None and req.preview.every > dims.steps:
-        raise _bad("preview.every", f"{req.preview.every} is more than the job's {dims.steps} "
-                   "steps: no preview would be made (0 turns them off)")
     public = new_video_id()
     job_id = fleet_id(tenant.name, public)
     generate: dict[str, Any] = {
@@ -173,8 +210,9 @@ def _inputs(gw: Gateway, tenant: Tenant, data: dict[str, Any]) -> None:
     if isinstance(data.get("input"), dict):
         found.append(("input.uri", data["input"].get("uri")))
     gen = data.get("generate")
-    if isinstance(gen, dict):
-        found += [(f"generate.{k}", gen[k]) for k in ("image", "last_image") if k in gen]
+    if isinstance(gen, dict):  # null: none, as left out
+        found += [(f"generate.{k}", gen[k]) for k in ("image", "last_image")
+                  if gen.get(k) is not None]
         for i, lora in enumerate(gen.get("loras") or []):
             found.append((f"generate.loras[{i}].uri", lora.get("uri")
                           if isinstance(lora, dict) else lora))

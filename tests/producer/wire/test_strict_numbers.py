@@ -61,8 +61,10 @@ def test_plain_numbers_still_pass() -> None:
     assert parsed.video.fps == 24.0
 
 
-def test_every_over_the_steps_names_the_field_itself() -> None:
-    with pytest.raises(InvalidJobError) as e:
-        parse_spec(spec({"preview": {"every": 5}}))
-    assert str(e.value).startswith("invalid job spec: generate.preview.every: 5 is more than "
-                                   "num_inference_steps 4"), str(e.value)
+def test_every_is_strict_over_the_steps_too() -> None:
+    # 5 over 4 steps is a count (the preview after step 1 only); 5.0 is no count
+    gen = parse_spec(spec({"preview": {"every": 5}})).generate
+    assert gen is not None and gen.preview is not None and gen.preview.every == 5
+    with pytest.raises(InvalidJobError, match=r"generate\.preview\.every: Input should be a "
+                       "valid integer"):
+        parse_spec(spec({"preview": {"every": 5.0}}))
