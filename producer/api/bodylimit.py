@@ -4,7 +4,8 @@ Starlette's own limiter answers 413 as plain text, outside the app's error handl
 gateway keeps this small one: a declared ``Content-Length`` over the limit is refused before
 anything is read; a body that turns out longer (chunked) stops the read with an
 ``ApiRequestError``, which the error handlers turn into the JSON 413. Only ``POST /v1/videos``
-(it may carry an ``input_reference`` image) gets the upload limit.
+(it may carry an ``input_reference`` image) and ``POST /v1/files`` (a batch's JSON Lines) get
+the upload limit.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from producer.api.errors import respond
 from producer.errors import ApiRequestError
 
-UPLOAD_PATH = "/v1/videos"
+UPLOAD_PATHS = ("/v1/videos", "/v1/files")
 
 
 def _too_large(limit: int) -> ApiRequestError:
@@ -29,7 +30,7 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        upload = scope["method"] == "POST" and scope["path"].rstrip("/") == UPLOAD_PATH
+        upload = scope["method"] == "POST" and scope["path"].rstrip("/") in UPLOAD_PATHS
         limit = self.max_upload if upload else self.max_body
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):

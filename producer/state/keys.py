@@ -138,6 +138,24 @@ def api_streams(tenant: str) -> str:
     return f"{PREFIX}api:streams:{tenant}"
 
 
+def api_file(tenant: str, file_id: str) -> str:
+    """String: a file the tenant uploaded (``POST /v1/files``): JSON of its name, size,
+    purpose and where the gateway stored it."""
+    return f"{PREFIX}api:file:{tenant}:{file_id}"
+
+
+def api_batch(tenant: str, batch_id: str) -> str:
+    """Hash: the tenant's batch (``/v1/batches``): field ``record`` (JSON), and one field per
+    line of its input file (its number: JSON of its state: waiting with its request,
+    submitted with its job's ids, or refused with the error)."""
+    return f"{PREFIX}api:batch:{tenant}:{batch_id}"
+
+
+def api_batch_lock(tenant: str, batch_id: str) -> str:
+    """String: held (``SET NX PX``) while a replica submits the batch's waiting lines."""
+    return f"{PREFIX}api:batchlock:{tenant}:{batch_id}"
+
+
 #: Key prefix of the ``limits`` library's rate-limit windows (it appends its own parts).
 API_RATE_PREFIX = PREFIX + "api:rate"
 #: How long the gateway remembers a job (the job registry keeps a claim this long).
