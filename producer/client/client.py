@@ -103,8 +103,8 @@ class Client:
     def again(self, spec: JobSpec, digest: str, existing: str, flags: Flags,
               handle: JobHandle) -> bool:
         """A job_id claimed before: whether to send its message again (FAILURE or REVOKED,
-        or received and its result expired since). Raises ``JobConflictError`` for another
-        spec; marks ``handle`` reached for the existing job."""
+        received and its result expired since, or claimed and never sent). Raises
+        ``JobConflictError`` for another spec; marks ``handle`` reached for the existing job."""
         if existing != digest:
             raise conflict(spec, flags.first_spec(spec.key))
         key = spec.key
@@ -112,14 +112,16 @@ class Client:
         if state in RERUNNABLE:
             flags.reset_runs(key)
             AsyncResult(key, app=self.app).forget()
-        elif not (state == "PENDING" and flags.take_started(key)):
+        elif not (state == "PENDING" and (flags.take_started(key) or
+                                          flags.sent_at(key) is None)):
             if state not in FINISHED and flags.cancelled(key):
                 # Cancelled, not stopped yet: submitting again means "run it after all".
                 flags.clear_cancel(key)
             handle.reached = True
             return False
         # else a worker received it and its result has expired since: send it again (the
-        # worker returns the output still stored as ``reused``, or runs it if it is gone).
+        # worker returns the output still stored as ``reused``, or runs it if it is gone);
+        # or it was claimed and never sent (the broker went away in between): send it.
         flags.clear_cancel(key)
         return True
 

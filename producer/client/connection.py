@@ -1,7 +1,10 @@
 """The client's connections to Redis: bounded waits, and one-line errors when they fail.
 
 A worker waits out a Redis restart (the app factory retries the result backend 20 times);
-a person at a terminal must not. ``bound_client_app`` gives a client's app short connect and
+a person at a terminal must not wait for a broker that is not there. A submit that meets a
+broker that does not answer its first command fails at once, naming it: nothing was claimed
+or queued. One whose broker stops answering after the claim waits for it (``send_job``), so
+that a claimed job gets its message. ``bound_client_app`` gives a client's app short connect and
 read timeouts and a short retry budget on the broker (publish) and the result backend, so a
 broker that is down, refuses the password or wants one fails a command within a few
 seconds. ``broker_errors`` turns what redis-py, kombu and Celery raise then into
@@ -92,6 +95,11 @@ def classify(e: BaseException, broker_url: str, backend_url: str) -> BrokerError
     from kombu.exceptions import OperationalError
 
     chain = list(_chain(e))
+    # Said already (a send that waited for the broker, then a clean-up that failed too): the
+    # first words are the ones that say what happened to the job.
+    said = [x for x in chain if isinstance(x, BrokerError)]
+    if said:
+        return type(said[-1])(str(said[-1]))
     # A publish failure comes wrapped in kombu's OperationalError: the broker's; the rest
     # (registry, states, results) is the result backend's.
     broker = any(isinstance(x, OperationalError) for x in chain)

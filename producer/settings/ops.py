@@ -48,7 +48,8 @@ class OpsSettings(BaseModel):
         default=None, pattern=r"^(s3://[^/\s]+|file:///)\S*$",
         description="s3:// or file:// prefix of the durable job and cost ledger; unset: none")
     wait_outage_s: float = Field(default=120.0, ge=0, le=86_400, description="how long `wait` "
-                                 "rides out a broker or backend that stops answering")
+                                 "rides out a broker or backend that stops answering, and a "
+                                 "submit whose job is claimed waits to send its message")
     idle_hint_s: float = Field(default=30.0, ge=1, le=86_400, description="a job queued this "
                                "long, no job taken for as long: `status` and `wait` hint why")
     flower_basic_auth: SecretStr | None = Field(default=None, description="`framefleet "
