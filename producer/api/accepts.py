@@ -54,7 +54,7 @@ class Accepts:
             return list(self.listed)
         return [(w, h) for band in self.bands
                 for h in range(band.low, band.high + 1, self.height_step)
-                for w in range(_first(self.width_step), band.widest + 1, self.width_step)]
+                for w in range(first_side(self.width_step), band.widest + 1, self.width_step)]
 
     def takes_size(self, width: int, height: int) -> bool:
         if self.listed is not None:
@@ -64,7 +64,7 @@ class Accepts:
             for b in self.bands)
 
 
-def _first(step: int) -> int:
+def first_side(step: int) -> int:
     """The smallest multiple of ``step`` that is a side ``GenerateSpec`` takes."""
     return step * math.ceil(MIN_SIDE / step)
 
@@ -78,9 +78,9 @@ def accepts(entry: ModelEntry, model: Reach | None, settings: Settings) -> Accep
     tallest = min(MAX_SIDE, model.height if model else MAX_SIDE)
     pixels = min(entry.limits.max_pixels, settings.max_pixels)
     bands: list[Band] = []
-    for h in range(_first(hstep), tallest + 1, hstep):
+    for h in range(first_side(hstep), tallest + 1, hstep):
         most = min(widest, pixels // h) // wstep * wstep
-        if most < _first(wstep):
+        if most < first_side(wstep):
             break  # taller ones take fewer pixels' width still
         if bands and bands[-1].widest == most and bands[-1].high + hstep == h:
             bands[-1] = Band(bands[-1].low, h, most)

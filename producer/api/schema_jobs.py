@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from producer.api.accepts import Accepts, _first, accepts
+from producer.api.accepts import Accepts, accepts, first_side
 from producer.api.catalog import Catalog, ModelEntry
 from producer.api.reach import folder_reach
 from producer.api.schema_parts import (
@@ -59,7 +59,7 @@ def _sizes(took: Accepts) -> list[dict[str, Any]]:
     left out is its default, so it may be left out where that is in the branch."""
     branches = []
     pairs = [((w, w), (h, h)) for w, h in took.listed] if took.listed is not None else [
-        ((_first(took.width_step), b.widest), (b.low, b.high)) for b in took.bands]
+        ((first_side(took.width_step), b.widest), (b.low, b.high)) for b in took.bands]
     for (wlow, whigh), (hlow, hhigh) in pairs:
         sides = {"width": (wlow, whigh, took.width_step), "height": (hlow, hhigh, took.height_step)}
         props = {k: {"type": "integer", "minimum": lo, "maximum": hi, "multipleOf": step}
