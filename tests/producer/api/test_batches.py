@@ -11,6 +11,7 @@ from typing import Any
 
 import redis
 from fastapi.testclient import TestClient
+from openai.types import Batch, FileObject
 
 from producer.api.registry import fleet_id
 from producer.errors import InvalidJobError
@@ -25,7 +26,7 @@ def _upload(client: TestClient, key: Key, lines: list[Any]) -> str:
     r = client.post("/v1/files", headers=key.headers, data={"purpose": "batch"},
                     files={"file": ("batch.jsonl", text.encode(), "application/jsonl")})
     assert r.status_code == 200, r.text
-    assert r.json()["object"] == "file" and r.json()["purpose"] == "batch"
+    assert FileObject.model_validate(r.json()).purpose == "batch"  # as the openai SDK reads it
     file_id: str = r.json()["id"]
     return file_id
 
@@ -35,6 +36,7 @@ def _batch(client: TestClient, key: Key, file_id: str, endpoint: str) -> dict[st
         "input_file_id": file_id, "endpoint": endpoint, "completion_window": "24h"})
     assert r.status_code == 200, r.text
     batch: dict[str, Any] = r.json()
+    assert Batch.model_validate(batch).id == batch["id"]  # as the openai SDK reads it
     return batch
 
 
