@@ -71,7 +71,10 @@ def _bad(param: str, message: str) -> ApiRequestError:
 
 async def upload_file(request: Request, gw: GatewayDep, tenant: TenantDep) -> dict[str, Any]:
     """Take a batch's JSON Lines (checked line by line when a batch is made of it)."""
-    form = await request.form(max_files=1, max_fields=4, max_part_size=1024)
+    form = await request.form(max_files=1, max_fields=16, max_part_size=1024)
+    for name, _ in form.multi_items():
+        if name not in ("file", "purpose"):  # the schema's two fields, and no other
+            raise _bad(name or "body", "unexpected field (file and purpose only)")
     upload, purpose = form.get("file"), form.get("purpose")
     if not isinstance(upload, UploadFile):
         raise _bad("file", "required: the JSON Lines file, as a multipart file")
@@ -349,7 +352,8 @@ async def file_content(file_id: FileId, gw: GatewayDep, tenant: TenantDep) -> Re
 
 
 _UPLOAD_BODY = {"required": True, "content": {"multipart/form-data": {"schema": {
-    "type": "object", "required": ["file", "purpose"], "properties": {
+    "type": "object", "required": ["file", "purpose"], "additionalProperties": False,
+    "properties": {
         "file": {"type": "string", "format": "binary",
                  "description": "JSON Lines: one request per line"},
         "purpose": {"type": "string", "enum": ["batch"]}}}}}}

@@ -154,6 +154,9 @@ def test_a_file_that_is_no_batch_makes_a_failed_batch_and_bad_requests_are_400(
     r = client.post("/v1/files", headers=acme.headers, data={"purpose": "fine-tune"},
                     files={"file": ("b.jsonl", b"{}\n", "application/jsonl")})
     assert r.status_code == 400 and r.json()["error"]["param"] == "purpose"
+    r = client.post("/v1/files", headers=acme.headers, data={"purpose": "batch", "x": "1"},
+                    files={"file": ("b.jsonl", b"{}\n", "application/jsonl")})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "x"  # the schema's two only
     unknown = client.post("/v1/batches", headers=acme.headers, json={
         "input_file_id": "file-" + "0" * 32, "endpoint": "/v1/videos",
         "completion_window": "24h"})
