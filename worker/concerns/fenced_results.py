@@ -61,6 +61,9 @@ class FencedStore(RedisBackend):  # type: ignore[misc]
         if lease is None or not lease.generation:
             super()._set(key, value, expires)
             return
+        if lease.lost:  # known already: no round trip (nor Celery's retries of one)
+            log.warning("job %s: state not stored: this run lost the job's lease", lease.job)
+            return
         if expires is None:
             expires = self.expires
         if not lease.fenced_eval(lease_lua.FENCED_RESULT, (key,), value,
