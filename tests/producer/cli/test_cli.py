@@ -313,9 +313,6 @@ def test_submit_preview_option_refused_naming_it(env: str) -> None:
         result = runner.invoke(cli, [*args, "--preview", bad])
         assert result.exit_code == 1 and "--preview: expected a number of steps" in \
             _one_error_line(result.output), result.output
-    result = runner.invoke(cli, [*args, "--steps", "4", "--preview", "5"])
-    assert result.exit_code == 1 and "--preview: 5 is more than --steps 4" in \
-        _one_error_line(result.output), result.output
 
 
 def test_wait_on_a_job_that_already_failed_draws_no_bar(env: str) -> None:
