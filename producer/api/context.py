@@ -22,7 +22,7 @@ from redis.exceptions import RedisError
 
 from producer.api.auth import KeyRing, Tenant
 from producer.api.catalog import load_catalog
-from producer.api.errors import not_found
+from producer.api.errors import fleet_unavailable, not_found
 from producer.api.reach import folder_random
 from producer.api.registry import Record, Registry
 from producer.api.store import Store
@@ -77,8 +77,7 @@ class Gateway:
             reset = 0.0 if allowed else self.limiter.get_window_stats(item, who).reset_time
         except RedisError:
             # The limits live in Redis: without it nothing can be counted, nor served.
-            raise ApiRequestError(503, "fleet_unavailable",
-                                  "the fleet's Redis does not answer") from None
+            raise fleet_unavailable() from None
         if not allowed:
             wait = max(1, math.ceil(reset - time.time()))
             raise ApiRequestError(429, "rate_limit_exceeded",

@@ -100,8 +100,20 @@ def from_fleet(e: FramefleetError) -> ApiRequestError:
     if isinstance(e, UnknownJobError):
         return not_found("job")
     if isinstance(e, BrokerError):
-        return ApiRequestError(503, "fleet_unavailable", "the fleet's Redis does not answer")
+        return fleet_unavailable()
     return ApiRequestError(500, "internal_error", text)
+
+
+#: What a 503 of the fleet's Redis asks a client to wait: a Sentinel failover or a healed
+#: partition takes seconds.
+UNAVAILABLE_RETRY_AFTER_S = 5
+
+
+def fleet_unavailable() -> ApiRequestError:
+    """The 503 of a Redis that does not answer (down, failing over, cut off), with the
+    ``Retry-After`` a client waits before it tries again."""
+    return ApiRequestError(503, "fleet_unavailable", "the fleet's Redis does not answer",
+                           headers={"Retry-After": str(UNAVAILABLE_RETRY_AFTER_S)})
 
 
 def _param(loc: tuple[Any, ...]) -> str | None:

@@ -19,6 +19,7 @@ from tests.e2e.netns import SERVICES, Lab
 from tests.e2e.test_host_loss import RECOVERY_ENV
 from tests.e2e.webhook_fleet import SECRET
 from tests.e2e.zombies import Stage
+from tests.gateway import GatewayProcess, write_keys, write_models
 from tests.receiver import Receiver
 from tests.require import require_binary
 from tests.services import REDIS_INSTALL, WEED_INSTALL, RedisServer, S3Server
@@ -108,3 +109,54 @@ def _env(redis_url: str, s3: S3Server, bucket: str, receiver_port: int) -> dict[
         "FRAMEFLEET_WEBHOOK_HOSTS": f"http://{SERVICES}:{receiver_port}/hook",
         "FRAMEFLEET_WEBHOOK_BACKOFF_S": "0.5",
     }
+
+
+class LabGateway(GatewayProcess):
+    """``framefleet api`` on its namespace's address (``address``)."""
+
+    def __init__(self, address: str, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.address = address
+        self.env["FRAMEFLEET_API_ADDR"] = address
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}:{self.port}"
+
+
+@contextmanager
+def edge_stage(tmp: Path) -> Iterator[dict[str, Any]]:
+    """A lab with a worker host ``a``, a gateway in ``gw`` and a client's namespace ``cli``:
+    Redis and SeaweedFS in the services' namespace; the gateway's key and the bucket."""
+    redis_bin = require_binary("redis-server", REDIS_INSTALL)
+    weed_bin = require_binary("weed", WEED_INSTALL)
+    with Lab(("a", "gw", "cli")) as lab:
+        svc = lab.services
+        redis_server, s3 = LabRedis(redis_bin, tmp / "redis"), LabS3(weed_bin, tmp / "s3")
+        procs: list[Any] = []
+        try:
+            svc.run(redis_server.start)
+            svc.run(s3.start)
+            bucket = "edge"
+            svc.run(lambda: s3.client().create_bucket(Bucket=bucket))
+            env = _env(redis_server.url, s3, bucket, 9)
+            keys = write_keys(tmp / "keys.toml", {"acme": {}})
+            models = write_models(tmp / "models.json", {"unused": {
+                "folder": str(tmp / "none"), "size": "48x32", "seconds": "0.5"}})
+            host = Host("edgea", tmp / "hosts", env)
+            gateway = LabGateway(lab.hosts["gw"].address, tmp, {
+                **env, "FRAMEFLEET_API_KEYS_FILE": str(tmp / "keys.toml"),
+                "FRAMEFLEET_API_MODELS_FILE": str(models),
+                "FRAMEFLEET_API_INPUT_PREFIX": f"s3://{bucket}/in",
+                "FRAMEFLEET_OUTPUT_PREFIX": f"s3://{bucket}/out"})
+            procs += [host, gateway]
+            lab.hosts["a"].run(host.start)
+            lab.hosts["gw"].run(gateway.start)
+            host.wait_ready(180)
+            yield {"lab": lab, "redis": redis_server, "s3": s3, "bucket": bucket,
+                   "gateway": gateway, "key": keys["acme"], "host": host}
+        finally:
+            for p in procs:
+                p.stop()
+            s3.stop()
+            redis_server.stop()

@@ -8,28 +8,39 @@ host's namespace; Redis, SeaweedFS and a webhook receiver in the services' names
   (``tests/e2e/zombies.py`` checks one end).
 - A host cut from S3 only keeps its lease (it reaches Redis): its uploads fail and are retried
   until the path heals; the job ends once, whole.
+- The gateway cut from Redis answers 503 with ``Retry-After``; a client cut from Redis while
+  it submits fails naming the broker, and nothing is queued; healed, each job runs once.
+- A slow link to S3: the ring holds the decode back, the job succeeds in its time limit, and
+  the cost report charges the wait to ``upload_wait``.
 
-``make test`` runs the first case healed after SUCCESS; ``make chaos`` every case, ``RUNS``
-times.
+``make test`` runs the first case healed after SUCCESS and the gateway's and client's; ``make
+chaos`` every case, ``RUNS`` times.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.e2e.chaos_helpers import FULL, RUNS, mid_job, wait_for
-from tests.e2e.helpers import pattern_spec
+from producer.client import Client
+from producer.errors import BrokerError
+from tests.e2e.api_fleet import call
+from tests.e2e.chaos_helpers import FULL, RUNS, mid_job, received, succeeded, wait_for
+from tests.e2e.helpers import pattern_spec, put_latents
 from tests.e2e.hosts import Host
-from tests.e2e.netns import Lab, require_lab
-from tests.e2e.partition_fleet import partition_stage
+from tests.e2e.netns import SERVICES, Lab, require_lab
+from tests.e2e.partition_fleet import edge_stage, partition_stage
 from tests.e2e.zombies import HEALS, JOB, Stage
 
 pytestmark = [pytest.mark.chaos, pytest.mark.e2e]
+SMALL = {"latent_frames": 6, "h": 32, "w": 40}
 
 
 @pytest.fixture
@@ -125,3 +136,56 @@ def test_a_slow_link_to_s3_holds_the_ring_and_charges_the_wait_to_the_upload(
           f"upload {timings.upload_s:.1f} s, ring wait {timings.backpressure_s:.1f} s, "
           f"upload_wait {stages['upload_wait'].gpu_seconds:.1f} of "
           f"{result.cost.gpu_seconds:.1f} GPU-s")
+
+
+@pytest.fixture
+def edge(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    require_lab()
+    with edge_stage(tmp_path) as stage:
+        yield stage
+
+
+@pytest.mark.timeout(300)
+def test_the_gateway_and_a_client_cut_from_redis_refuse_clearly_and_queue_once(
+        edge: dict[str, Any]) -> None:
+    lab, gateway, key = edge["lab"], edge["gateway"], edge["key"]
+    cli, redis_port = lab.hosts["cli"], _port(edge["redis"].url)
+    uri = lab.services.run(lambda: put_latents(edge["s3"], edge["bucket"],
+                                               "in/acme/clip.safetensors", **SMALL))
+    body = json.dumps({"job_id": "edge-api", "input": {"uri": uri},
+                       "decoder": {"name": "pattern"}}).encode()
+    post = partial(call, gateway.url, "/v1/jobs", key, "POST",
+                   {"Content-Type": "application/json"}, body)
+    # Given the gateway cut from Redis: a clear 503 with Retry-After, no 500, in bounded time
+    lab.cut("gw", redis_port)
+    t0 = time.monotonic()
+    status, headers, answer = cli.run(post)
+    assert status == 503 and headers.get("Retry-After"), (status, answer)
+    assert json.loads(answer)["error"]["code"] == "fleet_unavailable"
+    assert time.monotonic() - t0 < 30
+    # When the path heals, the same request queues the job, once, and it runs
+    lab.heal("gw")
+    status, _, answer = cli.run(post)
+    assert status in (200, 201, 202), answer
+    job = json.loads(answer)["job_id"]
+    api_key = job if ":" in job else f"acme:{job}"
+    # Given a client cut from Redis while it submits: it fails naming the broker, in bounded
+    # time, and nothing is claimed or queued
+    client = cli.run(lambda: Client(broker_url=edge["redis"].url,
+                                    backend_url=edge["redis"].url))
+    spec = pattern_spec("edge-cli", uri, edge["bucket"], segment_frames=12)
+    lab.cut("cli", redis_port)
+    t0 = time.monotonic()
+    with pytest.raises(BrokerError, match=SERVICES):
+        cli.run(lambda: client.submit(spec))
+    assert time.monotonic() - t0 < 60
+    lab.heal("cli")
+    # Then submitted again it is sent once, and both jobs end once, on the worker
+    handle = cli.run(lambda: client.submit(spec))
+    result = cli.run(lambda: handle.wait(timeout=120, poll_s=0.2))
+    assert result.manifest.frames > 0
+    api_job = cli.run(lambda: client.get(api_key).wait(timeout=120, poll_s=0.2))
+    assert api_job.manifest.frames > 0
+    host = edge["host"]
+    assert (received([host], "edge-cli"), succeeded([host], "edge-cli")) == (1, 1)
+    assert succeeded([host], api_key) == 1
