@@ -86,5 +86,5 @@ def test_a_reused_job_id_names_the_fields_that_differ(redis_url: str, latents: P
     assert again.returncode == 1
     assert again.stderr.strip() == (
         "error: job_id 'same-id' of tenant 'acme' was already submitted with a different "
-        "spec: priority: 5 -> 9; video.crf: 20 -> 30; use another job_id, or the first spec")
+        "spec: --priority: 5 -> 9; --crf: 20 -> 30; use another job_id, or the first spec")
     assert _cli(redis_url, *args).stdout.strip() == "acme:same-id"  # the same spec: the job
