@@ -99,7 +99,7 @@ def _refused_everywhere(client: Client, redis_url: str, good: JobSpec, output: s
                "--decoder", "pattern", "--job-id", f"cli-{tag}", "--output", output,
                **field_env)
     assert cli.returncode != 0, (tag, cli.stdout, cli.stderr)
-    assert "output.uri" in cli.stderr, (tag, cli.stderr)
+    assert "--output: " in cli.stderr, (tag, cli.stderr)  # the flag typed (issue 54, point 4)
     with pytest.raises(InvalidJobError, match=r"^output\.uri: "):
         client.submit(_unvalidated(good.model_copy(update={"job_id": f"api-{tag}"}), output))
     assert not r.exists(f"framefleet:spec:cli-{tag}", f"framefleet:spec:api-{tag}")
