@@ -7,7 +7,7 @@ namespace by a veth pair. Every address (``10.77.0.0/24``) lives only in those n
 the lab removes them all (its processes die with them). Faults, per host namespace:
 ``cut(ns, port)`` drops the TCP traffic to and from one port of the services (``iptables``),
 ``heal(ns)`` restores it, ``throttle(ns, port, rate)`` makes a slow link to one port
-(``tc``: ``htb`` and ``tbf``; this kernel has no ``netem``).
+(``tc``: ``htb`` and ``tbf``; this kernel has no ``netem``), ``unthrottle(ns)`` ends it.
 
 Linux keeps the network namespace per thread: :meth:`Netns.run` runs a function on a thread
 that entered the namespace (``setns``), so the sockets it opens live there, and so do the
@@ -22,7 +22,7 @@ import secrets
 import shutil
 import subprocess
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
 import pytest
@@ -77,6 +77,16 @@ class Netns:
     def run(self, fn: Callable[[], T], timeout: float = 600) -> T:
         """``fn()`` on this namespace's thread: its sockets and child processes live here."""
         return self._pool.submit(fn).result(timeout)
+
+    def spawn(self, fn: Callable[[], T]) -> Future[T]:
+        """``fn()`` on this namespace's thread, not waited for."""
+        return self._pool.submit(fn)
+
+    def twin(self) -> Netns:
+        """Another thread in this namespace, with a queue of its own: for work that must not
+        wait behind this thread's (close it; the lab closes only its own). A process started
+        on it gets SIGKILL when it is closed (``PR_SET_PDEATHSIG`` follows the thread)."""
+        return Netns(self.name, self.address)
 
     def exec(self, *argv: str) -> None:
         _sh("ip", "netns", "exec", self.name, *argv)
@@ -150,6 +160,10 @@ class Lab:
                 "latency", "200ms")
         ns.exec("tc", "filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "u32",
                 "match", "ip", "dport", str(port), "0xffff", "flowid", "1:20")
+
+    def unthrottle(self, host: str) -> None:
+        """Every throttle of ``host`` ends (its root qdisc removed)."""
+        self.hosts[host].exec("tc", "qdisc", "del", "dev", "eth0", "root")
 
     def close(self) -> None:
         for ns in (self.services, *self.hosts.values()):

@@ -1,9 +1,14 @@
-"""The storm's parts: its jobs and fault schedule drawn from one seed, the fault-free reference
-of each job shape, and a scraper that adds up every worker process's job counts.
+"""The storm's plan and references: its jobs and fault schedule drawn from one seed, and the
+fault-free reference of each job shape.
 
 A seed fixes the jobs (ids, shapes, route: gateway or client), the fault schedule (times,
-kinds, targets) and the cancelled jobs; ``FRAMEFLEET_STORM_SEED`` reruns one exactly. What the
-operating system makes of the same schedule (which job a kill lands on) differs run to run.
+kinds, targets, how long a partition or a slow link holds, a slow link's rate) and the
+cancelled jobs; ``FRAMEFLEET_STORM_SEED`` reruns one exactly. What the operating system makes
+of the same schedule (which job a kill or a cut lands on) differs run to run.
+
+Faults run in lanes: the fleet's lane (kills, outages, cancels) and one lane per worker host
+(its partitions and slow links: one at a time, so that a heal ends only its own cut). In a
+lane a fault starts at its planned time or, if the one before still runs, when it ends.
 """
 
 from __future__ import annotations
@@ -11,12 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
-import re
-import threading
-import time
-import urllib.request
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +27,30 @@ from producer.wire.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec, Vide
 
 #: The tiny job shapes (latent frames, height, width, frames per segment): a job is one of them.
 SHAPES = ((2, 8, 12, 4), (3, 8, 12, 8), (4, 8, 12, 8))
-#: Faults of a full storm, per kind (the smoke storm of ``make test`` runs fewer).
-FULL_FAULTS = {"kill-pool": 5, "kill-host": 2, "restart-redis": 2, "stop-s3": 1,
-               "pause-s3": 2, "restart-gateway": 1, "cancel": 3}
-SMOKE_FAULTS = {"kill-pool": 1, "restart-redis": 1, "pause-s3": 1, "cancel": 1}
+#: Each fault kind and its category (the storm's goal counts faults per category).
+CATEGORY = {
+    "kill-pool": "kills", "kill-host": "kills",
+    "restart-redis": "outages", "stop-s3": "outages", "pause-s3": "outages",
+    "restart-gateway": "outages",
+    "cut-redis": "partitions", "cut-s3": "partitions",
+    "slow-s3": "slow links",
+    "cancel": "cancels",
+}  # fmt: skip
+#: The kinds that hit one host's network path (in the host's lane).
+NET_KINDS = frozenset({"cut-redis", "cut-s3", "slow-s3"})
+#: Faults of a full storm, per kind: 40 or more of each category but the cancels.
+FULL_FAULTS = {"kill-pool": 28, "kill-host": 12, "restart-redis": 12, "stop-s3": 8,
+               "pause-s3": 12, "restart-gateway": 8, "cut-redis": 24, "cut-s3": 16,
+               "slow-s3": 40, "cancel": 8}
+#: The smoke storm of ``make test``: one partition among them.
+SMOKE_FAULTS = {"kill-pool": 1, "restart-redis": 1, "cut-redis": 1, "cancel": 1}
+#: How long each network fault holds, in seconds (drawn in the range): a cut from Redis
+#: outlasts the lease (10 s) and the sweep's grace, so the host is taken for lost and its run
+#: becomes a zombie; a cut from S3 alone or a slow link is over in seconds.
+HOLD_S = {"cut-redis": (12.0, 15.0), "cut-s3": (2.0, 6.0), "slow-s3": (3.0, 8.0)}
+#: A slow link's rates: from under the fencing bound's 256 kbit/s (an upload times out and is
+#: retried) to a few times over it.
+RATES = ("64kbit", "256kbit", "1mbit")
 #: Jobs each cancel fault cancels.
 CANCELS_PER_FAULT = 4
 
@@ -49,9 +69,18 @@ class StormJob:
 
 @dataclass(frozen=True)
 class Fault:
-    at_s: float  # seconds after the storm's start
+    at_s: float  # planned start, seconds after the storm's start
     kind: str
-    target: int  # which host / pool / gateway replica, or which jobs (cancel)
+    target: int  # which host / pool / gateway replica
+    hold_s: float = 0.0  # how long a partition or a slow link holds
+    rate: str = ""  # a slow link's rate
+
+    def lane(self, n_hosts: int) -> str:
+        """``fleet``, or ``host<i>`` for a fault of host ``i``'s network path."""
+        return f"host{self.target % n_hosts}" if self.kind in NET_KINDS else "fleet"
+
+    def host_index(self, n_hosts: int) -> int:
+        return self.target % n_hosts
 
 
 @dataclass
@@ -66,9 +95,14 @@ class Plan:
         rng = random.Random(seed)
         jobs = [StormJob(f"s{seed % 100000}-{i}", rng.randrange(len(SHAPES)),
                          "gateway" if i % 2 == 0 else "client") for i in range(n_jobs)]
-        drawn = sorted((Fault(round(rng.uniform(3.0, window_s), 1), kind, rng.randrange(1000))
-                        for kind, k in faults.items() for _ in range(k)),
-                       key=lambda f: (f.at_s, f.kind))
+        drawn = []
+        for kind, k in faults.items():
+            for _ in range(k):
+                at, target = round(rng.uniform(3.0, window_s), 1), rng.randrange(1000)
+                low, high = HOLD_S.get(kind, (0.0, 0.0))
+                rate = rng.choice(RATES) if kind == "slow-s3" else ""
+                drawn.append(Fault(at, kind, target, round(rng.uniform(low, high), 1), rate))
+        drawn.sort(key=lambda f: (f.at_s, f.kind))
         # Cancel the jobs submitted in the 1.5 s after the fault, as soon as each is accepted
         # (submissions are paced over the window): a tiny job is done a second later.
         cancels = {}
@@ -80,11 +114,25 @@ class Plan:
                                                            min(CANCELS_PER_FAULT, len(recent)))]
         return cls(seed, jobs, drawn, cancels)
 
-    def describe(self) -> str:
+    def lanes(self, n_hosts: int) -> dict[str, list[int]]:
+        """Lane name → the indices of its faults, in order."""
+        out: dict[str, list[int]] = {}
+        for i, f in enumerate(self.faults):
+            out.setdefault(f.lane(n_hosts), []).append(i)
+        return out
+
+    def per_category(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for f in self.faults:
+            out[CATEGORY[f.kind]] = out.get(CATEGORY[f.kind], 0) + 1
+        return out
+
+    def describe(self, n_hosts: int) -> str:
         lines = [f"seed {self.seed}: {len(self.jobs)} jobs "
                  f"({sum(j.via == 'gateway' for j in self.jobs)} through the gateway), "
-                 f"{len(self.faults)} faults"]
-        lines += [f"  t+{f.at_s:6.1f} s  {f.kind:<16} target {f.target}"
+                 f"{len(self.faults)} faults {self.per_category()}"]
+        lines += [f"  t+{f.at_s:6.1f} s  {f.kind:<16} {f.lane(n_hosts):<6} target {f.target}"
+                  + (f"  {f.hold_s:.1f} s" if f.hold_s else "") + (f" {f.rate}" if f.rate else "")
                   + (f"  jobs {', '.join(self.cancels[i])}" if i in self.cancels else "")
                   for i, f in enumerate(self.faults)]
         return "\n".join(lines)
@@ -97,9 +145,12 @@ END = {"SUCCESS": "success", "FAILURE": "failure", "REVOKED": "cancelled"}
 def ledger_problems(records: list[Any], statuses: dict[str, str]) -> list[str]:
     """Each final job has exactly one ledger record, with its end."""
     per_job: dict[str, list[str]] = {}
+    nodes: dict[str, list[str]] = {}
     for r in records:
         per_job.setdefault(r.key, []).append(r.status)
-    return [f"{key}: {status}, ledger {per_job.get(key)}" for key, status in statuses.items()
+        nodes.setdefault(r.key, []).append(r.node)
+    return [f"{key}: {status}, ledger {per_job.get(key)} (written by {nodes.get(key)})"
+            for key, status in statuses.items()
             if status in END and per_job.get(key) != [END[status]]]
 
 
@@ -135,130 +186,3 @@ def reference_hashes(tmp: Path) -> dict[int, list[str]]:
         assert hashes == [s.sha256 for s in result.manifest.segments]
         out[shape] = hashes
     return out
-
-
-_SAMPLE = re.compile(r'^framefleet_jobs_total\{([^}]*)\} ([0-9.e+]+)$', re.M)
-_START = re.compile(r"^process_start_time_seconds ([0-9.e+]+)$", re.M)
-
-
-class Scraper(threading.Thread):
-    """Scrapes every worker's ``/metrics`` every ``period_s`` and keeps, per process
-    incarnation (port and start time), the last ``framefleet_jobs_total`` per status: a
-    SIGKILLed pool process's counts die with it, so the sum over incarnations is what the
-    fleet counted (a count in the last ``period_s`` before a kill is missed)."""
-
-    def __init__(self, ports: list[int], period_s: float = 0.5) -> None:
-        super().__init__(name="storm-scraper", daemon=True)
-        self.ports, self.period_s = ports, period_s
-        self.counts: dict[tuple[int, float], dict[str, float]] = {}
-        self.stop_event = threading.Event()
-
-    def scrape_once(self) -> None:
-        for port in self.ports:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
-                    text = r.read().decode()
-            except OSError:
-                continue
-            start = _START.search(text)
-            if start is None:
-                continue
-            per: dict[str, float] = {}
-            for labels, value in _SAMPLE.findall(text):
-                status = re.search(r'status="([^"]+)"', labels)
-                if status:
-                    per[status[1]] = per.get(status[1], 0.0) + float(value)
-            self.counts[(port, float(start[1]))] = per
-
-    def run(self) -> None:
-        while not self.stop_event.is_set():
-            self.scrape_once()
-            self.stop_event.wait(self.period_s)
-
-    def totals(self) -> dict[str, float]:
-        total: dict[str, float] = {}
-        for per in self.counts.values():
-            for status, value in per.items():
-                total[status] = total.get(status, 0.0) + value
-        return total
-
-    def stop(self) -> None:
-        self.stop_event.set()
-        self.join(timeout=10)
-        self.scrape_once()
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def now() -> float:
-    return time.monotonic()
-
-
-def summary(plan: Plan, f: dict[str, Any]) -> str:
-    delays = f["delays"]
-    return (f"storm seed {plan.seed}: {len(plan.jobs)} jobs, {len(plan.faults)} faults, "
-            f"ends {f['ends']}, counted {f['counted']}, ledger records {f['records']}, "
-            f"lost {len(f['open'])}, open playlists {f['open_playlists']}, "
-            f"redelivery p50 {percentile(delays, 0.5):.1f} s p99 {percentile(delays, 0.99):.1f} s "
-            f"(n={len(delays)}), sent again by the reconciler {f['resent']}, requeued by the "
-            f"sweep {f['requeued']}, storm {f['storm_s']:.0f} s, problems {len(f['problems'])}")
-
-
-def results_md(plan: Plan, log: list[str], f: dict[str, Any]) -> str:
-    """``bench/results/storm-cpu.md``: the command, the figures and the fault schedule."""
-    delays = f["delays"]
-    gateway = sum(j.via == "gateway" for j in plan.jobs)
-    rows = "\n".join(f"| {fault.at_s:.1f} | {fault.kind} | {done} |"
-                     for fault, done in zip(plan.faults, log, strict=True))
-    p50, p99 = percentile(delays, 0.5), percentile(delays, 0.99)
-    problems = "\n".join("- " + p for p in f["problems"]) or "none"
-    return f"""# Storm on CPU ({datetime.now(UTC):%Y-%m-%d %H:%M} UTC)
-
-Command (from the repo root; `make chaos` runs it with the rest):
-
-    FRAMEFLEET_CHAOS_FULL=1 FRAMEFLEET_STORM_SEED={plan.seed} \\
-        python -m pytest -m chaos tests/e2e/test_storm.py
-
-Machine: 2 cores, shared with other test runs. Real Redis (append-only, fsync always),
-SeaweedFS (`weed mini`), two gateway replicas, three CPU workers on two hosts (2 + 1),
-`FRAMEFLEET_RECONCILE_AFTER_S=10`, the host-loss sweep at its defaults (2 s, 10 s grace).
-
-## Figures
-
-| | |
-|---|---|
-| seed | {plan.seed} |
-| jobs | {len(plan.jobs)} ({gateway} through the gateway, the rest through the client) |
-| faults | {len(plan.faults)} |
-| ends | {f["ends"]} |
-| lost | {len(f["open"])} |
-| ledger records | {f["records"]} |
-| `framefleet_jobs_total` scraped (sum over process lives) | {f["counted"]} |
-| playlists left open | {f["open_playlists"]} |
-| redelivery after a kill, p50 / p99 (n) | {p50:.1f} s / {p99:.1f} s ({len(delays)}) |
-| sent again by the lost-message reconciler | {f["resent"]} |
-| requeued by the host-loss sweep | {f["requeued"]} |
-| storm, first submit to every job final | {f["storm_s"]:.0f} s |
-| problems | {len(f["problems"])} |
-
-Counts of a pool process killed within the scrape period (0.5 s) of an end die with it
-(Prometheus counters live in the process), so the scraped sum may fall short of the ends; it
-never exceeds them.
-
-## Fault schedule (drawn from the seed)
-
-A fault starts at its planned time or, if the one before still runs, when it ends.
-
-| planned t (s) | fault | what happened |
-|---|---|---|
-{rows}
-
-## Problems
-
-{problems}
-"""
