@@ -197,8 +197,8 @@ def test_a_build_waits_for_the_device_to_be_idle_that_long() -> None:
     time.sleep(0.1)
     with owner.job():  # the next job, within the idle time: no build ran in between
         assert started == []
-    ended = time.monotonic()
+    ended = time.monotonic()  # a moment after the job's own end stamp (taken inside it)
     # When the queue drains, Then the build runs once the device was idle for idle_s
     assert owner.drain(5)
-    assert started and started[0] - ended >= 0.3
+    assert started and started[0] - ended >= 0.3 - 0.05
     assert owner.stats.job_waits == 0
