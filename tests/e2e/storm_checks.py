@@ -41,7 +41,8 @@ class Logs:
         # Celery's line for a run whose task returned (not "succeeded before the worker was
         # lost": the main process's word on a SUCCESS another run stored).
         succeeded = re.compile(rf"Task {_TASK}\[([^\]]+)\] succeeded in ")
-        lost = re.compile(r"job (\S+): this run \(generation [^)]*\) lost its lease")
+        # The renewal's own line (the stop's line quotes it again).
+        lost = re.compile(r"\] job (\S+): this run \(generation [^)]*\) lost its lease")
         stopped = re.compile(r"job (\S+): this run stopped without an end")
         for text in texts:
             for stamp, key in received.findall(text):

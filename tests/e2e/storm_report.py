@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from datetime import UTC, datetime
 from typing import Any
 
@@ -59,9 +60,10 @@ on two hosts (2 + 1), each host in a namespace of its own joined to the services
 pair; `FRAMEFLEET_RECONCILE_AFTER_S=10`, the lease (10 s) and the host-loss sweep (2 s, 10 s
 grace) at their defaults.
 
-Faults (drawn from the seed): {kinds}. A cut from Redis holds 12-15 s (longer than the lease:
-the host is taken for lost, and a run it had becomes a zombie), a cut from S3 2-6 s, a slow
-link (`htb` + `tbf` on the host's path to S3's port: 64 kbit/s, 256 kbit/s or 1 Mbit/s) 3-8 s.
+{textwrap.fill(f"Faults (drawn from the seed): {kinds}.", 95)} A cut from Redis holds 12-15 s
+(longer than the lease: the host is taken for lost, and a run it had becomes a zombie), a cut
+from S3 2-6 s, a slow link (`htb` + `tbf` on the host's path to S3's port: 64 kbit/s, 256
+kbit/s or 1 Mbit/s) 3-8 s. A fault on a host waits up to 3 s for a job to run there.
 
 ## Figures
 
