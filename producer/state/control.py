@@ -202,7 +202,8 @@ class RedisFlags:
         taken = bool(self.r.hdel(keys.runs(job_id), "started"))
         if taken:
             self.r.hdel(keys.runs(job_id), *keys.END_FIELDS,
-                        *(f"{field}:by" for field in keys.END_FIELDS))
+                        *(f"{field}:{what}" for field in keys.END_FIELDS
+                          for what in ("by", "uri")))
         return taken
 
     def reset_runs(self, job_id: str) -> None:

@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Literal, NoReturn
 
 from celery import Task
 
+from producer.errors import LeaseLost
 from producer.state.control import Flags, flags_for
 from producer.wire.spec import JobResult
 from worker.run.run import Run
@@ -131,6 +132,11 @@ def run_concerns(
         except Exception:
             log.exception("job %s: %s.on_outcome failed", run.spec.key,
                           type(concern).__name__)
+    if outcome.status != "fenced" and getattr(run.fence, "lost", False):
+        # The lease was lost while the end was being recorded (every record of it fenced,
+        # refused): this run's end is none, and Celery must neither store nor log one.
+        outcome = _decide(active, LeaseLost(f"job {run.spec.key}: its {outcome.status} "
+                                            "came after this run lost the job's lease"))
     return outcome.settle(run, task)
 
 

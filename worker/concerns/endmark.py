@@ -38,6 +38,8 @@ class EndMark:
         self.r = client if isinstance(client, redis.Redis) else None
         self.spec, self.field, self.what = spec, field, what
         self.lease = lease if lease is not None and lease.generation else None
+        #: The last ``mark`` was refused in Redis: this run no longer holds the job's lease.
+        self.refused = False
 
     def _value(self, status: str) -> str:
         return f"{self.spec.digest()} {status}"
@@ -55,25 +57,44 @@ class EndMark:
         if mark is None or _text(mark) != self._value(status):
             return False
         who = f"by {_text(by)}" if by is not None else "by an earlier run"
-        log.warning("job %s: its %s is %s already, %s of this submission (a run that ended "
-                    "it and was lost before its result was stored): not again", self.spec.key,
-                    status, self.what, who)
+        if self.lease is not None and self.lease.lost:
+            log.warning("job %s: its %s is %s already, %s, which took the job over from this "
+                        "run (it lost the job's lease): not again", self.spec.key, status,
+                        self.what, who)
+        else:
+            log.warning("job %s: its %s is %s already, %s of this submission (a run that "
+                        "ended it and was lost before its result was stored): not again",
+                        self.spec.key, status, self.what, who)
         return True
 
-    def mark(self, status: str) -> bool:
-        """Leave the mark; False when it was not left (Redis away, or the run lost its lease:
-        then it records nothing more, said in the log)."""
+    def extra(self, name: str) -> str | None:
+        """What the mark was left with as ``name`` (``mark(..., name=...)``), or None."""
+        if self.r is None:
+            return None
+        try:
+            value = self.r.hget(keys.runs(self.spec.key), f"{self.field}:{name}")
+        except redis.RedisError:
+            return None
+        return None if value is None else _text(value)
+
+    def mark(self, status: str, **extra: str) -> bool:
+        """Leave the mark (and ``extra`` beside it, each as ``<field>:<name>``); False when it
+        was not left (Redis away, or the run lost its lease: ``refused``, said in the log)."""
         if self.r is None:
             return True
+        pairs = [x for name, value in extra.items() for x in (f"{self.field}:{name}", value)]
         try:
             if self.lease is None:
-                self.r.hset(keys.runs(self.spec.key), self.field, self._value(status))
+                self.r.hset(keys.runs(self.spec.key), mapping={
+                    self.field: self._value(status), **dict(zip(pairs[::2], pairs[1::2],
+                                                                strict=True))})
                 return True
             by = f"generation {self.lease.generation} on {self.lease.node}"
             if self.lease.fenced_eval(lease_lua.FENCED_HSET, (keys.runs(self.spec.key),),
                                       self.field, self._value(status), f"{self.field}:by", by,
-                                      keys.SPEC_TTL_S):
+                                      *pairs, keys.SPEC_TTL_S):
                 return True
+            self.refused = True
             log.warning("job %s: %s end not marked: this run (%s) no longer holds the job's "
                         "lease", self.spec.key, self.what, by)
         except redis.RedisError as e:

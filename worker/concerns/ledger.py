@@ -35,19 +35,19 @@ from worker.concerns.lease import JobLease, run_lease
 from worker.concerns.metrics import _device, _prices, enqueued_at
 from worker.concerns.retries import Requeue
 from worker.run.run import Run
-from worker.sinks.ledger import link_record, write_record
+from worker.sinks.ledger import link_record, record_landed, record_uri, write_record
 
 log = logging.getLogger(__name__)
 END_STATE = {"success": "SUCCESS", "failure": "FAILURE", "cancelled": "REVOKED"}
 
 
 def write_ledger(record: LedgerRecord, output_prefix: str, settings: Settings,
-                 lease: JobLease | None = None) -> None:
-    """Write ``record`` and name it in the job's folder (``output_prefix``), fenced by the
-    run's ``lease`` (``worker.stores.fence``); a record that cannot be written is logged as an
-    error with its content, and changes nothing."""
+                 lease: JobLease | None = None, uri: str | None = None) -> None:
+    """Write ``record`` (at ``uri``, default a new name) and name it in the job's folder
+    (``output_prefix``), fenced by the run's ``lease`` (``worker.stores.fence``); a record
+    that cannot be written is logged as an error with its content, and changes nothing."""
     try:
-        uri = write_record(record, settings, lease)
+        uri = write_record(record, settings, lease, uri)
     except Exception as e:  # noqa: BLE001 - the job's end is decided; say it loudly
         log.error("job %s: ledger record not written: %s; the record was: %s",
                   record.key, e, record.model_dump_json())
@@ -92,14 +92,27 @@ class JobLedger(Concern):
             if held is not None:
                 self._keep(held)
             return
-        lease = run_lease(self.run)
+        lease, settings = run_lease(self.run), self.run.settings
         mark = EndMark(self._client(), self.run.spec, keys.LEDGER_END_FIELD,
                        "recorded in the ledger", lease)
+        record = self._record(outcome, held)
         if mark.seen(outcome.status):
+            marked = mark.extra("uri")
+            if marked is None or record_landed(marked, settings):
+                return
+            log.warning("job %s: the ledger record %s its end was marked with is not there "
+                        "(the run that marked it was lost before it wrote it): written now",
+                        record.key, marked)
+        # Marked first, with the record's name, then written: a run cut off between the two
+        # (its lease lost) leaves a mark whose record the next run finds missing or there.
+        try:
+            uri = record_uri(record, settings)
+        except Exception:  # noqa: BLE001 - the ledger's own configuration: write_ledger says it
+            write_ledger(record, self.run.spec.output_prefix, settings, lease)
             return
-        write_ledger(self._record(outcome, held), self.run.spec.output_prefix,
-                     self.run.settings, lease)
-        mark.mark(outcome.status)
+        mark.mark(outcome.status, uri=uri)
+        if not mark.refused:
+            write_ledger(record, self.run.spec.output_prefix, settings, lease, uri)
 
     def _held(self, outcome: Outcome) -> HeldRun:
         status: str = outcome.status

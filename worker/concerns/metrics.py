@@ -104,17 +104,21 @@ class JobMetrics(Concern):
 
     def _count_end(self, outcome: Outcome) -> None:
         """Count the job's end, unless a run that died before its result was stored counted
-        this submission's same end (``worker.concerns.endmark``)."""
+        this submission's same end (``worker.concerns.endmark``). Marked first, then counted
+        (nothing between the two can fail): a run that lost the job's lease meanwhile has its
+        mark refused and counts nothing; a mark Redis did not answer still counts."""
         mark = EndMark(getattr(self.task.app.backend, "client", None), self.run.spec,
                        keys.COUNTED_END_FIELD, "counted", run_lease(self.run))
         if mark.seen(outcome.status):
+            return
+        mark.mark(outcome.status)
+        if mark.refused:
             return
         if outcome.status == "failure":
             metrics.observe_job("failure", self.tenant, None,
                                 reason=labels.failure_reason(outcome.error))
         else:
             metrics.observe_job(outcome.status, self.tenant, outcome.result)
-        mark.mark(outcome.status)
 
     def _record(self, status: str, reason: str, held: float) -> None:
         """Leave a HeldRun in Redis (the result backend's client), kept as long as results."""

@@ -21,17 +21,35 @@ from worker.stores.storage import JobOutput, open_uri
 MAX_LINK_BYTES = 1024**2
 
 
-def write_record(record: LedgerRecord, settings: Settings, fence: Fence | None = None) -> str:
-    """Store ``record`` under ``FRAMEFLEET_LEDGER_URI`` (fenced by the run's lease, when
-    given); its URI. Raises the store's errors."""
+def record_uri(record: LedgerRecord, settings: Settings) -> str:
+    """Where ``record`` goes under ``FRAMEFLEET_LEDGER_URI``: a name of its own (a run marks
+    it before it writes it: ``worker.concerns.ledger``)."""
     assert settings.ledger_uri is not None
     store, prefix = open_uri(settings.ledger_uri, settings, "FRAMEFLEET_LEDGER_URI")
     name = record_name(record, secrets.token_hex(4))
-    key = f"{prefix.rstrip('/')}/{name}" if prefix.strip("/") else name
+    return store.uri(f"{prefix.rstrip('/')}/{name}" if prefix.strip("/") else name)
+
+
+def write_record(record: LedgerRecord, settings: Settings, fence: Fence | None = None,
+                 uri: str | None = None) -> str:
+    """Store ``record`` at ``uri`` (default: a new ``record_uri``), fenced by the run's
+    lease when given; its URI. Raises the store's errors."""
+    uri = uri or record_uri(record, settings)
+    store, key = open_uri(uri, settings, "FRAMEFLEET_LEDGER_URI")
     # One line: the object is one JSON document and also valid JSON Lines (Athena, DuckDB).
-    with fenced(fence, store.uri(key)):
+    with fenced(fence, uri):
         store.put_bytes(key, record.model_dump_json().encode() + b"\n", "application/json")
-    return store.uri(key)
+    return uri
+
+
+def record_landed(uri: str, settings: Settings) -> bool:
+    """Whether the record at ``uri`` is stored (a run that marked it may have been lost
+    before it wrote it); True when the store cannot tell: a second record is not made then."""
+    try:
+        store, key = open_uri(uri, settings, "FRAMEFLEET_LEDGER_URI")
+        return store.exists(key)
+    except Exception:  # noqa: BLE001 - unknown: assume it is there
+        return True
 
 
 def link_record(record: LedgerRecord, uri: str, output_prefix: str, settings: Settings,

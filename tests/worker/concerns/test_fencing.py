@@ -148,8 +148,14 @@ def test_end_marks_are_left_only_by_the_run_that_holds_the_lease(
     other = _taken_for_lost(r, zombie)
     wait_for(lambda: zombie.lost, RENEW_EVERY_S + 3, "the lease found lost")
     # The zombie's mark is refused; the other run's lands, naming it
-    assert not EndMark(r, spec, keys.COUNTED_END_FIELD, "counted", zombie).mark("success")
+    refused = EndMark(r, spec, keys.COUNTED_END_FIELD, "counted", zombie)
+    assert not refused.mark("success") and refused.refused  # and so it counts nothing
     assert EndMark(r, spec, keys.COUNTED_END_FIELD, "counted", other).mark("success")
+    # The zombie, finding the other run's mark, says it was taken over, not "a run that died"
+    with caplog.at_level(logging.WARNING, logger="worker.concerns.endmark"):
+        assert EndMark(r, spec, keys.COUNTED_END_FIELD, "counted", zombie).seen("success")
+    assert "which took the job over from this run" in caplog.text
+    caplog.clear()
     # And a run of the same submission finds the end counted, by whom, not "a run that died"
     with caplog.at_level(logging.WARNING, logger="worker.concerns.endmark"):
         assert EndMark(r, spec, keys.COUNTED_END_FIELD, "counted").seen("success")

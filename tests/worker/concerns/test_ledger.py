@@ -136,3 +136,27 @@ def test_a_run_killed_after_its_record_leaves_one_record(
     (record,) = LedgerReader((tmp_path / "ledger").as_uri(), Settings()).records()
     assert (record.key, record.status) == (spec.key, "success")
     assert counts(tenant)["success"] == 1
+
+
+def test_a_record_marked_but_never_written_is_written_by_the_next_run(
+    app: Celery, tmp_path: Path, tenant: str, redis_url: str
+) -> None:
+    # Given a job whose run marked its success's record, then was cut off before the record
+    # landed (the mark names a record the ledger does not hold), and its result never stored
+    spec = job_spec(tmp_path, tenant)
+    scripted = Scripted(app, spec, _settings(tmp_path), real_work(DecoderCache(
+        torch.device("cpu"))))
+    assert scripted.apply(spec.key).state == "SUCCESS"
+    r = redis.Redis.from_url(redis_url)
+    r.delete(keys.result(spec.key))
+    marked = r.hget(keys.runs(spec.key), f"{keys.LEDGER_END_FIELD}:uri")
+    assert marked is not None and unquote(marked.decode()).startswith(
+        (tmp_path / "ledger").as_uri())
+    (first,) = (tmp_path / "ledger").rglob("*.json")
+    first.unlink()
+    # When the message runs again and succeeds
+    assert scripted.apply(spec.key).state == "SUCCESS"
+    # Then the ledger holds one record, written by that run; counted once
+    (record,) = LedgerReader((tmp_path / "ledger").as_uri(), Settings()).records()
+    assert (record.key, record.status) == (spec.key, "success")
+    assert counts(tenant)["success"] == 1
