@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from producer.api import errors, ops, page, routes_batches, routes_jobs, routes_videos, schema
+from producer.api import (
+    errors,
+    ops,
+    page,
+    routes_batches,
+    routes_jobs,
+    routes_models,
+    routes_videos,
+    schema,
+)
 from producer.api.bodylimit import BodyLimit
 from producer.api.clientlimit import ClientLimit
 from producer.api.context import Gateway
@@ -40,6 +49,7 @@ def create_app(settings: Settings | None = None, client: Client | None = None) -
     app.include_router(routes_videos.router)
     app.include_router(routes_jobs.router)
     app.include_router(routes_batches.router)
+    app.include_router(routes_models.router)
     app.include_router(ops.router)
     app.include_router(page.router)
     app.include_router(schema.router)

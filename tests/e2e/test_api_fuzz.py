@@ -184,14 +184,20 @@ def fuzz_all(url: str, headers: dict[str, str]) -> tuple[dict[str, Counter[str]]
     operations = sorted((result.ok() for result in schema.get_all_operations()),  # type: ignore[union-attr]
                         key=lambda op: not op.label.endswith("/events"))
     for operation in operations:
-        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+        # An operation that takes nothing (GET /v1/models) has nothing to make invalid: its
+        # only wrong request, one without the key, is ignored_auth's
+        # (Schemathesis lists the key as a header parameter of its own: not an input)
+        takes = len(operation.body) > 0 or any(
+            "x-original-security-type" not in p.definition for p in operation.iter_parameters())
+        modes = (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)[:2 if takes else 1]
+        for mode in modes:
             label = f"{operation.label} [{mode.value}]"
             started = time.monotonic()
             seen[label], failure = fuzz(operation, mode)
             print(f"{label}: {time.monotonic() - started:.1f} s")
             if failure:
                 failures.append(f"{label}: {failure}")
-    assert len(seen) == 2 * len(operations)
+    assert len(seen) >= 2 * len(operations) - 1  # (GET /v1/models: positive only)
     return seen, failures
 
 
