@@ -53,11 +53,14 @@ def pattern_spec(job_id: str, input_uri: str, bucket: str, segment_frames: int =
 
 
 def verify_output(s3: Any, bucket: str, result: JobResult, tmp: Path,
-                  besides: tuple[str, ...] = ()) -> list[int]:
+                  besides: tuple[str, ...] = (), indexed: bool = True,
+                  previews: bool = False) -> list[int]:
     """Download manifest and segments; check sizes, hashes and every frame index (``besides``:
-    names of other files the job's folder holds, ``ledger.json`` say).
+    names of other files the job's folder holds, ``ledger.json`` say). ``indexed=False``: the
+    frames carry no index (a generate job's): each segment decodes to its frame count.
+    ``previews``: the folder's ``previews/`` holds the denoise's previews besides.
 
-    Returns the frame indices read from the video, in playback order.
+    Returns the frame indices read from the video (or their positions), in playback order.
     """
     client = s3.client()
     prefix = f"out/{result.manifest.tenant}/{result.manifest.job_id}/"
@@ -68,7 +71,8 @@ def verify_output(s3: Any, bucket: str, result: JobResult, tmp: Path,
     )
     assert manifest.segments == result.manifest.segments
     assert manifest.frames == result.manifest.frames
-    listed = {o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"]}
+    listed = {o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"]
+              if not (previews and o["Key"].startswith(prefix + "previews/"))}
     expected = {prefix + segment_name(s.index) for s in manifest.segments}
     expected.add(prefix + "index.m3u8")  # the live playlist, ended before the manifest
     expected |= {prefix + name for name in besides}
@@ -83,7 +87,9 @@ def verify_output(s3: Any, bucket: str, result: JobResult, tmp: Path,
         assert hashlib.sha256(data).hexdigest() == seg.sha256
         path = tmp / f"{manifest.job_id}-{seg.index}.mp4"
         path.write_bytes(data)
-        got = [read_frame_index(f) for f in read_frames_rgb(path)]
+        frames = read_frames_rgb(path)
+        got = ([read_frame_index(f) for f in frames] if indexed
+               else list(range(seg.first_frame, seg.first_frame + len(frames))))
         assert got == list(range(seg.first_frame, seg.first_frame + seg.frames))
         indices += got
     assert indices == list(range(manifest.frames))

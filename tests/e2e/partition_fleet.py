@@ -68,9 +68,12 @@ def partition_stage(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tupl
             bucket = "partitions"
             svc.run(lambda: s3.client().create_bucket(Bucket=bucket))
             receiver.__enter__()
-            env = _env(redis_server.url, s3, bucket, receiver.port)
+            env = {**_env(redis_server.url, s3, bucket, receiver.port),
+                   # a generate job's model folder, and its steps: a denoise of tens of seconds
+                   "FRAMEFLEET_FILE_ROOTS": str(tmp), "FRAMEFLEET_MAX_DENOISE_STEPS": "1000"}
             for key in ("FRAMEFLEET_WEBHOOK_SECRET", "FRAMEFLEET_WEBHOOK_SCHEMES",
-                        "FRAMEFLEET_WEBHOOK_HOSTS"):
+                        "FRAMEFLEET_WEBHOOK_HOSTS", "FRAMEFLEET_FILE_ROOTS",
+                        "FRAMEFLEET_MAX_DENOISE_STEPS"):
                 monkeypatch.setenv(key, env[key])  # the client checks the webhook at submit
             get_settings.cache_clear()
             for name, ns in lab.hosts.items():

@@ -6,6 +6,7 @@ host's namespace; Redis, SeaweedFS and a webhook receiver in the services' names
   lost, its job runs on the other host; healed after the job's SUCCESS (``make chaos``: also
   2 s after the other run started), the zombie writes nothing and logs why
   (``tests/e2e/zombies.py`` checks one end).
+- The same mid-denoise (a generate job of the tiny model), healed after SUCCESS.
 - A host cut from S3 only keeps its lease (it reaches Redis): its uploads fail and are retried
   until the path heals; the job ends once, whole.
 - The gateway cut from Redis answers 503 with ``Retry-After``; a client cut from Redis while
@@ -31,6 +32,7 @@ import pytest
 
 from producer.client import Client
 from producer.errors import BrokerError
+from producer.wire.spec import JobSpec, OutputSpec, VideoSpec
 from tests.e2e.api_fleet import call
 from tests.e2e.chaos_helpers import FULL, RUNS, mid_job, received, succeeded, wait_for
 from tests.e2e.helpers import pattern_spec, put_latents
@@ -38,6 +40,8 @@ from tests.e2e.hosts import Host
 from tests.e2e.netns import SERVICES, Lab, require_lab
 from tests.e2e.partition_fleet import edge_stage, partition_stage
 from tests.e2e.zombies import HEALS, JOB, Stage
+from tests.worker.generate.tiny import tiny_generate
+from worker.generate.model.tiny import write_tiny
 
 pytestmark = [pytest.mark.chaos, pytest.mark.e2e]
 SMALL = {"latent_frames": 6, "h": 32, "w": 40}
@@ -68,6 +72,23 @@ def test_a_host_cut_from_redis_is_a_zombie_that_writes_nothing(
     for run in range(RUNS):
         stage.run(f"cut-redis-{heal}-{run}", uri, heal,
                   lambda h: lab.cut(_ns(h), redis_port), lambda h: lab.heal(_ns(h)))
+
+
+@pytest.mark.timeout(420 * RUNS)
+@pytest.mark.skipif(not FULL, reason="make chaos only (FRAMEFLEET_CHAOS_FULL=1)")
+def test_a_host_cut_from_redis_mid_denoise_is_a_zombie_that_writes_nothing(
+        lab_stage: tuple[Lab, Stage], tmp_path: Path) -> None:
+    lab, stage = lab_stage
+    redis_port = _port(stage.redis_url)
+    model = tmp_path / "tiny-wan"
+    write_tiny(model, "t2v")
+    # 400 steps of the tiny model: tens of seconds of denoise on these cores
+    spec = JobSpec(job_id="denoise", generate=tiny_generate(model, num_inference_steps=400),
+                   output=OutputSpec(uri=f"s3://{stage.jobs.bucket}/out"),
+                   video=VideoSpec(segment_frames=4), time_limit_s=600)
+    for run in range(RUNS):
+        stage.run(f"cut-denoise-{run}", "", "after-success",
+                  lambda h: lab.cut(_ns(h), redis_port), lambda h: lab.heal(_ns(h)), spec=spec)
 
 
 @pytest.mark.timeout(300 * RUNS)

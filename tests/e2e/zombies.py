@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import redis
 
 from producer.state import keys
-from producer.wire.spec import JobResult, NotifySpec
+from producer.wire.spec import JobResult, JobSpec, NotifySpec, Progress
 from tests.e2e.chaos_helpers import Jobs, mid_job, received, succeeded, wait_for
 from tests.e2e.helpers import pattern_spec, verify_output
 from tests.e2e.hosts import Host
@@ -53,15 +53,20 @@ class Stage:
     call: Callable[[Callable[[], Any]], Any] = here
 
     def run(self, job_id: str, input_uri: str, heal: str, lose: Callable[[Host], None],
-            come_back: Callable[[Host], None]) -> None:
-        """One job through a zombie, healed at ``heal``; every check of one end."""
+            come_back: Callable[[Host], None], spec: JobSpec | None = None) -> None:
+        """One job through a zombie, healed at ``heal``; every check of one end. ``spec``: a
+        job of its own (a generate job, lost mid-denoise); default: the pattern decoder on
+        ``input_uri``, lost mid-upload."""
         jobs, call = self.jobs, self.call
-        spec = pattern_spec(job_id, input_uri, jobs.bucket, segment_frames=JOB["segment_frames"],
-                            time_limit_s=600, notify=NotifySpec(urls=(self.receiver.url(),)))
+        notify = NotifySpec(urls=(self.receiver.url(),))
+        spec = (pattern_spec(job_id, input_uri, jobs.bucket, segment_frames=JOB["segment_frames"],
+                             time_limit_s=600, notify=notify) if spec is None
+                else spec.model_copy(update={"job_id": job_id, "notify": notify}))
         jobs.specs[job_id], jobs.handles[job_id] = spec, call(lambda: jobs.client.submit(spec))
-        # Given a host in the middle of the job, a segment or more uploaded
-        call(lambda: wait_for(partial(mid_job, jobs, [job_id], at_least=0.25), 120,
-                              f"{job_id} mid-way"))
+        # Given a host in the middle of the job: a segment or more uploaded, or denoising
+        midway = partial(mid_denoise, jobs, job_id) if spec.generate is not None else partial(
+            mid_job, jobs, [job_id], at_least=0.25)
+        call(lambda: wait_for(midway, 120, f"{job_id} mid-way"))
         node = call(lambda: jobs.meta(job_id)["worker"])
         zombie = next(h for h in self.hosts if h.nodename == node)
         other = next(h for h in self.hosts if h is not zombie)
@@ -103,7 +108,11 @@ class Stage:
         meta = jobs.meta(job_id)
         assert meta["status"] == "SUCCESS", meta
         assert result.worker.node == other.nodename and succeeded(self.hosts, job_id) == 1
-        verify_output(s3, bucket, result, self.tmp, besides=("ledger.json",))
+        # (the pattern's frames carry their index; a generate job's decode to their count,
+        # beside its previews)
+        generated = jobs.specs[job_id].generate is not None
+        verify_output(s3, bucket, result, self.tmp, besides=("ledger.json",),
+                      indexed=not generated, previews=generated)
         # Nothing changed after the SUCCESS (the zombie rewrote the playlist and the manifest
         # then, without fencing); the playlist is the ended one
         changed = {k: t for k, t in _objects(s3, bucket, f"out/default/{job_id}/").items()
@@ -122,6 +131,16 @@ class Stage:
         by = r.hget(keys.runs(job_id), f"{keys.COUNTED_END_FIELD}:by")
         r.close()
         assert by is not None and other.nodename in by.decode(), by
+
+
+def mid_denoise(jobs: Jobs, job_id: str) -> bool:
+    """``job_id``'s run reports denoise steps, some done and some to come."""
+    meta = jobs.meta(job_id)
+    info = meta.get("result")
+    if meta.get("status") != "PROGRESS" or not isinstance(info, dict):
+        return False
+    p = Progress.model_validate(info)
+    return p.stage == "denoise" and 0 < p.steps_done < p.steps_total
 
 
 def _objects(s3: Any, bucket: str, prefix: str) -> dict[str, datetime]:
