@@ -9,9 +9,13 @@ the fleet should hear so before waiting, with a figure that holds. It is made tw
    each kind of work, measured here at the job's start by three probes of a few tens of
    milliseconds each, so they meet the cores and the load the job will meet:
 
-   - ``conv``: a 3x3x3 ``Conv3d`` of 96 channels, the VAE decode's kind of work. (A matmul
-     probe stood for everything before: on a busy host it ran 6-12 times slower while a decode
-     ran 2 times slower, and ``make demo`` was told ~6 min for a 30 s job);
+   - ``conv``: a 3x3x3 ``Conv3d`` of 192 channels on a causally padded 2x32x32 input, the
+     VAE decode's middle stage at a smaller size. (A matmul probe stood for everything before:
+     on a busy host it ran 6-12 times slower while a decode ran 2 times slower, and ``make
+     demo`` was told ~6 min for a 30 s job. A 96-channel probe on 24x24 came next: on an AMD
+     EPYC it ran at half the decoder's own convolutions' rate, 63-115 against 150-220 GFLOP/s,
+     and ``make demo``'s decode took 2.4 times its estimate. The CPU's convolution library
+     picks its algorithm by shape, and this shape meets the decoder's: 217 GFLOP/s there);
    - ``matmul``: a 1024x1024 float32 matmul, the transformer's and text encoder's layers;
    - ``op``: one small tensor op, what a small model spends most of its time on.
 
@@ -53,13 +57,15 @@ log = logging.getLogger(__name__)
 #: Jobs estimated longer than this on a CPU get the warning.
 WARN_OVER_S = 60.0
 #: Conv-probe FLOPs per output pixel-frame of Wan2.1's VAE decode on a CPU: its seconds per
-#: pixel-frame times the conv probe's FLOP/s (2 cores: 1.4e6 to 1.6e6 at 96x96 and 240x416,
-#: more at small sizes, where each chunk's fixed costs weigh more).
-DECODE_FLOP_PER_PIXEL = 2.0e6
+#: pixel-frame times the conv probe's FLOP/s. Its convolutions count 8.5e6 per pixel-frame (at
+#: 96x96, summed over the decoder's layers); they are 90 % of the decode's time, and run at
+#: the probe's rate (AMD EPYC, 2 cores: 1.0e7 measured at 96x96).
+DECODE_FLOP_PER_PIXEL = 1.0e7
 #: A small VAE (few channels) is bound by memory, not FLOPs: its cost per pixel does not fall
 #: with the square of its width below this share of Wan2.1's (measured: the tiny Wan2.2-layout
-#: VAE of ``framefleet models tiny``, 16 channels, costs a fifth to a quarter of Wan2.1's 96).
-DECODE_SCALE_FLOOR = 0.25
+#: VAE of ``framefleet models tiny``, 16 channels, costs 3.4 % of Wan2.1's 96 at 96x96 and
+#: 6.8 % at 64x64, 9 frames, where each chunk's fixed costs weigh more).
+DECODE_SCALE_FLOOR = 0.05
 #: What a forward costs beyond its FLOPs, per layer (a transformer block, a text encoder
 #: layer), and a denoise step beyond its forwards (the scheduler, the previews), in units of
 #: the op probe: what a model too small for its FLOPs to matter spends (the tiny models' 2
@@ -77,7 +83,7 @@ class Speeds:
     """What this machine does per second at each kind of work, measured now."""
 
     matmul: float  # FLOP/s of a 1024x1024 float32 matmul
-    conv: float  # FLOP/s of a 3x3x3 Conv3d, 96 channels in and out
+    conv: float  # FLOP/s of a 3x3x3 Conv3d, 192 channels in and out
     op_s: float  # seconds per small tensor op
 
 
@@ -100,9 +106,9 @@ def measure_speeds(seconds: float = 0.03) -> Speeds:
     """The three probes (see the module's docstring), about ``10 x seconds`` in all."""
     a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
     matmul = _rate(lambda: a @ b, 2 * 1024**3, seconds)
-    conv3d = torch.nn.Conv3d(96, 96, 3, padding=1)
-    x = torch.randn(1, 96, 3, 24, 24)
-    conv = _rate(lambda: conv3d(x), 2 * 96 * 96 * 27 * 3 * 24 * 24, seconds)
+    conv3d = torch.nn.Conv3d(192, 192, 3)  # padded as the decoder pads: before the call
+    x = torch.randn(1, 192, 4, 34, 34)
+    conv = _rate(lambda: conv3d(x), 2 * 192 * 192 * 27 * 2 * 32 * 32, seconds)
     y = torch.zeros(64)
     ops = _rate(lambda: [y + 1.0 for _ in range(50)], 50, seconds)
     return Speeds(matmul, conv, 1 / ops)
