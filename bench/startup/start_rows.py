@@ -31,18 +31,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.startup.load_methods import drop_caches
+
 ROOT = Path(__file__).resolve().parents[2]
 CHILD = Path(__file__).with_name("start_child.py")
-
-
-def drop_caches() -> bool:
-    """Empty the page cache where this process may (root, a writable /proc/sys)."""
-    try:
-        subprocess.run(["sync"], check=True)
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        return True
-    except OSError:
-        return False
 
 
 def raw_read(folder: Path, threads: int, drop: bool) -> dict[str, Any]:

@@ -43,8 +43,7 @@ from tests.e2e.chaos_helpers import (
     wait_gone,
     wait_received,
 )
-from tests.require import require_binary
-from tests.services import REDIS_INSTALL, RedisServer, S3Server, WorkerProcess
+from tests.services import RedisServer, S3Server, WorkerProcess, durable_redis
 
 pytestmark = [pytest.mark.chaos, pytest.mark.e2e]
 
@@ -61,13 +60,8 @@ def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
 
     Requested before ``worker_factory``, so the workers stop before it does.
     """
-    binary = require_binary("redis-server", REDIS_INSTALL)
-    server = RedisServer(binary, tmp_path / "redis", appendonly=True)
-    server.start()
-    try:
+    with durable_redis(tmp_path / "redis") as server:
         yield server
-    finally:
-        server.stop()
 
 
 def redis_env(server: RedisServer) -> dict[str, str]:

@@ -24,8 +24,7 @@ from producer.cli.output import (
 from producer.client import Client
 from tests.e2e.chaos_helpers import LONG_JOB, wait_for
 from tests.e2e.helpers import pattern_spec, put_latents
-from tests.require import require_binary
-from tests.services import REDIS_INSTALL, REPO_ROOT, RedisServer
+from tests.services import REPO_ROOT, RedisServer, durable_redis
 from tests.terminal import ctrl_c_as_from_a_terminal
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -39,13 +38,8 @@ WORKER_ENV = {"FRAMEFLEET_DEVICE": "cpu", "OMP_NUM_THREADS": "1",
 def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
     """A Redis of this test only, append-only (a restart keeps the job's records); requested
     before ``worker_factory``, so the workers stop first."""
-    server = RedisServer(require_binary("redis-server", REDIS_INSTALL), tmp_path / "redis",
-                         appendonly=True)
-    server.start()
-    try:
+    with durable_redis(tmp_path / "redis") as server:
         yield server
-    finally:
-        server.stop()
 
 
 def _env(server: RedisServer, **extra: str) -> dict[str, str]:

@@ -23,7 +23,7 @@ from tests.services.base import (
 )
 from tests.services.celery_worker import WorkerFactory, WorkerProcess
 from tests.services.endpoint import SwitchingEndpoint, TcpProxy
-from tests.services.redis_server import REDIS_INSTALL, RedisServer
+from tests.services.redis_server import REDIS_INSTALL, RedisServer, durable_redis
 from tests.services.s3_server import WEED_INSTALL, S3Server
 from tests.services.sentinel import MASTER_NAME, SentinelGroup
 
@@ -42,6 +42,7 @@ __all__ = [
     "WorkerFactory",
     "WorkerProcess",
     "_Process",
+    "durable_redis",
     "free_port",
     "free_port_pair",
     "free_ports",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import redis
@@ -70,6 +72,20 @@ class RedisServer(_Process):
         """Stop gracefully, start again on the same port and folder (AOF data survives)."""
         self.stop()
         return self.start(timeout)
+
+
+@contextmanager
+def durable_redis(workdir: Path) -> Iterator[RedisServer]:
+    """A Redis of one test only, append-only (a kill or restart loses nothing), stopped at the
+    end. A fixture built on it and requested before ``worker_factory`` outlives the workers."""
+    from tests.require import require_binary
+
+    server = RedisServer(require_binary("redis-server", REDIS_INSTALL), workdir, appendonly=True)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 # Environment variables weed reads that would change the server the tests expect:

@@ -8,17 +8,14 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import redis
 from typer.testing import CliRunner
 
 from producer.cli.app import cli
 from producer.ops.exporter import queue_depth
-from producer.settings import get_settings
 from producer.state import keys
 from tests.services import REPO_ROOT, free_port
 
@@ -29,17 +26,6 @@ def _line(job_id: str, **changes: Any) -> str:
     return json.dumps({"job_id": job_id, "tenant": "acme", "input": {"uri": "s3://b/z.npy"},
                        "decoder": {"name": "pattern"}, "output": {"uri": "s3://b/out"},
                        **changes})
-
-
-@pytest.fixture
-def env(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    redis.Redis.from_url(redis_url).flushdb()
-    monkeypatch.setenv("FRAMEFLEET_BROKER_URL", redis_url)
-    monkeypatch.delenv("FRAMEFLEET_RESULT_BACKEND", raising=False)
-    get_settings.cache_clear()
-    yield redis_url
-    get_settings.cache_clear()
-    redis.Redis.from_url(redis_url).flushdb()
 
 
 def test_a_file_of_specs_queues_each_and_reports_each_refusal(env: str, tmp_path: Path) -> None:

@@ -25,22 +25,10 @@ from typer.testing import CliRunner
 from producer.app import QUEUE
 from producer.cli.app import EXIT_TIMEOUT, _uri, cli
 from producer.cli.output import EXIT_UNAVAILABLE
-from producer.settings import get_settings
 from tests.services import REPO_ROOT, free_port
 from tests.terminal import ctrl_c_as_from_a_terminal
 
 runner = CliRunner()
-
-
-@pytest.fixture
-def env(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """The CLI's settings point at the test Redis (flushed)."""
-    redis.Redis.from_url(redis_url).flushdb()
-    monkeypatch.setenv("FRAMEFLEET_BROKER_URL", redis_url)
-    monkeypatch.delenv("FRAMEFLEET_RESULT_BACKEND", raising=False)
-    get_settings.cache_clear()
-    yield redis_url
-    get_settings.cache_clear()
 
 
 def _framefleet(*args: str, **env: str) -> subprocess.CompletedProcess[str]:

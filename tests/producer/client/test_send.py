@@ -29,8 +29,7 @@ from producer.settings import Settings
 from producer.state import keys
 from producer.wire.spec import DecoderSpec, InputSpec, JobSpec, OutputSpec
 from tests.producer.client.test_resubmit import _queued
-from tests.require import require_binary
-from tests.services import REDIS_INSTALL, RedisServer
+from tests.services import RedisServer, durable_redis
 
 #: Seconds Redis stays away in the case that it comes back.
 AWAY_S = 2.0
@@ -38,13 +37,8 @@ AWAY_S = 2.0
 
 @pytest.fixture
 def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(require_binary("redis-server", REDIS_INSTALL), tmp_path / "redis",
-                         appendonly=True)
-    server.start()
-    try:
+    with durable_redis(tmp_path / "redis") as server:
         yield server
-    finally:
-        server.stop()
 
 
 def _spec() -> JobSpec:
