@@ -22,6 +22,8 @@ def test_the_models_are_listed_in_the_map_s_order_with_their_defaults(
         "model", "framefleet", "48x32", "0.5", 2)
     assert not tiny["image_to_video"] and i2v["image_to_video"]
     assert tiny["limits"]["max_steps"] >= 1
+    # and no worker's folder: a client names models, never paths
+    assert "folder" not in answer.text and "/" not in answer.text, answer.text
 
 
 def test_the_model_list_needs_a_key(client: TestClient) -> None:
