@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import platform
 import textwrap
 from datetime import UTC, datetime
 from typing import Any
@@ -54,7 +56,7 @@ it with the rest):
     FRAMEFLEET_CHAOS_FULL=1 FRAMEFLEET_STORM_SEED={plan.seed} \\
         python -m pytest -m chaos tests/e2e/test_storm.py
 
-Machine: 2 cores, shared with other test runs. Real Redis (append-only, fsync always),
+Machine: {os.cpu_count()} cores ({platform.machine()}). Real Redis (append-only, fsync always),
 SeaweedFS (`weed mini`) and two gateway replicas in one network namespace; three CPU workers
 on two hosts (2 + 1), each host in a namespace of its own joined to the services' by a veth
 pair; `FRAMEFLEET_RECONCILE_AFTER_S=10`, the lease (10 s) and the host-loss sweep (2 s, 10 s
