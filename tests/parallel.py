@@ -17,8 +17,9 @@ no change, and split in three:
   the xdist pass and beside it: they mostly wait). ``first_hour_lane``: everything that takes
   host-wide names, the README's quickstart and first hour (weed's default ports and their
   sockets in ``/tmp``) and the compose fleet (its host ports), and the browser tests of the
-  page, Flower and the API's load test; and, for balance, two of the xdist pass's longest
-  modules (the compile caches, the first minute). ``faults_lane``: the
+  page, Flower and the API's load test; and, for balance, four of the xdist pass's longest
+  modules (the compile caches, the first minute, the worker-start and generate benches' tiny
+  runs). ``faults_lane``: the
   ``chaos`` tests (faults and outages whose bounds hold with every core busy), the previews
   seen while a paced job runs (real time, no host-wide names) and, for balance, the compile
   artifacts' module and the soak bench's tiny run;
@@ -55,6 +56,10 @@ SERIAL_MODULES = frozenset({
     # and the lanes 12; here, the lane ends when the pass does.
     "tests/worker/lifecycle/test_compile_cache.py",
     "tests/worker/generate/test_first_minute.py",
+    # and two more (a fresh clone, quiet 2-core AMD EPYC, docker's cache warm, minutes: xdist
+    # 22:42, faults lane 21:00, first-hour 17:20; these took 92 s and 79 s in the xdist pass)
+    "tests/bench/test_worker_start_tiny.py",
+    "tests/bench/test_generate_tiny.py",
 })
 
 #: Modules of the faults lane besides the ``chaos`` tests.
@@ -63,7 +68,7 @@ FAULT_MODULES = frozenset({
     "tests/e2e/test_previews.py",
     # For balance (a CI run on a loaded host, minutes: first-hour lane 29.3, xdist pass 25.5,
     # faults lane 20.7): the first-hour lane's longest module (88 s) and the xdist pass's
-    # (119 s; the worker-start bench's 121 s stays, beside the rest of the pass)
+    # (119 s)
     "tests/worker/lifecycle/test_compile_artifacts.py",
     "tests/bench/test_soak_tiny.py",
 })
