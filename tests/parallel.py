@@ -18,11 +18,10 @@ no change, and split in three:
   host-wide names, the README's quickstart and first hour (weed's default ports and their
   sockets in ``/tmp``) and the compose fleet (its host ports), and the browser tests of the
   page, Flower and the API's load test; and, for balance, four of the xdist pass's longest
-  modules (the compile caches, the first minute, the worker-start and generate benches' tiny
-  runs). ``faults_lane``: the
-  ``chaos`` tests (faults and outages whose bounds hold with every core busy), the previews
-  seen while a paced job runs (real time, no host-wide names) and, for balance, the compile
-  artifacts' module and the soak bench's tiny run;
+  modules (the compile cache, the first minute, the worker-start and generate benches' tiny
+  runs). ``faults_lane``: the ``chaos`` tests (faults and outages whose bounds hold with every
+  core busy), the previews seen while a paced job runs (real time, no host-wide names) and,
+  for balance, the compile artifacts' module and the soak bench's tiny run;
 - ``alone`` (the last pass, one test at a time, nothing beside it): the tests that busy every
   core on purpose and time what a loaded host does (a pool process replaced on busy cores, a
   host lost or slow while its cores spin), and the CPU-time estimate checked against a real
@@ -51,9 +50,8 @@ SERIAL_MODULES = frozenset({
     "tests/e2e/test_hls_playback.py",
     "tests/e2e/test_api_load.py",
     "tests/infra/test_flower.py",
-    # Not for host-wide names: two of the xdist pass's longest modules (seconds on 2 cores,
-    # beside the rest: 57, 52), for balance. Beside the lanes the xdist pass ran 17 min
-    # and the lanes 12; here, the lane ends when the pass does.
+    # Not for host-wide names, for balance: some of the xdist pass's longest modules, so that
+    # the lane ends when the pass does (seconds on 2 cores, beside the rest: 57, 52)
     "tests/worker/lifecycle/test_compile_cache.py",
     "tests/worker/generate/test_first_minute.py",
     # and two more (a fresh clone, quiet 2-core AMD EPYC, docker's cache warm, minutes: xdist
